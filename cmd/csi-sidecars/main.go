@@ -1,0 +1,28 @@
+// Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner) on
+// the shared lifecycle core: csi-sidecars <sidecar> [flags].
+package main
+
+import (
+	"context"
+	"os"
+
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner"
+	"github.com/csi-sidecars/csi-sidecars/resizer"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	root := lifecycle.NewRootCommand("csi-sidecars", version,
+		attacher.New(),
+		resizer.New(),
+		provisioner.New(),
+	)
+	code := lifecycle.Execute(context.Background(), root, os.Args[1:], os.Stderr)
+	klog.FlushAndExit(klog.ExitFlushTimeout, code)
+}

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools records the binaries the tests build: kube-apiserver and etcd.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+)

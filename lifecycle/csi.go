@@ -1,0 +1,107 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/connection"
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// probeTimeout bounds one Probe call; ProbeForever repeats it until the driver is ready.
+const probeTimeout = 10 * time.Second
+
+// driver is what the core learned from the CSI driver at start-up.
+type driver struct {
+	conn                   *grpc.ClientConn
+	name                   string
+	pluginCapabilities     rpc.PluginCapabilitySet
+	controllerCapabilities rpc.ControllerCapabilitySet
+}
+
+// connectDriver connects to the driver socket (retrying until ctx ends), waits until it
+// is ready and reads its name and capabilities. onLoss is called once if the connection is
+// lost later; the connection is then not re-established, as upstream does, so the process
+// shuts down instead of talking to a restarted driver that forgot its in-flight work.
+func connectDriver(ctx context.Context, address string, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
+	var lost atomic.Bool
+	conn, err := connection.Connect(ctx, address, mm, connection.OnConnectionLoss(func(context.Context) bool {
+		if lost.CompareAndSwap(false, true) {
+			onLoss()
+		}
+		return false
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to CSI driver at %s: %w", address, err)
+	}
+	d := &driver{conn: conn}
+	if err := rpc.ProbeForever(ctx, conn, probeTimeout); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("probing CSI driver at %s: %w", address, err)
+	}
+	if d.name, err = rpc.GetDriverName(ctx, conn); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("getting CSI driver name: %w", err)
+	}
+	if d.pluginCapabilities, err = rpc.GetPluginCapabilities(ctx, conn); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("getting CSI plugin capabilities: %w", err)
+	}
+	d.controllerCapabilities = rpc.ControllerCapabilitySet{}
+	if d.pluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
+		if d.controllerCapabilities, err = rpc.GetControllerCapabilities(ctx, conn); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("getting CSI controller capabilities: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// fencedConn is one sidecar's view of the shared driver connection. It counts calls in
+// flight and ties each call to the sidecar's Ops() context, so losing the Lease or running
+// out of drain time cancels every CSI call at once, however the caller built its context
+// (P3, P6). After fencing it refuses new calls.
+type fencedConn struct {
+	conn     grpc.ClientConnInterface
+	ops      context.Context
+	inflight atomic.Int64
+	onChange func(delta int64)
+}
+
+var _ grpc.ClientConnInterface = &fencedConn{}
+
+func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if c.ops.Err() != nil {
+		return status.Errorf(codes.Aborted, "%s not started: this replica stopped leading or ran out of drain time", method)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(c.ops, cancel)
+	defer stop()
+
+	c.inflight.Add(1)
+	c.onChange(1)
+	defer func() {
+		c.inflight.Add(-1)
+		c.onChange(-1)
+	}()
+	return c.conn.Invoke(ctx, method, args, reply, opts...)
+}
+
+func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	// CSI has no streaming calls; pass through, still bound to Ops().
+	if c.ops.Err() != nil {
+		return nil, status.Errorf(codes.Aborted, "%s not started: this replica stopped leading", method)
+	}
+	return c.conn.NewStream(ctx, desc, method, opts...)
+}
+
+// InFlight is the number of CSI calls running now.
+func (c *fencedConn) InFlight() int64 { return c.inflight.Load() }

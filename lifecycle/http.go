@@ -1,0 +1,86 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/klog/v2"
+)
+
+// leaderHealthTimeout is how long a leader may go without renewing its Lease before
+// /healthz/leader-election fails, as upstream.
+const leaderHealthTimeout = 20 * time.Second
+
+// health tracks what /readyz and /healthz/leader-election report. Standbys serve both too.
+type health struct {
+	mu       sync.Mutex
+	notReady string // why the process is not ready; "" when ready
+	electors []*leaderelection.HealthzAdaptor
+}
+
+func (h *health) setNotReady(reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notReady = reason
+}
+
+func (h *health) newElectorCheck() *leaderelection.HealthzAdaptor {
+	a := leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.electors = append(h.electors, a)
+	return a
+}
+
+func (h *health) readyz(w http.ResponseWriter, _ *http.Request) {
+	h.mu.Lock()
+	reason := h.notReady
+	h.mu.Unlock()
+	if reason != "" {
+		http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprint(w, "ok")
+}
+
+func (h *health) leaderElection(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	electors := append([]*leaderelection.HealthzAdaptor(nil), h.electors...)
+	h.mu.Unlock()
+	for _, e := range electors {
+		if err := e.Check(r); err != nil {
+			http.Error(w, fmt.Sprintf("internal server error: %v", err), http.StatusInternalServerError)
+			return
+		}
+	}
+	fmt.Fprint(w, "ok")
+}
+
+// serveHTTP starts the diagnostics server on addr and returns a function that stops it.
+func serveHTTP(ctx context.Context, addr, metricsPath string, mm metrics.CSIMetricsManager, h *health) (func(), error) {
+	mux := http.NewServeMux()
+	mm.RegisterToServer(mux, metricsPath)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	mux.HandleFunc("/healthz/leader-election", h.leaderElection)
+	mux.HandleFunc("/readyz", h.readyz)
+
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on --http-endpoint %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.FromContext(ctx).Error(err, "HTTP server stopped", "address", addr)
+		}
+	}()
+	klog.FromContext(ctx).Info("Serving diagnostics", "address", l.Addr().String(), "metricsPath", metricsPath)
+	return func() { _ = srv.Close() }, nil
+}

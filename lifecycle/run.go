@@ -1,0 +1,274 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// Exit codes of a sidecar process.
+const (
+	ExitOK    = 0 // clean drain (Lease released), or a standby told to stop
+	ExitError = 1 // drain deadline, Lease lost, driver lost, second signal, start-up failure
+	ExitUsage = 2 // bad flags or a configuration the sidecar cannot run with
+)
+
+// Run hosts the sidecars until the process should end and returns its exit code. It owns
+// the process's one signal handler: the first SIGTERM/SIGINT starts the drain, the second
+// exits at once with ExitError (P5). opts must have been validated.
+func Run(ctx context.Context, opts *Options, sidecars ...Sidecar) int {
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(signals)
+	p := &process{
+		opts:    opts,
+		signals: signals,
+		exitNow: func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) },
+	}
+	return p.run(ctx, sidecars)
+}
+
+// process is one sidecar process: what its sidecars share.
+type process struct {
+	opts    *Options
+	signals <-chan os.Signal
+	exitNow func(code int)
+
+	// intake ends on the first signal or when the driver connection is lost: no new work.
+	intake     context.Context
+	stopIntake context.CancelFunc
+	// drainExpired ends --drain-timeout after intake ended.
+	drainExpired context.Context
+	expireDrain  context.CancelFunc
+	intakeEnded  time.Time
+
+	mu         sync.Mutex
+	driverLost bool
+	members    []*member
+
+	metrics *coreMetrics
+	health  *health
+}
+
+func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
+	logger := klog.FromContext(ctx)
+	p.intake, p.stopIntake = context.WithCancel(context.WithoutCancel(ctx))
+	p.drainExpired, p.expireDrain = context.WithCancel(context.WithoutCancel(ctx))
+	context.AfterFunc(p.intake, func() {
+		p.mu.Lock()
+		p.intakeEnded = time.Now()
+		p.mu.Unlock()
+		time.AfterFunc(p.opts.DrainTimeout, p.expireDrain)
+	})
+	go p.watchSignals(ctx)
+
+	mm := metrics.NewCSIMetricsManagerWithOptions("")
+	p.metrics = newCoreMetrics(mm.GetRegistry())
+	p.health = &health{notReady: "starting"}
+	if addr := p.httpAddress(); addr != "" {
+		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, mm, p.health)
+		if err != nil {
+			logger.Error(err, "Cannot start the HTTP server")
+			return ExitError
+		}
+		defer stop()
+	}
+
+	cfg, err := p.opts.restConfig()
+	if err != nil {
+		logger.Error(err, "Cannot build the Kubernetes client configuration")
+		return ExitError
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		logger.Error(err, "Cannot create the Kubernetes client")
+		return ExitError
+	}
+	if err := p.waitForAPIServer(p.intake, kube); err != nil {
+		logger.Info("Stopped while waiting for the API server", "reason", err.Error())
+		return p.exitCode(ExitOK)
+	}
+
+	p.health.setNotReady("connecting to the CSI driver at " + p.opts.CSIAddress)
+	drv, err := connectDriver(p.intake, p.opts.CSIAddress, mm, p.onDriverLost)
+	if err != nil {
+		if p.intake.Err() != nil {
+			logger.Info("Stopped while connecting to the CSI driver", "reason", err.Error())
+			return p.exitCode(ExitOK)
+		}
+		logger.Error(err, "Cannot use the CSI driver")
+		return ExitError
+	}
+	defer drv.conn.Close()
+	mm.SetDriverName(drv.name)
+	logger.Info("CSI driver ready", "driver", drv.name)
+
+	events := record.NewBroadcaster(record.WithContext(ctx))
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	defer events.Shutdown()
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	shared := Env{
+		Kube:                   kube,
+		RestConfig:             cfg,
+		Informers:              factory,
+		Events:                 events,
+		DriverName:             drv.name,
+		PluginCapabilities:     drv.pluginCapabilities,
+		ControllerCapabilities: drv.controllerCapabilities,
+		Metrics:                mm,
+		Gates:                  p.opts.Gates,
+		Identity:               p.opts.LeaderElectionIdentity,
+	}
+	for _, s := range sidecars {
+		m, err := p.newMember(ctx, s, shared, drv.conn, cfg)
+		if err != nil {
+			logger.Error(err, "Cannot set up the sidecar", "sidecar", s.Name())
+			if IsUsageError(err) {
+				return ExitUsage
+			}
+			return ExitError
+		}
+		p.members = append(p.members, m)
+	}
+
+	// Caches start on every replica, so a standby takes over from warm caches (P7).
+	p.health.setNotReady("waiting for informer caches")
+	stopInformers := make(chan struct{})
+	defer close(stopInformers)
+	factory.Start(stopInformers)
+	for typ, ok := range factory.WaitForCacheSync(p.intake.Done()) {
+		if !ok {
+			logger.Info("Stopped while waiting for informer caches", "type", typ.String())
+			return p.exitCode(ExitOK)
+		}
+	}
+	p.health.setNotReady("")
+
+	codes := make([]int, len(p.members))
+	var wg sync.WaitGroup
+	for i, m := range p.members {
+		wg.Go(func() { codes[i] = m.campaign(ctx, p) })
+	}
+	wg.Wait()
+	code := ExitOK
+	for _, c := range codes {
+		code = max(code, c)
+	}
+	return p.exitCode(code)
+}
+
+// exitCode raises code to ExitError when the driver connection was lost.
+func (p *process) exitCode(code int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.driverLost {
+		return max(code, ExitError)
+	}
+	return code
+}
+
+func (p *process) watchSignals(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	sig := <-p.signals
+	logger.Info("Received signal: taking no new work, draining in-flight operations", "signal", sig.String(), "drainTimeout", p.opts.DrainTimeout)
+	p.stopIntake()
+	sig = <-p.signals
+	logger.Info("Received a second signal: exiting now", "signal", sig.String())
+	p.exitNow(ExitError)
+}
+
+// onDriverLost runs once when the CSI connection breaks: intake stops, and each leader
+// notes whether calls were in flight, which decides whether it may release its Lease.
+func (p *process) onDriverLost() {
+	p.mu.Lock()
+	p.driverLost = true
+	for _, m := range p.members {
+		m.inflightAtDriverLoss.Store(m.csi.InFlight())
+	}
+	p.mu.Unlock()
+	klog.Background().Error(nil, "Lost connection to the CSI driver: taking no new work and exiting", "address", p.opts.CSIAddress)
+	p.stopIntake()
+}
+
+func (p *process) isDriverLost() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.driverLost
+}
+
+func (p *process) drainTime() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Since(p.intakeEnded)
+}
+
+func (p *process) httpAddress() string {
+	if p.opts.HTTPEndpoint != "" {
+		return p.opts.HTTPEndpoint
+	}
+	return p.opts.MetricsAddress
+}
+
+// waitForAPIServer retries with backoff until the API server answers, reporting each
+// failure in the log and on /readyz.
+func (p *process) waitForAPIServer(ctx context.Context, kube kubernetes.Interface) error {
+	p.health.setNotReady("waiting for the API server")
+	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 30 * time.Second}
+	return wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+		_, err := kube.Discovery().ServerVersion()
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "API server not reachable, retrying")
+			p.health.setNotReady(fmt.Sprintf("API server not reachable: %v", err))
+			return false, nil
+		}
+		return true, nil
+	})
+}
+
+// restConfig builds the client configuration from --kubeconfig, else in-cluster.
+func (o *Options) restConfig() (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if o.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading --kubeconfig %s: %w", o.Kubeconfig, err)
+		}
+	} else {
+		cfg, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+		}
+	}
+	cfg.QPS = float32(o.KubeAPIQPS)
+	cfg.Burst = o.KubeAPIBurst
+	cfg.UserAgent = "csi-sidecars"
+	return cfg, nil
+}
+
+// leaderElectionConfig is a copy of cfg for a dedicated clientset, so a busy sidecar's
+// throttled client never delays renewing the Lease; its timeout keeps a hung request from
+// outliving the renew deadline.
+func (o *Options) leaderElectionConfig(cfg *rest.Config) *rest.Config {
+	le := rest.CopyConfig(cfg)
+	le.Timeout = max(o.RenewDeadline/2, time.Second)
+	return le
+}
+
+var errReturnedEarly = errors.New("sidecar stopped before it was asked to")

@@ -1,0 +1,89 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/component-base/featuregate"
+)
+
+// Sidecar is one controller the core hosts.
+type Sidecar interface {
+	// Name is the sidecar's subcommand, for example "attacher".
+	Name() string
+	// AddFlags registers the sidecar's own flags, with upstream names and defaults.
+	AddFlags(fs *pflag.FlagSet)
+	// LeaseName is the upstream-compatible Lease name for a driver (before sanitising).
+	LeaseName(driver string) string
+	// Setup runs on every replica once the driver is probed: it builds listers, queues and
+	// handlers and registers its informers on env.Informers, so caches are warm on standbys
+	// too (P7). A returned UsageError exits 2, any other error exits 1.
+	Setup(env *Env) error
+	// Run is called when this replica leads. It starts workers and returns only after
+	// intake is done (queues shut down, periodic loops stopped) and every worker has
+	// returned. Each operation runs on env.Ops(), never on intake (P1).
+	Run(intake context.Context, env *Env) error
+}
+
+// FeatureGated is implemented by a sidecar that has feature gates of its own; they are
+// added to the shared --feature-gates flag.
+type FeatureGated interface {
+	Features() map[featuregate.Feature]featuregate.FeatureSpec
+}
+
+// Env is what the core hands a sidecar: shared clients, caches and the CSI connection, and
+// the sidecar's own Ops() context.
+type Env struct {
+	// Kube is the clientset for the sidecar's work (rate limited by --kube-api-qps/burst).
+	Kube kubernetes.Interface
+	// RestConfig builds further clients (CRDs); it carries the same limits as Kube.
+	RestConfig *rest.Config
+	// Informers is the process's shared informer factory; the core starts it on every
+	// replica after every Setup, and waits for its caches before leading.
+	Informers informers.SharedInformerFactory
+	// Events is the process's event broadcaster; a sidecar makes its own recorder from it.
+	Events record.EventBroadcaster
+	// CSI is the driver connection. Every call through it is counted as in flight, and is
+	// cancelled when Ops() is (fencing, P6), whatever context the caller passed.
+	CSI grpc.ClientConnInterface
+	// DriverName is the name the driver reported in GetPluginInfo.
+	DriverName string
+	// PluginCapabilities and ControllerCapabilities are what the driver reported at probe.
+	PluginCapabilities     rpc.PluginCapabilitySet
+	ControllerCapabilities rpc.ControllerCapabilitySet
+	// Metrics records CSI call metrics (csi_sidecar_operations_seconds); its registry is the
+	// one served on --metrics-path.
+	Metrics metrics.CSIMetricsManager
+	// Gates holds the parsed feature gates.
+	Gates featuregate.FeatureGate
+	// Identity is this replica's leader-election identity.
+	Identity string
+
+	ops context.Context
+}
+
+// Ops is the parent context of in-flight operations: a CSI call and the API writes that
+// record its result. The first signal does not cancel it; the drain deadline and losing the
+// Lease do (P1, P3, P6).
+func (e *Env) Ops() context.Context { return e.ops }
+
+// UsageError marks a Setup error as a configuration problem (exit code 2), for example a
+// driver that lacks every capability the sidecar could use.
+type UsageError struct{ Err error }
+
+func (e UsageError) Error() string { return e.Err.Error() }
+func (e UsageError) Unwrap() error { return e.Err }
+
+// IsUsageError tells whether err is, or wraps, a UsageError.
+func IsUsageError(err error) bool {
+	var u UsageError
+	return errors.As(err, &u)
+}
