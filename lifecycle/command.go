@@ -62,6 +62,9 @@ func sidecarCommand(opts *Options, s Sidecar) *cobra.Command {
 			if err := opts.Validate(); err != nil {
 				return UsageError{err}
 			}
+			if err := opts.ApplyLogging(); err != nil {
+				return UsageError{err}
+			}
 			if v, ok := s.(FlagValidator); ok {
 				if err := v.ValidateFlags(); err != nil {
 					return UsageError{err}

@@ -141,7 +141,7 @@ func (o *Options) Validate() error {
 	if o.LeaderElection {
 		errs = append(errs, o.validateLeaderElection()...)
 	}
-	if err := logsapi.ValidateAndApply(o.Logging, o.Gates); err != nil {
+	if err := logsapi.Validate(o.Logging, o.Gates, nil).ToAggregate(); err != nil {
 		errs = append(errs, fmt.Errorf("logging flags (-v, --vmodule, --logging-format): %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -170,6 +170,15 @@ func (o *Options) validateLeaderElection() []error {
 		errs = append(errs, fmt.Errorf("--leader-election-renew-deadline (%v) must be greater than 1.2 x --leader-election-retry-period (%v)", o.RenewDeadline, o.RetryPeriod))
 	}
 	return errs
+}
+
+// ApplyLogging configures klog from the logging flags. klog is process-wide, so this runs
+// once, from the command, after Validate.
+func (o *Options) ApplyLogging() error {
+	if err := logsapi.ValidateAndApply(o.Logging, o.Gates); err != nil {
+		return fmt.Errorf("logging flags (-v, --vmodule, --logging-format): %w", err)
+	}
+	return nil
 }
 
 func (o *Options) fillDefaults() error {
