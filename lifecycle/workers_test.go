@@ -65,7 +65,9 @@ func TestFencingCancelsCallsWhateverTheirContext(t *testing.T) {
 	conn := &fencedConn{conn: inner, ops: ops, onChange: func(d int64) { mu.Lock(); gauge += d; mu.Unlock() }}
 
 	errc := make(chan error)
-	go func() { errc <- conn.Invoke(context.Background(), "/csi.v1.Controller/ControllerPublishVolume", nil, nil) }()
+	go func() {
+		errc <- conn.Invoke(context.Background(), "/csi.v1.Controller/ControllerPublishVolume", nil, nil)
+	}()
 	for conn.InFlight() != 1 {
 		runtime.Gosched() // the call is counted before it reaches the driver
 	}
