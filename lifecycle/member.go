@@ -220,15 +220,15 @@ func (m *member) lead(ctx context.Context, p *process, leading context.Context, 
 			return result{code: ExitError, release: true}
 		}
 		if leading.Err() != nil {
-			return m.fence(ctx, p, nil, "lost the Lease")
+			return m.fence(ctx, p, stopIntake, nil, "lost the Lease")
 		}
 		return m.drained(ctx, p, err)
 	case <-leading.Done():
-		return m.fence(ctx, p, done, "lost the Lease")
+		return m.fence(ctx, p, stopIntake, done, "lost the Lease")
 	case <-takenOver:
-		return m.fence(ctx, p, done, "another replica holds the Lease")
+		return m.fence(ctx, p, stopIntake, done, "another replica holds the Lease")
 	case <-p.drainExpired.Done():
-		return m.fence(ctx, p, done, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
+		return m.fence(ctx, p, stopIntake, done, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
 	}
 }
 
@@ -256,11 +256,12 @@ func (m *member) drained(ctx context.Context, p *process, runErr error) result {
 // fence stops work that may no longer run here: intake and every CSI call are cancelled at
 // once, the Lease is not released (P3, P6). done, when not nil, is waited on briefly so the
 // sidecar can record what it can.
-func (m *member) fence(ctx context.Context, p *process, done <-chan error, why string) result {
+func (m *member) fence(ctx context.Context, p *process, stopIntake context.CancelFunc, done <-chan error, why string) result {
 	klog.FromContext(ctx).Error(nil, "Cancelling all in-flight operations", "reason", why, "inFlight", m.csi.InFlight())
 	if m.lock != nil {
 		m.lock.close()
 	}
+	stopIntake()
 	m.cancelOps()
 	if p.intake.Err() != nil && p.drainExpired.Err() != nil {
 		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), "deadline").Observe(p.drainTime().Seconds())

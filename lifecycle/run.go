@@ -76,11 +76,10 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		p.mu.Unlock()
 		time.AfterFunc(p.opts.DrainTimeout, p.expireDrain)
 	})
-	go p.watchSignals(ctx)
-
 	mm := metrics.NewCSIMetricsManagerWithOptions("")
 	p.metrics = newCoreMetrics(mm.GetRegistry())
 	p.health = &health{notReady: "starting"}
+	go p.watchSignals(ctx)
 	if addr := p.httpAddress(); addr != "" {
 		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, mm, p.health)
 		if err != nil {
@@ -187,6 +186,7 @@ func (p *process) watchSignals(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	sig := <-p.signals
 	logger.Info("Received signal: taking no new work, draining in-flight operations", "signal", sig.String(), "drainTimeout", p.opts.DrainTimeout)
+	p.health.setNotReady("shutting down: draining in-flight operations")
 	p.stopIntake()
 	sig = <-p.signals
 	logger.Info("Received a second signal: exiting now", "signal", sig.String())

@@ -34,8 +34,9 @@ const (
 
 // Sidecar is the test sidecar.
 type Sidecar struct {
-	workers int
-	timeout time.Duration
+	workers   int
+	timeout   time.Duration
+	namespace string
 
 	lister corelisters.ConfigMapLister
 	queue  workqueue.TypedRateLimitingInterface[string]
@@ -53,6 +54,7 @@ func (*Sidecar) Name() string { return "test" }
 func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&s.workers, "workers", 4, "Number of workers.")
 	fs.DurationVar(&s.timeout, "timeout", 60*time.Second, "Timeout of one CSI call.")
+	fs.StringVar(&s.namespace, "namespace", "", "Only ConfigMaps in this namespace are work (default: all).")
 }
 
 // ValidateFlags implements lifecycle.FlagValidator.
@@ -82,7 +84,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 
 func (s *Sidecar) enqueue(obj any) {
 	cm, ok := obj.(*corev1.ConfigMap)
-	if !ok || cm.Labels[WorkLabel] == "" || cm.Annotations[ResultAnnotation] != "" {
+	if !ok || cm.Labels[WorkLabel] == "" || cm.Annotations[ResultAnnotation] != "" ||
+		(s.namespace != "" && cm.Namespace != s.namespace) {
 		return
 	}
 	if key, err := cache.MetaNamespaceKeyFunc(cm); err == nil {

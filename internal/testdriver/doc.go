@@ -1,0 +1,24 @@
+// Package testdriver is the project's own fake CSI driver. It stands in for a
+// cloud storage backend in end-to-end tests and demos.
+//
+// The package owns three things:
+//
+//   - Backend: the in-memory storage system (volumes, where they are
+//     published, free capacity) shared by every gRPC server of one driver, so
+//     that several sidecar replicas, each on its own UNIX socket, see the same
+//     volumes.
+//   - The CSI Identity, Controller and a minimal Node service that serve the
+//     Backend over UNIX sockets (Backend.Serve).
+//   - The instruments tests use to judge sidecars: a journal of every call
+//     (Backend.Journal, Backend.WaitFor), an overlap detector for concurrent
+//     mutating operations on one volume (Backend.Overlaps), per-method latency
+//     and injected errors that can be changed while the driver runs.
+//
+// Like a cloud API, the Backend finishes an operation it has started even when
+// the caller gives up: a mutating call starts a backend operation that sleeps
+// the configured latency and then applies its effect; the gRPC handler returns
+// early with Canceled or DeadlineExceeded if the caller's context ends first,
+// but the operation still runs to its end. This is what lets tests catch a
+// sidecar that retries, or starts the opposite operation, while the previous
+// one is still running in the backend.
+package testdriver

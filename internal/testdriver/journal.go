@@ -1,0 +1,127 @@
+package testdriver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Call is one journal entry: one RPC received by the driver.
+type Call struct {
+	// Seq is the call's index in the journal; calls are journaled in the
+	// order they started.
+	Seq int `json:"seq"`
+	// Socket is the path of the UNIX socket whose server received the call.
+	Socket string `json:"socket"`
+	// Method is the RPC name, see the Method constants.
+	Method string `json:"method"`
+	// VolumeID is the volume the call is about. For CreateVolume it is empty
+	// until the operation ends and then holds the id of the volume created or
+	// found.
+	VolumeID string `json:"volumeID,omitempty"`
+	// VolumeName is the name requested by CreateVolume.
+	VolumeName string `json:"volumeName,omitempty"`
+	// NodeID is the node of (un)publish calls.
+	NodeID string `json:"nodeID,omitempty"`
+	// Start is when the driver received the call.
+	Start time.Time `json:"start"`
+	// End is when the backend operation ended (not when the handler
+	// returned); zero while it still runs.
+	End time.Time `json:"end,omitzero"`
+	// Code is the gRPC code name of the operation's result ("OK",
+	// "NotFound", ...); empty while it still runs. When Canceled is set, this
+	// is what the backend did, not what the caller was told.
+	Code string `json:"code,omitempty"`
+	// Message is the error message, empty on success.
+	Message string `json:"message,omitempty"`
+	// Canceled is set when the caller's context was done before the backend
+	// operation ended: the caller got Canceled or DeadlineExceeded while the
+	// operation went on.
+	Canceled bool `json:"canceled,omitempty"`
+}
+
+// Done reports whether the call's backend operation has ended.
+func (c Call) Done() bool { return !c.End.IsZero() }
+
+// Overlap records two mutating operations on one volume that ran in the
+// backend at the same time.
+type Overlap struct {
+	// Volume is the volume id both touch, or "name:<name>" when they were
+	// matched by the name requested in CreateVolume.
+	Volume string
+	// First was still running when Second started.
+	First, Second Call
+}
+
+// overlapRef is how an overlap is kept: by journal index, so that Overlaps
+// returns the calls as they are now (ended, with results).
+type overlapRef struct {
+	key           string
+	first, second int
+}
+
+// Journal returns a copy of every call so far, in start order, including
+// those still running.
+func (b *Backend) Journal() []Call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Call(nil), b.calls...)
+}
+
+// Overlaps returns every pair of mutating operations that ran on the same
+// volume at the same time, including operations whose caller had already
+// cancelled.
+func (b *Backend) Overlaps() []Overlap {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Overlap, 0, len(b.overlaps))
+	for _, o := range b.overlaps {
+		out = append(out, Overlap{Volume: o.key, First: b.calls[o.first], Second: b.calls[o.second]})
+	}
+	return out
+}
+
+// WaitFor blocks until cond, given a copy of the journal, returns true. It
+// re-evaluates cond each time a call starts or ends, so tests never need to
+// sleep. It returns an error wrapping ctx.Err() when ctx ends first.
+func (b *Backend) WaitFor(ctx context.Context, cond func([]Call) bool) error {
+	for {
+		b.mu.Lock()
+		calls := append([]Call(nil), b.calls...)
+		changed := b.changed
+		b.mu.Unlock()
+		if cond(calls) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for journal condition (%d calls so far): %w", len(calls), ctx.Err())
+		case <-changed:
+		}
+	}
+}
+
+// notifyLocked wakes every WaitFor. The caller holds b.mu.
+func (b *Backend) notifyLocked() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// writeJournalLocked appends the finished call to Config.JournalWriter. It is
+// called with b.mu held so that lines from concurrent calls never interleave.
+func (b *Backend) writeJournalLocked(c Call) {
+	if b.cfg.JournalWriter == nil {
+		return
+	}
+	line, err := json.Marshal(c)
+	if err != nil {
+		klog.ErrorS(err, "Encoding journal entry", "method", c.Method, "seq", c.Seq)
+		return
+	}
+	if _, err := b.cfg.JournalWriter.Write(append(line, '\n')); err != nil {
+		klog.ErrorS(err, "Writing journal entry", "method", c.Method, "seq", c.Seq)
+	}
+}

@@ -1,0 +1,55 @@
+package testdriver
+
+// Method names as they appear in Call.Method, Fault.Method and the latency
+// settings: the CSI RPC name without its service prefix.
+const (
+	MethodGetPluginInfo         = "GetPluginInfo"
+	MethodGetPluginCapabilities = "GetPluginCapabilities"
+	MethodProbe                 = "Probe"
+
+	MethodCreateVolume               = "CreateVolume"
+	MethodDeleteVolume               = "DeleteVolume"
+	MethodControllerPublishVolume    = "ControllerPublishVolume"
+	MethodControllerUnpublishVolume  = "ControllerUnpublishVolume"
+	MethodControllerExpandVolume     = "ControllerExpandVolume"
+	MethodControllerModifyVolume     = "ControllerModifyVolume"
+	MethodValidateVolumeCapabilities = "ValidateVolumeCapabilities"
+	MethodListVolumes                = "ListVolumes"
+	MethodGetCapacity                = "GetCapacity"
+	MethodControllerGetVolume        = "ControllerGetVolume"
+	MethodControllerGetCapabilities  = "ControllerGetCapabilities"
+
+	MethodNodeGetInfo         = "NodeGetInfo"
+	MethodNodeGetCapabilities = "NodeGetCapabilities"
+	MethodNodeStageVolume     = "NodeStageVolume"
+	MethodNodeUnstageVolume   = "NodeUnstageVolume"
+	MethodNodePublishVolume   = "NodePublishVolume"
+	MethodNodeUnpublishVolume = "NodeUnpublishVolume"
+)
+
+// usesBackendLatency reports whether Config.Latency applies to method. Only
+// the Controller RPCs that talk to the storage backend are slow by default;
+// identity, capability and node RPCs answer from local knowledge.
+func usesBackendLatency(method string) bool {
+	switch method {
+	case MethodCreateVolume, MethodDeleteVolume,
+		MethodControllerPublishVolume, MethodControllerUnpublishVolume,
+		MethodControllerExpandVolume, MethodControllerModifyVolume,
+		MethodValidateVolumeCapabilities, MethodListVolumes,
+		MethodGetCapacity, MethodControllerGetVolume:
+		return true
+	}
+	return false
+}
+
+// isMutating reports whether method changes backend state, which is what the
+// overlap detector watches.
+func isMutating(method string) bool {
+	switch method {
+	case MethodCreateVolume, MethodDeleteVolume,
+		MethodControllerPublishVolume, MethodControllerUnpublishVolume,
+		MethodControllerExpandVolume, MethodControllerModifyVolume:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,275 @@
+// Package e2e runs the built binaries as processes against a real kube-apiserver + etcd and
+// the project's test CSI driver, and checks the lifecycle promises (DESIGN.md P1-P8) on what
+// a user can observe: objects in the API server, calls the driver saw, exit codes, the
+// Lease holder.
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+const slowCall = 3 * time.Second
+
+// P1, P2: SIGTERM lets in-flight calls finish and record their results, starts nothing
+// new, releases the Lease and exits 0.
+func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
+	a := s.startReplica("replica-a")
+	s.waitForHolder("replica-a")
+	a.waitReady(t)
+	s.createWork(10)
+	s.waitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 4 })
+
+	signalled := a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	drain := a.exitedAt.Sub(signalled)
+
+	calls := callsOn(s.driver.Journal(), a)
+	results := s.results()
+	if len(calls) != 4 {
+		t.Errorf("driver saw %d calls, want the 4 in flight at the signal and no new one", len(calls))
+	}
+	for _, c := range calls {
+		if c.Start.After(signalled) {
+			t.Errorf("call for %s started %v after the signal", c.VolumeName, c.Start.Sub(signalled))
+		}
+		if c.Canceled || c.Code != "OK" {
+			t.Errorf("call for %s: code %s, cancelled %v; want OK, not cancelled", c.VolumeName, c.Code, c.Canceled)
+		}
+		if results[c.VolumeName] != "ok" {
+			t.Errorf("result of %s not recorded: %q", c.VolumeName, results[c.VolumeName])
+		}
+	}
+	if h := holder(s.lease()); h != "" {
+		t.Errorf("Lease holder after exit is %q, want empty (released)", h)
+	}
+	t.Logf("FIGURE drain: %d calls in flight at SIGTERM, exit 0 after %v", len(calls), drain.Round(time.Millisecond))
+}
+
+// P7 (with P1, P2): a warm standby takes the released Lease at once, without waiting for
+// lease-duration or retry-period, and never overlaps the old leader on a volume.
+func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
+	a := s.startReplica("replica-a")
+	s.waitForHolder("replica-a")
+	b := s.startReplica("replica-b")
+	b.waitReady(t)
+	s.createWork(12)
+	s.waitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 4 })
+
+	a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("leader exit code %d, want 0", code)
+	}
+	s.waitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
+	first := callsOn(s.driver.Journal(), b)[0].Start
+	gap := first.Sub(a.exitedAt)
+	t.Logf("FIGURE takeover: standby's first call %v after the leader exited (retry period 10s, lease 30s)", gap.Round(time.Millisecond))
+	if gap > 5*time.Second {
+		t.Errorf("standby's first call came %v after the leader exited; a watch-triggered takeover needs far less than the 10s retry period", gap)
+	}
+	for _, c := range callsOn(s.driver.Journal(), a) {
+		if c.Canceled || c.Code != "OK" {
+			t.Errorf("leader's call for %s: code %s, cancelled %v", c.VolumeName, c.Code, c.Canceled)
+		}
+	}
+	s.waitForCalls("all 12 volumes created", func(c []testdriver.Call) bool {
+		done := map[string]bool{}
+		for _, call := range c {
+			if call.Method == testdriver.MethodCreateVolume && call.Code == "OK" {
+				done[call.VolumeName] = true
+			}
+		}
+		return len(done) == 12
+	})
+	if o := s.driver.Overlaps(); len(o) != 0 {
+		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
+	}
+	if h := holder(s.lease()); h != "replica-b" {
+		t.Errorf("Lease holder %q, want replica-b", h)
+	}
+}
+
+// P3: when the drain outlasts --drain-timeout, in-flight calls are cancelled, the Lease is
+// kept (left to expire) and the exit code is non-zero.
+func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 20 * time.Second}})
+	a := s.startReplica("replica-a", "--drain-timeout=1s")
+	s.waitForHolder("replica-a")
+	a.waitReady(t)
+	s.createWork(2)
+	s.waitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 2 })
+
+	signalled := a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t, 15*time.Second); code == 0 {
+		t.Errorf("exit code 0, want non-zero after the drain deadline")
+	}
+	t.Logf("FIGURE drain deadline 1s: exited after %v", a.exitedAt.Sub(signalled).Round(time.Millisecond))
+	for _, c := range callsOn(s.driver.Journal(), a) {
+		if !c.Canceled {
+			t.Errorf("call for %s was not cancelled by the drain deadline", c.VolumeName)
+		}
+	}
+	if h := holder(s.lease()); h != "replica-a" {
+		t.Errorf("Lease holder %q, want replica-a (kept, left to expire)", h)
+	}
+}
+
+// P5: a second signal during the drain exits at once, non-zero.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
+	a := s.startReplica("replica-a", "--drain-timeout=60s")
+	s.waitForHolder("replica-a")
+	a.waitReady(t)
+	s.createWork(1)
+	s.waitForCalls("a call in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 1 })
+
+	a.signal(t, syscall.SIGTERM)
+	s.waitUntil("replica-a is draining", func() bool {
+		_, body := a.get("/readyz")
+		return strings.Contains(body, "draining")
+	})
+	a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t, 10*time.Second); code == 0 {
+		t.Errorf("exit code 0 after a second signal, want non-zero")
+	}
+	if running(callsOn(s.driver.Journal(), a)) != 1 {
+		t.Errorf("the process waited for the call instead of exiting at once")
+	}
+}
+
+// P4: a standby exits 0 promptly on SIGTERM and the leader is untouched.
+func TestStandbyExitsPromptlyOnSIGTERM(t *testing.T) {
+	s := newScenario(t, testdriver.Config{})
+	a := s.startReplica("replica-a")
+	s.waitForHolder("replica-a")
+	b := s.startReplica("replica-b")
+	b.waitReady(t)
+	renewed := s.lease().Spec.RenewTime
+
+	signalled := b.signal(t, syscall.SIGTERM)
+	if code := b.wait(t, 10*time.Second); code != 0 {
+		t.Errorf("standby exit code %d, want 0", code)
+	}
+	t.Logf("FIGURE standby exit: %v after SIGTERM", b.exitedAt.Sub(signalled).Round(time.Millisecond))
+	if !a.running() {
+		t.Errorf("leader exited with %d", a.exitCode)
+	}
+	l := s.lease()
+	if holder(l) != "replica-a" {
+		t.Errorf("Lease holder %q, want replica-a", holder(l))
+	}
+	if l.Spec.RenewTime.Before(renewed) {
+		t.Errorf("Lease renew time went back")
+	}
+}
+
+// P6: when another identity takes the Lease, the leader cancels its in-flight calls at once
+// and exits non-zero without touching the Lease.
+func TestLeaseTakenAwayFencesInFlightCalls(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
+	a := s.startReplica("replica-a")
+	s.waitForHolder("replica-a")
+	a.waitReady(t)
+	s.createWork(3)
+	s.waitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 3 })
+
+	l := s.lease()
+	l.Spec.HolderIdentity = ptr.To("intruder")
+	l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+	if _, err := s.client.CoordinationV1().Leases(s.namespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	taken := time.Now()
+	if code := a.wait(t, 15*time.Second); code == 0 {
+		t.Errorf("exit code 0 after losing the Lease, want non-zero")
+	}
+	t.Logf("FIGURE fencing: exited %v after the Lease was taken", a.exitedAt.Sub(taken).Round(time.Millisecond))
+	for _, c := range callsOn(s.driver.Journal(), a) {
+		if !c.Canceled {
+			t.Errorf("call for %s not cancelled after the Lease was lost", c.VolumeName)
+		}
+	}
+	if h := holder(s.lease()); h != "intruder" {
+		t.Errorf("Lease holder %q, want intruder (the fenced leader must not write it)", h)
+	}
+}
+
+// Bad flags fail fast with the flag's name and exit code 2, for both binaries.
+func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"csi-sidecars", "attacher", "--kube-api-qps=lots"},
+		{"csi-sidecars", "resizer", "-leader-election-lease-duration=soon"},
+		{"csi-test-sidecar", "test", "--drain-timeout=-1s"},
+		{"csi-test-sidecar", "test", "--workers=0"},
+		{"csi-test-sidecar", "test", "--leader-election", "--leader-election-renew-deadline=20s"},
+	} {
+		out, err := exec.Command(filepath.Join(binDir, args[0]), args[1:]...).CombinedOutput()
+		code := exitCode(err)
+		flag := strings.SplitN(strings.TrimLeft(args[len(args)-1], "-"), "=", 2)[0]
+		if code != 2 || !strings.Contains(string(out), flag) || strings.Contains(string(out), "panic") {
+			t.Errorf("%v: exit %d, output %q; want exit 2 naming %s", args, code, out, flag)
+		}
+	}
+}
+
+// Every subcommand shows the shared flags.
+func TestHelpShowsSharedFlags(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"attacher", "--help"}, {"resizer", "--help"}, {"provisioner", "--help"}} {
+		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		for _, f := range []string{"--csi-address", "--leader-election-namespace", "--drain-timeout", "--feature-gates", "--http-endpoint", "--metrics-path", "--kube-api-qps", "--logging-format"} {
+			if !strings.Contains(string(out), f) {
+				t.Errorf("%v: help lacks %s", args, f)
+			}
+		}
+	}
+}
+
+// An unreachable driver socket or API server is retried and reported on /readyz, never a
+// crash, and SIGTERM still ends the process cleanly.
+func TestUnreachableDriverAndAPIServerAreReportedAndRetried(t *testing.T) {
+	s := newScenario(t, testdriver.Config{})
+	cases := []struct {
+		name, want string
+		args       []string
+	}{
+		{"no-driver", "connecting to the CSI driver", []string{"--csi-address=" + filepath.Join(s.dir, "absent.sock")}},
+		{"no-apiserver", "API server not reachable", []string{"--kubeconfig=" + writeKubeconfig(t, s.dir, "https://127.0.0.1:1")}},
+	}
+	for _, c := range cases {
+		r := s.startReplica(c.name, c.args...)
+		var body string
+		s.waitUntil(c.name+" reports "+c.want, func() bool {
+			code, b := r.get("/readyz")
+			body = b
+			return code == 503 && strings.Contains(b, c.want)
+		})
+		if !r.running() {
+			t.Fatalf("%s exited: %s", c.name, r.stderr.String())
+		}
+		r.signal(t, syscall.SIGTERM)
+		if code := r.wait(t, 10*time.Second); code != 0 {
+			t.Errorf("%s: exit %d after SIGTERM, want 0", c.name, code)
+		}
+		if strings.Contains(r.stderr.String(), "panic") {
+			t.Errorf("%s panicked", c.name)
+		}
+		t.Logf("%s: /readyz said %q", c.name, body)
+	}
+}
