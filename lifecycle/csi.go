@@ -12,6 +12,7 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -54,6 +55,13 @@ func connectDriver(ctx context.Context, address string, mm metrics.CSIMetricsMan
 		conn.Close()
 		return nil, fmt.Errorf("getting CSI plugin capabilities: %w", err)
 	}
+	// gRPC only redials when a call is made, so an idle sidecar would not notice a driver
+	// that went away; watching the channel's state does.
+	go watchConnection(ctx, conn, func() {
+		if lost.CompareAndSwap(false, true) {
+			onLoss()
+		}
+	})
 	d.controllerCapabilities = rpc.ControllerCapabilitySet{}
 	if d.pluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
 		if d.controllerCapabilities, err = rpc.GetControllerCapabilities(ctx, conn); err != nil {
@@ -62,6 +70,20 @@ func connectDriver(ctx context.Context, address string, mm metrics.CSIMetricsMan
 		}
 	}
 	return d, nil
+}
+
+// watchConnection calls onLoss when a ready connection stops being ready.
+func watchConnection(ctx context.Context, conn *grpc.ClientConn, onLoss func()) {
+	for {
+		state := conn.GetState()
+		if state != connectivity.Ready {
+			onLoss()
+			return
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return
+		}
+	}
 }
 
 // fencedConn is one sidecar's view of the shared driver connection. It counts calls in
@@ -73,6 +95,9 @@ type fencedConn struct {
 	ops      context.Context
 	inflight atomic.Int64
 	onChange func(delta int64)
+	// broken is set when a call ended with Unavailable: the connection may have broken under
+	// it, and the driver may still be working on it.
+	broken atomic.Bool
 }
 
 var _ grpc.ClientConnInterface = &fencedConn{}
@@ -92,7 +117,11 @@ func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any,
 		c.inflight.Add(-1)
 		c.onChange(-1)
 	}()
-	return c.conn.Invoke(ctx, method, args, reply, opts...)
+	err := c.conn.Invoke(ctx, method, args, reply, opts...)
+	if status.Code(err) == codes.Unavailable {
+		c.broken.Store(true)
+	}
+	return err
 }
 
 func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {

@@ -45,6 +45,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	m := &member{sidecar: s}
 	// Ops() outlives the signal on purpose (P1); only fencing and the drain deadline end it.
 	m.ops, m.cancelOps = context.WithCancel(context.WithoutCancel(ctx))
+	p.metrics.leader.WithLabelValues(s.Name()).Set(0)
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	env := shared
@@ -168,31 +169,41 @@ func (m *member) hold(ctx context.Context, p *process) (code int, done bool) {
 
 	select {
 	case <-started:
-		r := <-results
-		if !r.release || !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit) {
-			m.lock.close()
-		}
-		cancelElector()
-		<-electorDone
-		if r.release && p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit) {
-			logger.Info("Released the Lease", "lease", m.leaseName)
-		} else {
-			logger.Info("Leaving the Lease to expire", "lease", m.leaseName)
-		}
-		return r.code, true
 	case <-lostRace:
 		logger.Info("Another replica took the Lease first")
 		cancelElector()
 		<-electorDone
-		return 0, false
+		return ExitOK, false
 	case <-p.intake.Done():
-		// Stopped in the moment between taking the Lease and leading: nothing ran, and the
-		// Lease is left to expire rather than racing the elector for it.
-		m.lock.close()
-		cancelElector()
-		<-electorDone
-		return p.exitCode(ExitOK), true
+		select {
+		case <-started:
+		default:
+			// Stopped in the moment between taking the Lease and leading: the Lease is
+			// left to expire rather than racing the elector for it.
+			m.lock.close()
+			cancelElector()
+			<-electorDone
+			select {
+			case <-started: // it began leading after all; its result says how it ended
+				return (<-results).code, true
+			default:
+				return p.exitCode(ExitOK), true
+			}
+		}
 	}
+	r := <-results
+	release := r.release && p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit)
+	if !release {
+		m.lock.close()
+	}
+	cancelElector() // client-go's ReleaseOnCancel empties the holder unless the lock is closed
+	<-electorDone
+	if release {
+		logger.Info("Released the Lease", "lease", m.leaseName)
+	} else {
+		logger.Info("Leaving the Lease to expire", "lease", m.leaseName)
+	}
+	return r.code, true
 }
 
 // lead runs the sidecar while this replica leads and drains it on shutdown. leading ends
@@ -239,8 +250,9 @@ func (m *member) drained(ctx context.Context, p *process, runErr error) result {
 	elapsed := p.drainTime()
 	if p.isDriverLost() {
 		// Calls that were running when the driver went away may still be running in it;
-		// only an idle leader may hand over at once.
-		idle := m.inflightAtDriverLoss.Load() == 0
+		// only an idle leader may hand over at once. A call that failed with Unavailable
+		// counts as running: it may have been cut off just before the loss was noticed.
+		idle := m.inflightAtDriverLoss.Load() == 0 && !m.csi.broken.Load()
 		logger.Info("Stopped after losing the CSI driver", "idleAtLoss", idle)
 		return result{code: ExitError, release: idle}
 	}

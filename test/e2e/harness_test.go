@@ -98,6 +98,7 @@ func newScenario(t *testing.T, cfg testdriver.Config) *scenario {
 type replica struct {
 	name     string
 	socket   string
+	driver   *testdriver.Server
 	health   string
 	cmd      *exec.Cmd
 	stderr   *lockedBuffer
@@ -131,7 +132,7 @@ func (s *scenario) startReplica(name string, extra ...string) *replica {
 		"--workers=4",
 		"-v=2",
 	}, extra...)
-	r := &replica{name: name, socket: srv.Socket(), health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	r := &replica{name: name, socket: srv.Socket(), driver: srv, health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, done: make(chan struct{})}
 	r.cmd = exec.Command(filepath.Join(binDir, "csi-test-sidecar"), args...)
 	logFile, err := os.Create(filepath.Join(s.dir, name+".log"))
 	if err != nil {

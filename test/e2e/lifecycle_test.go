@@ -273,3 +273,63 @@ func TestUnreachableDriverAndAPIServerAreReportedAndRetried(t *testing.T) {
 		t.Logf("%s: /readyz said %q", c.name, body)
 	}
 }
+
+// Losing the driver while leading stops intake and exits 1; the Lease is released only if
+// nothing was in flight, since the driver may still be working on what it was told.
+func TestDriverLossReleasesTheLeaseOnlyWhenIdle(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		name := map[bool]string{false: "idle", true: "busy"}[busy]
+		t.Run(name, func(t *testing.T) {
+			s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
+			a := s.startReplica("replica-a")
+			s.waitForHolder("replica-a")
+			a.waitReady(t)
+			want := ""
+			if busy {
+				want = "replica-a"
+				s.createWork(2)
+				s.waitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 2 })
+			}
+			a.driver.Stop()
+			if code := a.wait(t, 30*time.Second); code != 1 {
+				t.Errorf("exit code %d after losing the driver, want 1", code)
+			}
+			if h := holder(s.lease()); h != want {
+				t.Errorf("Lease holder %q, want %q", h, want)
+			}
+		})
+	}
+}
+
+// The diagnostics endpoint serves standbys too: health, leader-election health and the
+// core's metrics, which tell the leader from the standby and count calls in flight.
+func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 10 * time.Second}})
+	a := s.startReplica("replica-a")
+	s.waitForHolder("replica-a")
+	b := s.startReplica("replica-b")
+	a.waitReady(t)
+	b.waitReady(t)
+	s.createWork(3)
+	s.waitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 3 })
+
+	for _, c := range []struct {
+		r    *replica
+		want []string
+	}{
+		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`}},
+		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`}},
+	} {
+		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {
+			if code, body := c.r.get(path); code != 200 {
+				t.Errorf("%s %s: %d %s", c.r.name, path, code, body)
+			}
+		}
+		_, metrics := c.r.get("/metrics")
+		for _, w := range c.want {
+			if !strings.Contains(metrics, w) {
+				t.Errorf("%s /metrics lacks %s", c.r.name, w)
+			}
+		}
+	}
+}
