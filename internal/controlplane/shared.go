@@ -56,6 +56,10 @@ func (s *Shared) Main(m *testing.M, opts Options) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
+	if testing.Short() {
+		s.skipReason = "-short: not starting kube-apiserver and etcd"
+		return m.Run()
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), sharedStartTimeout)
 	began := time.Now()

@@ -83,21 +83,23 @@ func TestLatencyChangesAtRunTime(t *testing.T) {
 		}
 		return time.Since(start)
 	}
-	d.b.SetLatency(50 * time.Millisecond)
-	if got := timed(); got < 50*time.Millisecond {
-		t.Errorf("GetCapacity took %v with a 50ms default latency", got)
+	// Generous, so that a loaded machine cannot make a fast call look slow.
+	const slow = 100 * time.Millisecond
+	d.b.SetLatency(slow)
+	if got := timed(); got < slow {
+		t.Errorf("GetCapacity took %v with a %v default latency", got, slow)
 	}
 	d.b.SetMethodLatency(testdriver.MethodGetCapacity, 0)
-	if got := timed(); got >= 50*time.Millisecond {
+	if got := timed(); got >= slow {
 		t.Errorf("GetCapacity took %v with a 0 override", got)
 	}
 	d.b.ClearMethodLatency(testdriver.MethodGetCapacity)
-	if got := timed(); got < 50*time.Millisecond {
+	if got := timed(); got < slow {
 		t.Errorf("GetCapacity took %v after clearing the override", got)
 	}
 	// Identity calls are not slowed by the default latency.
 	start := time.Now()
-	if _, err := d.ident(0).Probe(ctx, &csi.ProbeRequest{}); err != nil || time.Since(start) >= 50*time.Millisecond {
+	if _, err := d.ident(0).Probe(ctx, &csi.ProbeRequest{}); err != nil || time.Since(start) >= slow {
 		t.Errorf("Probe took %v (err %v) with only a default latency", time.Since(start), err)
 	}
 }
@@ -183,7 +185,9 @@ func TestOverlaps(t *testing.T) {
 
 	// A publish whose caller gave up still runs; an unpublish started
 	// meanwhile on another socket overlaps it.
-	d.b.SetMethodLatency(testdriver.MethodControllerPublishVolume, 100*time.Millisecond)
+	// The unpublish must start within this time after the cancel; it is
+	// generous so that a loaded machine still overlaps.
+	d.b.SetMethodLatency(testdriver.MethodControllerPublishVolume, 300*time.Millisecond)
 	pubCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
@@ -223,7 +227,7 @@ func TestOverlaps(t *testing.T) {
 
 func TestCreateOverlapsByName(t *testing.T) {
 	ctx := testCtx(t)
-	d := startDriver(t, testdriver.Config{Latency: 50 * time.Millisecond}, 2)
+	d := startDriver(t, testdriver.Config{Latency: 200 * time.Millisecond}, 2)
 	var wg sync.WaitGroup
 	ids := make([]string, 2)
 	for i := range 2 {

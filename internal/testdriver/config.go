@@ -69,10 +69,11 @@ type Config struct {
 	// means DefaultMutableParameters().
 	MutableParameters []string
 
-	// Latency is how long each backend operation of a Controller RPC takes
-	// unless MethodLatency overrides it. Identity, capability and Node RPCs
-	// only get a latency from MethodLatency, so that a slow "cloud" does not
-	// also slow down sidecar start-up probing.
+	// Latency is how long each backend operation of a Controller RPC that
+	// reaches the storage (all but ControllerGetCapabilities) takes unless
+	// MethodLatency overrides it. Identity, capability and Node RPCs only get
+	// a latency from MethodLatency, so that a slow "cloud" does not also slow
+	// down sidecar start-up probing.
 	Latency time.Duration
 	// MethodLatency overrides Latency per method name (see the Method
 	// constants).

@@ -41,6 +41,10 @@ type Call struct {
 	// operation ended: the caller got Canceled or DeadlineExceeded while the
 	// operation went on.
 	Canceled bool `json:"canceled,omitempty"`
+	// CallerGone is when the caller gave up (cancelled, deadline, broken
+	// connection) while the operation still ran; zero if it waited. Unlike
+	// Canceled it is known at once, before the operation ends.
+	CallerGone time.Time `json:"callerGone,omitzero"`
 }
 
 // Done reports whether the call's backend operation has ended.

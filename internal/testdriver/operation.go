@@ -57,6 +57,10 @@ func runOp[T any](ctx context.Context, b *Backend, spec opSpec, apply func(call 
 			return r.value, r.err
 		default:
 		}
+		b.mu.Lock()
+		b.calls[seq].CallerGone = time.Now()
+		b.notifyLocked()
+		b.mu.Unlock()
 		var zero T
 		return zero, status.FromContextError(ctx.Err()).Err()
 	}

@@ -3,7 +3,6 @@ package testdriver
 import (
 	"context"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -77,7 +76,7 @@ func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumes
 		ids := s.b.sortedIDsLocked()
 		// Tokens are ids, not offsets, so a page boundary stays put when
 		// volumes before it are deleted between calls.
-		start := sort.SearchStrings(ids, token)
+		start, _ := slices.BinarySearch(ids, token)
 		end := len(ids)
 		if maxEntries > 0 {
 			end = min(end, start+maxEntries)

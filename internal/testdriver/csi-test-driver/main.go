@@ -51,9 +51,9 @@ func run(ctx context.Context, opts options) error {
 
 // start opens the journal and serves the driver on every endpoint. shutdown
 // stops the servers, removing their sockets, and closes the journal.
-func start(opts options) (shutdown func(), err error) {
+func start(opts options) (_ func(), err error) {
 	var cleanups []func()
-	shutdown = func() {
+	shutdown := func() {
 		// Last opened, first closed: servers stop before the journal
 		// they write to is closed.
 		for i := len(cleanups) - 1; i >= 0; i-- {
