@@ -76,8 +76,10 @@ func newLeaseWatch(identity string) *leaseWatch {
 	return &leaseWatch{identity: identity, changed: make(chan struct{}, 1), takenOver: make(chan struct{})}
 }
 
-// start runs an informer on the one Lease and returns once it has synced.
-func (w *leaseWatch) start(ctx context.Context, client kubernetes.Interface, namespace, name string) error {
+// start runs an informer on the one Lease until run ends and returns once it has synced,
+// or when synced ends first. A draining leader keeps watching, so a takeover during the
+// drain still fences it at once.
+func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -92,9 +94,9 @@ func (w *leaseWatch) start(ctx context.Context, client kubernetes.Interface, nam
 	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return ctx.Err()
+	factory.Start(run.Done())
+	if !cache.WaitForCacheSync(synced.Done(), inf.HasSynced) {
+		return synced.Err()
 	}
 	return nil
 }

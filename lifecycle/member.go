@@ -94,7 +94,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 		r := m.lead(ctx, p, context.Background(), nil)
 		return r.code
 	}
-	if err := m.watch.start(p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName); err != nil {
+	if err := m.watch.start(ctx, p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
 		return p.exitCode(ExitOK)
 	}
@@ -227,7 +227,10 @@ func (m *member) lead(ctx context.Context, p *process, leading context.Context, 
 	case err := <-done:
 		if p.intake.Err() == nil && leading.Err() == nil {
 			// The sidecar gave up on its own; nothing of it runs any more.
-			logger.Error(err, "Sidecar stopped while leading", "error", errReturnedEarly)
+			if err == nil {
+				err = errReturnedEarly
+			}
+			logger.Error(err, "Sidecar stopped while leading")
 			return result{code: ExitError, release: true}
 		}
 		if leading.Err() != nil {
