@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
@@ -27,17 +28,17 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
-	a.waitReady(t)
+	a.WaitReady(t)
 	s.createWork(10)
-	s.waitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 4 })
+	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
 
-	signalled := a.signal(t, syscall.SIGTERM)
-	if code := a.wait(t, 30*time.Second); code != 0 {
+	signalled := a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 30*time.Second); code != 0 {
 		t.Errorf("exit code %d, want 0", code)
 	}
-	drain := a.exitedAt.Sub(signalled)
+	drain := a.ExitedAt.Sub(signalled)
 
-	calls := callsOn(s.driver.Journal(), a)
+	calls := callsOn(s.Driver.Journal(), a)
 	results := s.results()
 	if len(calls) != 4 {
 		t.Errorf("driver saw %d calls, want the 4 in flight at the signal and no new one", len(calls))
@@ -53,7 +54,7 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 			t.Errorf("result of %s not recorded: %q", c.VolumeName, results[c.VolumeName])
 		}
 	}
-	if h := holder(s.lease()); h != "" {
+	if h := e2e.Holder(s.lease()); h != "" {
 		t.Errorf("Lease holder after exit is %q, want empty (released)", h)
 	}
 	t.Logf("FIGURE drain: %d calls in flight at SIGTERM, exit 0 after %v", len(calls), drain.Round(time.Millisecond))
@@ -66,27 +67,27 @@ func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b")
-	b.waitReady(t)
+	b.WaitReady(t)
 	s.createWork(12)
-	s.waitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 4 })
+	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
 
-	a.signal(t, syscall.SIGTERM)
-	if code := a.wait(t, 30*time.Second); code != 0 {
+	a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 30*time.Second); code != 0 {
 		t.Errorf("leader exit code %d, want 0", code)
 	}
-	s.waitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
-	first := callsOn(s.driver.Journal(), b)[0].Start
-	gap := first.Sub(a.exitedAt)
+	s.WaitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
+	first := callsOn(s.Driver.Journal(), b)[0].Start
+	gap := first.Sub(a.ExitedAt)
 	t.Logf("FIGURE takeover: standby's first call %v after the leader exited (retry period 10s, lease 30s)", gap.Round(time.Millisecond))
 	if gap > 5*time.Second {
 		t.Errorf("standby's first call came %v after the leader exited; a watch-triggered takeover needs far less than the 10s retry period", gap)
 	}
-	for _, c := range callsOn(s.driver.Journal(), a) {
+	for _, c := range callsOn(s.Driver.Journal(), a) {
 		if c.Canceled || c.Code != "OK" {
 			t.Errorf("leader's call for %s: code %s, cancelled %v", c.VolumeName, c.Code, c.Canceled)
 		}
 	}
-	s.waitForCalls("all 12 volumes created", func(c []testdriver.Call) bool {
+	s.WaitForCalls("all 12 volumes created", func(c []testdriver.Call) bool {
 		done := map[string]bool{}
 		for _, call := range c {
 			if call.Method == testdriver.MethodCreateVolume && call.Code == "OK" {
@@ -95,10 +96,10 @@ func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 		}
 		return len(done) == 12
 	})
-	if o := s.driver.Overlaps(); len(o) != 0 {
+	if o := s.Driver.Overlaps(); len(o) != 0 {
 		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
 	}
-	if h := holder(s.lease()); h != "replica-b" {
+	if h := e2e.Holder(s.lease()); h != "replica-b" {
 		t.Errorf("Lease holder %q, want replica-b", h)
 	}
 }
@@ -109,21 +110,21 @@ func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 20 * time.Second}})
 	a := s.startReplica("replica-a", "--drain-timeout=1s")
 	s.waitForHolder("replica-a")
-	a.waitReady(t)
+	a.WaitReady(t)
 	s.createWork(2)
-	s.waitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 2 })
+	s.WaitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 2 })
 
-	signalled := a.signal(t, syscall.SIGTERM)
-	if code := a.wait(t, 15*time.Second); code == 0 {
+	signalled := a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 15*time.Second); code == 0 {
 		t.Errorf("exit code 0, want non-zero after the drain deadline")
 	}
-	t.Logf("FIGURE drain deadline 1s: exited after %v", a.exitedAt.Sub(signalled).Round(time.Millisecond))
-	for _, c := range callsOn(s.driver.Journal(), a) {
+	t.Logf("FIGURE drain deadline 1s: exited after %v", a.ExitedAt.Sub(signalled).Round(time.Millisecond))
+	for _, c := range callsOn(s.Driver.Journal(), a) {
 		if c.CallerGone.IsZero() {
 			t.Errorf("call for %s was not cancelled by the drain deadline", c.VolumeName)
 		}
 	}
-	if h := holder(s.lease()); h != "replica-a" {
+	if h := e2e.Holder(s.lease()); h != "replica-a" {
 		t.Errorf("Lease holder %q, want replica-a (kept, left to expire)", h)
 	}
 }
@@ -133,20 +134,20 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
 	a := s.startReplica("replica-a", "--drain-timeout=60s")
 	s.waitForHolder("replica-a")
-	a.waitReady(t)
+	a.WaitReady(t)
 	s.createWork(1)
-	s.waitForCalls("a call in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 1 })
+	s.WaitForCalls("a call in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 1 })
 
-	a.signal(t, syscall.SIGTERM)
-	s.waitUntil("replica-a is draining", func() bool {
-		_, body := a.get("/readyz")
+	a.Signal(t, syscall.SIGTERM)
+	s.WaitUntil("replica-a is draining", func() bool {
+		_, body := a.Get("/readyz")
 		return strings.Contains(body, "draining")
 	})
-	a.signal(t, syscall.SIGTERM)
-	if code := a.wait(t, 10*time.Second); code == 0 {
+	a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 10*time.Second); code == 0 {
 		t.Errorf("exit code 0 after a second signal, want non-zero")
 	}
-	if running(callsOn(s.driver.Journal(), a)) != 1 {
+	if e2e.Running(callsOn(s.Driver.Journal(), a)) != 1 {
 		t.Errorf("the process waited for the call instead of exiting at once")
 	}
 }
@@ -157,20 +158,20 @@ func TestStandbyExitsPromptlyOnSIGTERM(t *testing.T) {
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b")
-	b.waitReady(t)
+	b.WaitReady(t)
 	renewed := s.lease().Spec.RenewTime
 
-	signalled := b.signal(t, syscall.SIGTERM)
-	if code := b.wait(t, 10*time.Second); code != 0 {
+	signalled := b.Signal(t, syscall.SIGTERM)
+	if code := b.Wait(t, 10*time.Second); code != 0 {
 		t.Errorf("standby exit code %d, want 0", code)
 	}
-	t.Logf("FIGURE standby exit: %v after SIGTERM", b.exitedAt.Sub(signalled).Round(time.Millisecond))
-	if !a.running() {
-		t.Errorf("leader exited with %d", a.exitCode)
+	t.Logf("FIGURE standby exit: %v after SIGTERM", b.ExitedAt.Sub(signalled).Round(time.Millisecond))
+	if !a.Running() {
+		t.Errorf("leader exited with %d", a.ExitCode)
 	}
 	l := s.lease()
-	if holder(l) != "replica-a" {
-		t.Errorf("Lease holder %q, want replica-a", holder(l))
+	if e2e.Holder(l) != "replica-a" {
+		t.Errorf("Lease holder %q, want replica-a", e2e.Holder(l))
 	}
 	if l.Spec.RenewTime.Before(renewed) {
 		t.Errorf("Lease renew time went back")
@@ -183,29 +184,29 @@ func TestLeaseTakenAwayFencesInFlightCalls(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
-	a.waitReady(t)
+	a.WaitReady(t)
 	s.createWork(3)
-	s.waitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 3 })
+	s.WaitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 3 })
 
 	l := s.lease()
 	l.Spec.HolderIdentity = ptr.To("intruder")
 	l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
-	if _, err := s.client.CoordinationV1().Leases(s.namespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+	if _, err := s.Client.CoordinationV1().Leases(s.Namespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	taken := time.Now()
-	if code := a.wait(t, 15*time.Second); code == 0 {
+	if code := a.Wait(t, 15*time.Second); code == 0 {
 		t.Errorf("exit code 0 after losing the Lease, want non-zero")
 	}
-	t.Logf("FIGURE fencing: exited %v after the Lease was taken", a.exitedAt.Sub(taken).Round(time.Millisecond))
-	for _, c := range callsOn(s.driver.Journal(), a) {
+	t.Logf("FIGURE fencing: exited %v after the Lease was taken", a.ExitedAt.Sub(taken).Round(time.Millisecond))
+	for _, c := range callsOn(s.Driver.Journal(), a) {
 		if c.CallerGone.IsZero() {
 			t.Errorf("call for %s not cancelled after the Lease was lost", c.VolumeName)
 		} else {
 			t.Logf("FIGURE fencing: call for %s cancelled %v after the Lease was taken", c.VolumeName, c.CallerGone.Sub(taken).Round(time.Millisecond))
 		}
 	}
-	if h := holder(s.lease()); h != "intruder" {
+	if h := e2e.Holder(s.lease()); h != "intruder" {
 		t.Errorf("Lease holder %q, want intruder (the fenced leader must not write it)", h)
 	}
 }
@@ -220,7 +221,7 @@ func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
 		{"csi-test-sidecar", "test", "--leader-election", "--leader-election-renew-deadline=20s"},
 	} {
 		out, err := exec.Command(filepath.Join(binDir, args[0]), args[1:]...).CombinedOutput()
-		code := exitCode(err)
+		code := e2e.ExitCode(err)
 		flag := strings.SplitN(strings.TrimLeft(args[len(args)-1], "-"), "=", 2)[0]
 		if code != 2 || !strings.Contains(string(out), flag) || strings.Contains(string(out), "panic") {
 			t.Errorf("%v: exit %d, output %q; want exit 2 naming %s", args, code, out, flag)
@@ -251,25 +252,25 @@ func TestUnreachableDriverAndAPIServerAreReportedAndRetried(t *testing.T) {
 		name, want string
 		args       []string
 	}{
-		{"no-driver", "connecting to the CSI driver", []string{"--csi-address=" + filepath.Join(s.dir, "absent.sock")}},
-		{"no-apiserver", "API server not reachable", []string{"--kubeconfig=" + writeKubeconfig(t, s.dir, "https://127.0.0.1:1")}},
+		{"no-driver", "connecting to the CSI driver", []string{"--csi-address=" + filepath.Join(s.Dir, "absent.sock")}},
+		{"no-apiserver", "API server not reachable", []string{"--kubeconfig=" + e2e.WriteKubeconfig(t, s.Dir, "https://127.0.0.1:1")}},
 	}
 	for _, c := range cases {
 		r := s.startReplica(c.name, c.args...)
 		var body string
-		s.waitUntil(c.name+" reports "+c.want, func() bool {
-			code, b := r.get("/readyz")
+		s.WaitUntil(c.name+" reports "+c.want, func() bool {
+			code, b := r.Get("/readyz")
 			body = b
 			return code == 503 && strings.Contains(b, c.want)
 		})
-		if !r.running() {
-			t.Fatalf("%s exited: %s", c.name, r.stderr.String())
+		if !r.Running() {
+			t.Fatalf("%s exited: %s", c.name, r.Stderr())
 		}
-		r.signal(t, syscall.SIGTERM)
-		if code := r.wait(t, 10*time.Second); code != 0 {
+		r.Signal(t, syscall.SIGTERM)
+		if code := r.Wait(t, 10*time.Second); code != 0 {
 			t.Errorf("%s: exit %d after SIGTERM, want 0", c.name, code)
 		}
-		if strings.Contains(r.stderr.String(), "panic") {
+		if strings.Contains(r.Stderr(), "panic") {
 			t.Errorf("%s panicked", c.name)
 		}
 		t.Logf("%s: /readyz said %q", c.name, body)
@@ -285,18 +286,18 @@ func TestDriverLossReleasesTheLeaseOnlyWhenIdle(t *testing.T) {
 			s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
 			a := s.startReplica("replica-a")
 			s.waitForHolder("replica-a")
-			a.waitReady(t)
+			a.WaitReady(t)
 			want := ""
 			if busy {
 				want = "replica-a"
 				s.createWork(2)
-				s.waitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 2 })
+				s.WaitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 2 })
 			}
-			a.driver.Stop()
-			if code := a.wait(t, 30*time.Second); code != 1 {
+			a.Driver.Stop()
+			if code := a.Wait(t, 30*time.Second); code != 1 {
 				t.Errorf("exit code %d after losing the driver, want 1", code)
 			}
-			if h := holder(s.lease()); h != want {
+			if h := e2e.Holder(s.lease()); h != want {
 				t.Errorf("Lease holder %q, want %q", h, want)
 			}
 		})
@@ -310,27 +311,27 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b")
-	a.waitReady(t)
-	b.waitReady(t)
+	a.WaitReady(t)
+	b.WaitReady(t)
 	s.createWork(3)
-	s.waitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return running(callsOn(c, a)) == 3 })
+	s.WaitForCalls("3 calls in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 3 })
 
 	for _, c := range []struct {
-		r    *replica
+		r    *e2e.Replica
 		want []string
 	}{
 		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`}},
 		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`}},
 	} {
 		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {
-			if code, body := c.r.get(path); code != 200 {
-				t.Errorf("%s %s: %d %s", c.r.name, path, code, body)
+			if code, body := c.r.Get(path); code != 200 {
+				t.Errorf("%s %s: %d %s", c.r.Name, path, code, body)
 			}
 		}
-		_, metrics := c.r.get("/metrics")
+		_, metrics := c.r.Get("/metrics")
 		for _, w := range c.want {
 			if !strings.Contains(metrics, w) {
-				t.Errorf("%s /metrics lacks %s", c.r.name, w)
+				t.Errorf("%s /metrics lacks %s", c.r.Name, w)
 			}
 		}
 	}
@@ -344,19 +345,19 @@ func TestStandbyTakesAnExpiredLeaseWhenItExpires(t *testing.T) {
 	a := s.startReplica("replica-a", timing...)
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b", timing...)
-	b.waitReady(t)
+	b.WaitReady(t)
 	s.createWork(8)
-	s.waitForCalls("a call in flight on replica-a", func(c []testdriver.Call) bool { return running(callsOn(c, a)) > 0 })
+	s.WaitForCalls("a call in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) > 0 })
 
-	killed := a.signal(t, syscall.SIGKILL)
-	a.wait(t, 10*time.Second)
-	s.waitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
-	gap := callsOn(s.driver.Journal(), b)[0].Start.Sub(killed)
+	killed := a.Signal(t, syscall.SIGKILL)
+	a.Wait(t, 10*time.Second)
+	s.WaitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
+	gap := callsOn(s.Driver.Journal(), b)[0].Start.Sub(killed)
 	t.Logf("FIGURE expiry takeover: standby's first call %v after SIGKILL of the leader (lease 6s, renewed every 2s)", gap.Round(time.Millisecond))
 	if gap > 7*time.Second {
 		t.Errorf("standby took %v; the Lease expired at most 6s after the kill", gap)
 	}
-	if o := s.driver.Overlaps(); len(o) != 0 {
+	if o := s.Driver.Overlaps(); len(o) != 0 {
 		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
 	}
 }

@@ -1,0 +1,367 @@
+// Package e2e is the harness of the end-to-end tests: it builds the binaries, runs sidecar
+// replicas as processes against the shared local control plane, each with its own socket on
+// the test CSI driver, and waits on what they make observable (Lease holder, driver journal,
+// exit codes, /readyz). Test packages under test/ use it; it holds no state of its own
+// beyond what a Scenario owns.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// Binaries builds csi-sidecars and csi-test-sidecar into a new temporary folder and returns
+// it; remove it when done. root is the path of the repository root from the caller.
+func Binaries(root string) (string, error) {
+	dir, err := os.MkdirTemp("", "csi-sidecars-e2e-bin-")
+	if err != nil {
+		return "", err
+	}
+	for _, pkg := range []string{"./cmd/csi-sidecars", "./internal/testsidecar/csi-test-sidecar"} {
+		cmd := exec.Command("go", "build", "-o", dir, pkg)
+		cmd.Dir = root
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("building %s: %w", pkg, err)
+		}
+	}
+	return dir, nil
+}
+
+// Main is a TestMain for an end-to-end package: it builds the binaries into *binDir and
+// runs the tests with one shared control plane.
+func Main(m *testing.M, root string, kube *controlplane.Shared, binDir *string) int {
+	dir, err := Binaries(root)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*binDir = dir
+	return kube.Main(m, controlplane.Options{})
+}
+
+// Scenario is one test's world: its own namespace, a test CSI driver named after it (so
+// its own Leases), a socket on that driver per replica, and the processes it started.
+type Scenario struct {
+	T         *testing.T
+	CP        *controlplane.ControlPlane
+	Client    kubernetes.Interface
+	Namespace string
+	Driver    *testdriver.Backend
+	// Dir holds the sockets and each replica's log (<name>.log).
+	Dir    string
+	BinDir string
+}
+
+// NewScenario creates the namespace (named after the test) and the driver.
+func NewScenario(t *testing.T, cp *controlplane.ControlPlane, binDir string, cfg testdriver.Config) *Scenario {
+	t.Helper()
+	client := kubernetes.NewForConfigOrDie(cp.Config())
+	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(ns) > 50 {
+		ns = ns[:50]
+	}
+	ns = strings.Trim(ns, "-")
+	if _, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	if cfg.DriverName == "" {
+		cfg.DriverName = ns + ".csi.test"
+	}
+	d, err := testdriver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &Scenario{T: t, CP: cp, Client: client, Namespace: ns, Driver: d, Dir: dir, BinDir: binDir}
+}
+
+// Replica is one sidecar process.
+type Replica struct {
+	Name   string
+	Socket string
+	Driver *testdriver.Server
+	// ExitCode and ExitedAt are set once Done is closed.
+	ExitCode int
+	ExitedAt time.Time
+	Done     chan struct{}
+
+	health string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+}
+
+// Start runs command (a binary in BinDir and its subcommand, for example "csi-sidecars",
+// "attacher") as replica name, with its own driver socket and these shared flags before
+// extra: --csi-address, --kubeconfig (admin), --leader-election in the scenario's namespace
+// with identity name, --http-endpoint on a free port, -v=2. Lease timings are long on
+// purpose (30s/20s/10s): a replica that polled instead of watching would need a retry
+// period (10 s) to take over, which takeover assertions catch. extra may override any.
+func (s *Scenario) Start(name string, command []string, extra ...string) *Replica {
+	s.T.Helper()
+	srv, err := s.Driver.Serve(filepath.Join(s.Dir, name+".sock"))
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	s.T.Cleanup(srv.Stop)
+	port := FreePort(s.T)
+	args := append(append([]string{}, command[1:]...),
+		"--csi-address="+srv.Endpoint(),
+		"--kubeconfig="+s.CP.KubeconfigPath(),
+		"--leader-election",
+		"--leader-election-namespace="+s.Namespace,
+		"--leader-election-identity="+name,
+		"--leader-election-lease-duration=30s",
+		"--leader-election-renew-deadline=20s",
+		"--leader-election-retry-period=10s",
+		"--http-endpoint=127.0.0.1:"+port,
+		"-v=2",
+	)
+	args = append(args, extra...)
+	r := &Replica{Name: name, Socket: srv.Socket(), Driver: srv, health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, Done: make(chan struct{})}
+	r.cmd = exec.Command(filepath.Join(s.BinDir, command[0]), args...)
+	logFile, err := os.Create(filepath.Join(s.Dir, name+".log"))
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	r.cmd.Stdout = logFile
+	r.cmd.Stderr = io.MultiWriter(logFile, r.stderr)
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := r.cmd.Start(); err != nil {
+		s.T.Fatal(err)
+	}
+	go func() {
+		_ = r.cmd.Wait()
+		r.ExitedAt = time.Now()
+		r.ExitCode = r.cmd.ProcessState.ExitCode()
+		logFile.Close()
+		close(r.Done)
+	}()
+	s.T.Cleanup(func() {
+		_ = r.cmd.Process.Kill()
+		<-r.Done
+		if s.T.Failed() {
+			s.T.Logf("--- log of %s ---\n%s", name, r.stderr.String())
+		}
+	})
+	return r
+}
+
+// Signal sends sig to the replica and returns when it was sent.
+func (r *Replica) Signal(t *testing.T, sig syscall.Signal) time.Time {
+	t.Helper()
+	at := time.Now()
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signalling %s: %v", r.Name, err)
+	}
+	return at
+}
+
+// Wait waits for the replica to exit and returns its exit code.
+func (r *Replica) Wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-r.Done:
+		return r.ExitCode
+	case <-time.After(timeout):
+		t.Fatalf("%s did not exit within %v", r.Name, timeout)
+		return -1
+	}
+}
+
+// Running tells whether the process is still running.
+func (r *Replica) Running() bool {
+	select {
+	case <-r.Done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stderr is what the replica logged so far.
+func (r *Replica) Stderr() string { return r.stderr.String() }
+
+// WaitReady waits until /readyz answers 200: the replica is connected, set up, and its
+// caches are synced.
+func (r *Replica) WaitReady(t *testing.T) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		if !r.Running() {
+			return false, fmt.Errorf("%s exited with %d", r.Name, r.ExitCode)
+		}
+		code, _ := r.Get("/readyz")
+		return code == http.StatusOK, nil
+	})
+	if err != nil {
+		t.Fatalf("%s not ready: %v\n%s", r.Name, err, r.stderr.String())
+	}
+}
+
+// Get fetches path from the replica's diagnostics server.
+func (r *Replica) Get(path string) (int, string) {
+	resp, err := http.Get(r.health + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// Lease gets a Lease of the scenario's namespace.
+func (s *Scenario) Lease(name string) *coordinationv1.Lease {
+	s.T.Helper()
+	l, err := s.Client.CoordinationV1().Leases(s.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		s.T.Fatalf("getting the Lease: %v", err)
+	}
+	return l
+}
+
+// Holder is a Lease's holder identity, "" when released.
+func Holder(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// WaitForHolder waits until Lease name is held by want.
+func (s *Scenario) WaitForHolder(name, want string) {
+	s.T.Helper()
+	s.WaitUntil(fmt.Sprintf("Lease %s is held by %q", name, want), func() bool {
+		l, err := s.Client.CoordinationV1().Leases(s.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && Holder(l) == want
+	})
+}
+
+// WaitForCalls waits until the driver's journal satisfies cond.
+func (s *Scenario) WaitForCalls(what string, cond func([]testdriver.Call) bool) {
+	s.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := s.Driver.WaitFor(ctx, cond); err != nil {
+		s.T.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// WaitUntil polls cond, for state with no API of its own to wait on, until it holds or
+// 60 s pass.
+func (s *Scenario) WaitUntil(what string, cond func() bool) {
+	s.T.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		s.T.Fatalf("waiting until %s: %v", what, err)
+	}
+}
+
+// CallsOn returns the calls of method received on a replica's socket.
+func CallsOn(calls []testdriver.Call, r *Replica, method string) []testdriver.Call {
+	var out []testdriver.Call
+	for _, c := range calls {
+		if c.Socket == r.Socket && c.Method == method {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Running counts the calls whose backend operation still runs.
+func Running(calls []testdriver.Call) int {
+	n := 0
+	for _, c := range calls {
+		if !c.Done() {
+			n++
+		}
+	}
+	return n
+}
+
+// FreePort returns a TCP port free on 127.0.0.1 a moment ago.
+func FreePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// ExitCode is the exit code in an exec error (0 for nil, -1 if it did not run).
+func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var e *exec.ExitError
+	if errors.As(err, &e) {
+		return e.ExitCode()
+	}
+	return -1
+}
+
+// WriteKubeconfig writes a kubeconfig for server (which may not be there) into dir.
+func WriteKubeconfig(t *testing.T, dir, server string) string {
+	t.Helper()
+	path := filepath.Join(dir, "unreachable.kubeconfig")
+	content := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, server)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testsidecar"
+)
+
+var (
+	kube   controlplane.Shared
+	binDir string
+)
+
+func TestMain(m *testing.M) { os.Exit(e2e.Main(m, "../..", &kube, &binDir)) }
+
+// scenario is a harness scenario for the test sidecar, whose Lease is named after the
+// driver and whose work is labelled ConfigMaps.
+type scenario struct {
+	*e2e.Scenario
+	leaseName string
+}
+
+func newScenario(t *testing.T, cfg testdriver.Config) *scenario {
+	s := e2e.NewScenario(t, kube.Get(t), binDir, cfg)
+	return &scenario{Scenario: s, leaseName: "csi-sidecars-test-" + strings.ReplaceAll(s.Driver.DriverName(), ".", "-")}
+}
+
+func (s *scenario) startReplica(name string, extra ...string) *e2e.Replica {
+	s.T.Helper()
+	args := append([]string{"--namespace=" + s.Namespace, "--workers=4"}, extra...)
+	return s.Start(name, []string{"csi-test-sidecar", "test"}, args...)
+}
+
+func (s *scenario) lease() *coordinationv1.Lease { return s.Lease(s.leaseName) }
+
+func (s *scenario) waitForHolder(want string) { s.WaitForHolder(s.leaseName, want) }
+
+// createWork creates n labelled ConfigMaps: each is one CSI call for the leader.
+func (s *scenario) createWork(n int) {
+	s.T.Helper()
+	for i := range n {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name:   fmt.Sprintf("work-%02d", i),
+			Labels: map[string]string{testsidecar.WorkLabel: "yes"},
+		}}
+		if _, err := s.Client.CoreV1().ConfigMaps(s.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+			s.T.Fatal(err)
+		}
+	}
+}
+
+// results maps each work ConfigMap's volume name to its recorded result ("" if none).
+func (s *scenario) results() map[string]string {
+	s.T.Helper()
+	list, err := s.Client.CoreV1().ConfigMaps(s.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: testsidecar.WorkLabel})
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, cm := range list.Items {
+		out[testsidecar.VolumePrefix+cm.Name] = cm.Annotations[testsidecar.ResultAnnotation]
+	}
+	return out
+}
+
+// callsOn returns the CreateVolume calls (the test sidecar's work) on a replica's socket.
+func callsOn(calls []testdriver.Call, r *e2e.Replica) []testdriver.Call {
+	return e2e.CallsOn(calls, r, testdriver.MethodCreateVolume)
+}
