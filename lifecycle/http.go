@@ -11,7 +11,12 @@ import (
 
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
+
+	// Registers client-go's workqueue metrics (workqueue_depth{name}, ...) in the legacy
+	// registry; the provider is process-wide in client-go, so queue names must be unique.
+	_ "k8s.io/component-base/metrics/prometheus/workqueue"
 )
 
 // leaderHealthTimeout is how long a leader may go without renewing its Lease before
@@ -66,7 +71,9 @@ func (h *health) leaderElection(w http.ResponseWriter, r *http.Request) {
 // serveHTTP starts the diagnostics server on addr and returns a function that stops it.
 func serveHTTP(ctx context.Context, addr, metricsPath string, mm metrics.CSIMetricsManager, h *health) (func(), error) {
 	mux := http.NewServeMux()
-	mm.RegisterToServer(mux, metricsPath)
+	// Our registry (CSI call metrics and the core's) plus client-go's process-wide one
+	// (workqueue, Go runtime and process metrics).
+	mm.WithAdditionalRegistry(legacyregistry.DefaultGatherer).RegisterToServer(mux, metricsPath)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
 	mux.HandleFunc("/healthz/leader-election", h.leaderElection)
 	mux.HandleFunc("/readyz", h.readyz)

@@ -321,7 +321,7 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 		want []string
 	}{
 		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`}},
-		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`}},
+		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"}`, "go_goroutines"}},
 	} {
 		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {
 			if code, body := c.r.Get(path); code != 200 {
