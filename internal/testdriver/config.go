@@ -99,12 +99,12 @@ func DefaultControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type 
 	}
 }
 
-// isImplementedCapability reports whether the driver implements the RPCs
-// behind c; advertising any other (snapshots, volume health) would promise
-// RPCs that answer Unimplemented.
-func isImplementedCapability(c csi.ControllerServiceCapability_RPC_Type) bool {
-	switch c {
-	case csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+// ImplementedControllerCapabilities lists every controller capability whose RPCs the
+// driver implements; advertising any other (snapshots, volume health) would promise RPCs
+// that answer Unimplemented.
+func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type {
+	return []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
@@ -114,10 +114,12 @@ func isImplementedCapability(c csi.ControllerServiceCapability_RPC_Type) bool {
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
-		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME:
-		return true
+		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 	}
-	return false
+}
+
+func isImplementedCapability(c csi.ControllerServiceCapability_RPC_Type) bool {
+	return slices.Contains(ImplementedControllerCapabilities(), c)
 }
 
 // ParseControllerCapabilities parses a comma separated list of controller

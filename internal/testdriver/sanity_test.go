@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
@@ -30,19 +29,7 @@ func TestSanity(t *testing.T) {
 		MaxVolumesPerNode: 2,
 		// Everything the driver implements, so that no Controller spec is
 		// skipped for lack of a capability.
-		ControllerCapabilities: []csi.ControllerServiceCapability_RPC_Type{
-			csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
-			csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
-			csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
-			csi.ControllerServiceCapability_RPC_GET_CAPACITY,
-			csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
-			csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
-			csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-			csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
-			csi.ControllerServiceCapability_RPC_GET_VOLUME,
-			csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
-			csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
-		},
+		ControllerCapabilities: testdriver.ImplementedControllerCapabilities(),
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
