@@ -361,3 +361,24 @@ func TestStandbyTakesAnExpiredLeaseWhenItExpires(t *testing.T) {
 		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
 	}
 }
+
+// --feature-gates=ReleaseLeaderElectionOnExit=false keeps upstream's old behaviour: the
+// drain still completes (exit 0) but the Lease is left to expire.
+func TestReleaseGateOffLeavesTheLeaseToExpire(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: time.Second}})
+	a := s.startReplica("replica-a", "--feature-gates=ReleaseLeaderElectionOnExit=false")
+	s.waitForHolder("replica-a")
+	a.WaitReady(t)
+	s.createWork(1)
+	s.WaitForCalls("a call in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 1 })
+	a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 30*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	if r := s.results()["vol-work-00"]; r != "ok" {
+		t.Errorf("result %q, want ok", r)
+	}
+	if h := e2e.Holder(s.lease()); h != "replica-a" {
+		t.Errorf("Lease holder %q, want replica-a (not released with the gate off)", h)
+	}
+}
