@@ -7,7 +7,7 @@ BIN := _output/bin
 # a time on a 2-core machine.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help build test test-unit test-e2e testenv lint clean
+.PHONY: help build image test test-unit test-e2e testenv lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ help: ## list the targets
 build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/csi-sidecars ./cmd/csi-sidecars
 	$(GO) build -o $(BIN)/csi-test-driver ./internal/testdriver/csi-test-driver
+
+image: ## build the container image (needs a container engine; not available on the CI machines)
+	docker build --build-arg VERSION=$(VERSION) -t csi-sidecars:$(VERSION) .
 
 testenv: ## build kube-apiserver and etcd once per machine into the cache (no-op when cached)
 	@hack/control-plane.sh
