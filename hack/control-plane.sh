@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from Go modules into a per-machine cache, once.
-# Prints the folder that holds both binaries. Reuses it when both are present.
+# Builds kube-apiserver, etcd and kustomize from Go modules into a per-machine cache, once.
+# Prints the folder that holds the binaries. Reuses what is present.
 set -euo pipefail
 K8S_VERSION=v1.37.2
+KUSTOMIZE_VERSION=v5.8.1
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${CSI_SIDECARS_ASSETS:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-sidecars/k8s-${K8S_VERSION}}
 mkdir -p "$dir"
@@ -22,5 +23,9 @@ if [ ! -x "$dir/kube-apiserver" ]; then
     -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}" \
     k8s.io/kubernetes/cmd/kube-apiserver
   mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
+fi
+if [ ! -x "$dir/kustomize" ]; then
+  echo "building kustomize into $dir (about 1 min)" >&2
+  GOBIN="$dir" go install sigs.k8s.io/kustomize/kustomize/v5@${KUSTOMIZE_VERSION}
 fi
 echo "$dir"
