@@ -1,43 +1,262 @@
-// Package resizer is the csi-sidecars resizer, the drop-in for upstream external-resizer, hosted by
-// the lifecycle core. It never handles signals, Leases or process exit.
-//
-// Not implemented yet: the subcommand exists so the binary's shape is final; it refuses
-// to start with a clear error until its own issue lands.
 package resizer
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/pflag"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/component-base/featuregate"
+	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
+// Feature gates, with upstream's names and maturity.
+const (
+	// AnnotateFsResize records a PV's capacity before a resize that needs node expansion in
+	// the volume.alpha.kubernetes.io/pre-resize-capacity annotation.
+	AnnotateFsResize featuregate.Feature = "AnnotateFsResize"
+	// RecoverVolumeExpansionFailure lets a user lower a request that failed, and records
+	// allocatedResources and allocatedResourceStatuses.
+	RecoverVolumeExpansionFailure featuregate.Feature = "RecoverVolumeExpansionFailure"
+	// VolumeAttributesClass runs the modify controller.
+	VolumeAttributesClass featuregate.Feature = "VolumeAttributesClass"
+)
+
 // Sidecar is the resizer.
-type Sidecar struct{}
+type Sidecar struct {
+	workers             int
+	timeout             time.Duration
+	resync              time.Duration
+	retryStart          time.Duration
+	retryMax            time.Duration
+	handleInUse         bool
+	extraModifyMetadata bool
+
+	expansion    *expansionController
+	modification *modifyController
+}
 
 // New returns the resizer sidecar.
-func New() *Sidecar { return &Sidecar{} }
+func New() *Sidecar {
+	return &Sidecar{
+		workers:     10,
+		timeout:     10 * time.Second,
+		resync:      10 * time.Minute,
+		retryStart:  time.Second,
+		retryMax:    5 * time.Minute,
+		handleInUse: true,
+	}
+}
 
-var _ lifecycle.Sidecar = &Sidecar{}
+var (
+	_ lifecycle.Sidecar       = &Sidecar{}
+	_ lifecycle.FeatureGated  = &Sidecar{}
+	_ lifecycle.FlagValidator = &Sidecar{}
+)
 
 // Name implements lifecycle.Sidecar.
 func (*Sidecar) Name() string { return "resizer" }
 
-// AddFlags implements lifecycle.Sidecar.
-func (*Sidecar) AddFlags(*pflag.FlagSet) {}
+// AddFlags implements lifecycle.Sidecar with upstream's names and defaults.
+func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&s.workers, "workers", s.workers, "Concurrency to process multiple resize requests.")
+	fs.DurationVar(&s.timeout, "timeout", s.timeout, "Timeout of each CSI call.")
+	fs.DurationVar(&s.resync, "resync-period", s.resync, "Resync period for cache.")
+	fs.DurationVar(&s.retryStart, "retry-interval-start", s.retryStart, "Initial retry interval of failed volume resize. It exponentially increases with each failure, up to retry-interval-max.")
+	fs.DurationVar(&s.retryMax, "retry-interval-max", s.retryMax, "Maximum retry interval of failed volume resize.")
+	fs.BoolVar(&s.handleInUse, "handle-volume-inuse-error", s.handleInUse, "Flag to turn on/off capability to handle volume in use error in resizer controller. Defaults to true if not set.")
+	fs.BoolVar(&s.extraModifyMetadata, "extra-modify-metadata", s.extraModifyMetadata, "If set, add pv/pvc metadata to plugin modify requests as parameters.")
+}
+
+// Features implements lifecycle.FeatureGated.
+func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
+	return map[featuregate.Feature]featuregate.FeatureSpec{
+		AnnotateFsResize:              {Default: true, PreRelease: featuregate.Beta},
+		RecoverVolumeExpansionFailure: {Default: true, PreRelease: featuregate.GA},
+		VolumeAttributesClass:         {Default: true, PreRelease: featuregate.GA},
+	}
+}
+
+// ValidateFlags implements lifecycle.FlagValidator.
+func (s *Sidecar) ValidateFlags() error {
+	var errs []error
+	if s.workers <= 0 {
+		errs = append(errs, fmt.Errorf("--workers must be positive, got %d", s.workers))
+	}
+	if s.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", s.timeout))
+	}
+	if s.resync < 0 {
+		errs = append(errs, fmt.Errorf("--resync-period must not be negative, got %v", s.resync))
+	}
+	if s.retryStart <= 0 {
+		errs = append(errs, fmt.Errorf("--retry-interval-start must be positive, got %v", s.retryStart))
+	}
+	if s.retryMax < s.retryStart {
+		errs = append(errs, fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", s.retryMax, s.retryStart))
+	}
+	return errors.Join(errs...)
+}
 
 // LeaseName implements lifecycle.Sidecar with upstream's Lease name.
 func (*Sidecar) LeaseName(driver string) string { return "external-resizer-" + driver }
 
-// ValidateFlags implements lifecycle.FlagValidator: it refuses to start.
-func (*Sidecar) ValidateFlags() error {
-	return errors.New("csi-sidecars resizer is not implemented yet")
+// Setup implements lifecycle.Sidecar: it decides from the driver's capabilities which
+// controllers run, and registers their informers on every replica (P7).
+func (s *Sidecar) Setup(env *lifecycle.Env) error {
+	logger := klog.Background().WithValues("sidecar", s.Name(), "driver", env.DriverName)
+	caps, err := s.capabilities(env, env.Ops)
+	if err != nil {
+		return err
+	}
+	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "external-resizer " + env.DriverName})
+	base := writer{kube: env.Kube, ops: env.Ops, timeout: s.timeout, recorder: recorder, driver: env.DriverName}
+
+	if caps.expand != nil {
+		logger.Info("Volume expansion enabled", "mode", caps.expand.mode())
+		s.expansion, err = newExpansionController(expansionConfig{
+			writer:          base,
+			expander:        caps.expand,
+			informers:       env.Informers,
+			resync:          s.resync,
+			retryStart:      s.retryStart,
+			retryMax:        s.retryMax,
+			handleInUse:     s.handleInUse,
+			annotateFs:      env.Gates.Enabled(AnnotateFsResize),
+			recoverFailures: env.Gates.Enabled(RecoverVolumeExpansionFailure),
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if caps.modify != nil {
+		logger.Info("Volume modification enabled")
+		s.modification, err = newModifyController(modifyConfig{
+			writer:        base,
+			modifier:      caps.modify,
+			informers:     env.Informers,
+			resync:        s.resync,
+			retryStart:    s.retryStart,
+			retryMax:      s.retryMax,
+			extraMetadata: s.extraModifyMetadata,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// Setup implements lifecycle.Sidecar.
-func (*Sidecar) Setup(*lifecycle.Env) error { return errors.New("not implemented yet") }
+// driverCapabilities is what the resizer will do with this driver.
+type driverCapabilities struct {
+	expand expander  // nil: no expansion
+	modify *modifier // nil: no modification
+}
 
-// Run implements lifecycle.Sidecar.
-func (*Sidecar) Run(context.Context, *lifecycle.Env) error { return errors.New("not implemented yet") }
+// capabilities picks the expander and modifier the driver supports, as upstream does: the
+// controller service is required; controller EXPAND_VOLUME means CSI expansion, else node
+// EXPAND_VOLUME means the trivial resizer; MODIFY_VOLUME (with the VolumeAttributesClass
+// gate) means modification. A driver with neither is a configuration error (exit 2).
+func (s *Sidecar) capabilities(env *lifecycle.Env, ops func() context.Context) (driverCapabilities, error) {
+	var caps driverCapabilities
+	if !env.PluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
+		return caps, lifecycle.UsageError{Err: fmt.Errorf("CSI driver %s does not provide the CONTROLLER_SERVICE plugin capability the resizer needs", env.DriverName)}
+	}
+	ctrl := csi.NewControllerClient(env.CSI)
+	switch {
+	case env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_EXPAND_VOLUME]:
+		caps.expand = &csiExpander{
+			client:            ctrl,
+			kube:              env.Kube,
+			singleNodeMultiWr: env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
+		}
+	default:
+		node, err := nodeExpands(ops(), env, s.timeout)
+		if err != nil {
+			return caps, err
+		}
+		if node {
+			caps.expand = trivialExpander{}
+		}
+	}
+	if env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME] {
+		on, err := volumeAttributesClassEnabled(env.Gates, env.Kube.Discovery())
+		if err != nil {
+			return caps, err
+		}
+		if on {
+			caps.modify = &modifier{client: ctrl, kube: env.Kube}
+		}
+	}
+	if caps.expand == nil && caps.modify == nil {
+		return caps, lifecycle.UsageError{Err: fmt.Errorf("CSI driver %s supports neither volume expansion (controller or node EXPAND_VOLUME) nor volume modification (MODIFY_VOLUME with the VolumeAttributesClass feature gate): the resizer has nothing to do", env.DriverName)}
+	}
+	return caps, nil
+}
+
+// nodeExpands asks the driver's Node service whether it grows volumes on the node. The call
+// runs on Ops() like every CSI call (P1).
+func nodeExpands(ops context.Context, env *lifecycle.Env, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ops, timeout)
+	defer cancel()
+	rsp, err := csi.NewNodeClient(env.CSI).NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
+	if err != nil {
+		return false, fmt.Errorf("asking CSI driver %s for its node capabilities: %w", env.DriverName, err)
+	}
+	return slices.ContainsFunc(rsp.GetCapabilities(), func(c *csi.NodeServiceCapability) bool {
+		return c.GetRpc().GetType() == csi.NodeServiceCapability_RPC_EXPAND_VOLUME
+	}), nil
+}
+
+// volumeAttributesClassEnabled applies the VolumeAttributesClass gate. Left at its default,
+// the gate is turned off when the API server does not serve storage.k8s.io/v1
+// VolumeAttributesClass (older clusters), so the resizer still starts there; set
+// explicitly, it is obeyed.
+func volumeAttributesClassEnabled(gates featuregate.FeatureGate, disc discovery.DiscoveryInterface) (bool, error) {
+	if !gates.Enabled(VolumeAttributesClass) {
+		return false, nil
+	}
+	if g, ok := gates.(interface {
+		ExplicitlySet(featuregate.Feature) bool
+	}); ok && g.ExplicitlySet(VolumeAttributesClass) {
+		return true, nil
+	}
+	list, err := disc.ServerResourcesForGroupVersion("storage.k8s.io/v1")
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovering storage.k8s.io/v1 for the VolumeAttributesClass feature gate: %w", err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "volumeattributesclasses" {
+			return true, nil
+		}
+	}
+	klog.Background().Info("The API server does not serve storage.k8s.io/v1 VolumeAttributesClass: feature gate VolumeAttributesClass turned off")
+	return false, nil
+}
+
+// Run implements lifecycle.Sidecar: both controllers' workers run until intake ends and
+// finish the item they hold on Ops() (P1).
+func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
+	var wg sync.WaitGroup
+	if s.expansion != nil {
+		wg.Go(func() { s.expansion.run(intake, s.workers) })
+	}
+	if s.modification != nil {
+		wg.Go(func() { s.modification.run(intake, s.workers) })
+	}
+	wg.Wait()
+	return nil
+}

@@ -36,6 +36,8 @@ type Backend struct {
 	// changed is closed and replaced on every journal change, waking
 	// WaitFor.
 	changed chan struct{}
+	// nodeExpansion overrides Config.NodeExpansionRequired per volume id.
+	nodeExpansion map[string]bool
 }
 
 // Volume is the backend's record of one volume. Values returned by Backend
@@ -69,6 +71,7 @@ func New(cfg Config) (*Backend, error) {
 		running:       map[string][]int{},
 		runningKeys:   map[int][]string{},
 		changed:       make(chan struct{}),
+		nodeExpansion: map[string]bool{},
 	}, nil
 }
 
@@ -176,4 +179,22 @@ func (v *Volume) toCSI() *csi.Volume {
 		ContentSource:      c.ContentSource,
 		AccessibleTopology: c.AccessibleTopology,
 	}
+}
+
+// SetNodeExpansionRequired decides, for one volume id, whether
+// ControllerExpandVolume answers node_expansion_required, overriding
+// Config.NodeExpansionRequired. It affects operations that end afterwards.
+func (b *Backend) SetNodeExpansionRequired(volumeID string, required bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nodeExpansion[volumeID] = required
+}
+
+// nodeExpansionRequiredLocked is what ControllerExpandVolume answers for a
+// volume. The caller holds b.mu.
+func (b *Backend) nodeExpansionRequiredLocked(volumeID string) bool {
+	if required, ok := b.nodeExpansion[volumeID]; ok {
+		return required
+	}
+	return b.cfg.NodeExpansionRequired
 }

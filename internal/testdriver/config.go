@@ -69,6 +69,16 @@ type Config struct {
 	// means DefaultMutableParameters().
 	MutableParameters []string
 
+	// NodeExpansionRequired makes ControllerExpandVolume answer
+	// node_expansion_required, as a driver does for a volume whose file
+	// system must still be grown on the node. SetNodeExpansionRequired
+	// overrides it per volume.
+	NodeExpansionRequired bool
+	// NodeExpansion advertises the Node service's EXPAND_VOLUME capability
+	// in NodeGetCapabilities, as a driver that grows volumes only on the
+	// node does.
+	NodeExpansion bool
+
 	// Latency is how long each backend operation of a Controller RPC that
 	// reaches the storage (all but ControllerGetCapabilities) takes unless
 	// MethodLatency overrides it. Identity, capability and Node RPCs only get

@@ -117,9 +117,12 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 			}
 			v.CapacityBytes = required
 		}
-		// The backend grows the device; there is no file system to grow on
-		// a node, so no node expansion is needed.
-		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes}, nil
+		// The backend grows the device; whether a file system must still be
+		// grown on the node is the test's choice.
+		return &csi.ControllerExpandVolumeResponse{
+			CapacityBytes:         v.CapacityBytes,
+			NodeExpansionRequired: s.b.nodeExpansionRequiredLocked(v.ID),
+		}, nil
 	})
 }
 

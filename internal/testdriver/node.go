@@ -32,7 +32,13 @@ func (s *nodeServer) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest)
 func (s *nodeServer) NodeGetCapabilities(ctx context.Context, _ *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
 	// No STAGE_UNSTAGE_VOLUME: staging would add nothing to a no-op node.
 	return runOp(ctx, s.b, s.spec(MethodNodeGetCapabilities), func(*Call) (*csi.NodeGetCapabilitiesResponse, error) {
-		return &csi.NodeGetCapabilitiesResponse{}, nil
+		rsp := &csi.NodeGetCapabilitiesResponse{}
+		if s.b.cfg.NodeExpansion {
+			rsp.Capabilities = append(rsp.Capabilities, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
+				Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_EXPAND_VOLUME},
+			}})
+		}
+		return rsp, nil
 	})
 }
 

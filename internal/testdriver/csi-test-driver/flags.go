@@ -49,6 +49,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.Int64Var(&o.config.MaxVolumesPerNode, "max-volumes-per-node", 0, "Publications allowed per node; 0 for no limit.")
 	fs.Int64Var(&o.config.TotalCapacity, "capacity", testdriver.DefaultTotalCapacity, "Size in bytes of the storage pool.")
 	fs.StringVar(&mutableParameters, "mutable-parameters", strings.Join(testdriver.DefaultMutableParameters(), ","), "Comma separated mutable parameter keys ControllerModifyVolume accepts.")
+	fs.BoolVar(&o.config.NodeExpansionRequired, "node-expansion-required", false, "ControllerExpandVolume answers node_expansion_required.")
+	fs.BoolVar(&o.config.NodeExpansion, "node-expansion", false, "Advertise the Node service's EXPAND_VOLUME capability.")
 	fs.StringVar(&o.journalPath, "journal", "", "File to append each finished call to, as one JSON line.")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -1,0 +1,29 @@
+// Package resizer is the csi-sidecars resizer, the drop-in for upstream external-resizer
+// v2.2, hosted by the lifecycle core. It owns two controllers over the PersistentVolumeClaims
+// of one CSI driver:
+//
+//   - expansion (expand.go): a bound PVC asking for more storage than it has gets
+//     ControllerExpandVolume (or, for a driver that grows volumes only on the node, the
+//     trivial hand-off to the kubelet), then the PV's capacity and the PVC's status are
+//     recorded as upstream does: conditions, allocatedResources and
+//     allocatedResourceStatuses, RecoverVolumeExpansionFailure's recovery from an infeasible
+//     request, the pre-resize-capacity and node-expansion-not-required annotations, events.
+//   - modification (modify.go): a PVC whose spec.volumeAttributesClassName differs from its
+//     status gets ControllerModifyVolume with the class's parameters, and
+//     status.modifyVolumeStatus, status.currentVolumeAttributesClassName and the PV's class
+//     are recorded; an Infeasible change can be rolled back.
+//
+// Every CSI call and the API writes that record its outcome run on the core's Ops() context,
+// never on intake, so a SIGTERM lets them finish and be recorded (P1).
+//
+// Where it differs from upstream, it writes less to the API server and never changes what a
+// user observes: a status patch whose result equals the current object is not sent (upstream
+// re-patches the same status, with a new lastTransitionTime, on every retry), an unchanged
+// condition keeps its lastTransitionTime, the error condition and the Infeasible status of a
+// failed modification go in one patch instead of two, and a PVC that failed because a Pod
+// uses it (offline-only driver) is retried when that Pod goes away instead of on a backoff
+// timer that writes an event on every attempt.
+//
+// The package never handles signals, Leases or process exit, and holds no package-level
+// mutable state.
+package resizer

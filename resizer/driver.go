@@ -1,0 +1,176 @@
+package resizer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+)
+
+// expander grows volumes: through the driver's controller, or trivially by handing the
+// whole resize to the node.
+type expander interface {
+	// expand grows pv's volume to at least size bytes and returns the size reached and
+	// whether the node must still grow it.
+	expand(ctx context.Context, pv *v1.PersistentVolume, size int64) (int64, bool, error)
+	// controllerExpands is false for the trivial expander, whose "expansion" is a hand-off.
+	controllerExpands() bool
+	mode() string
+}
+
+// csiExpander calls ControllerExpandVolume.
+type csiExpander struct {
+	client            csi.ControllerClient
+	kube              kubernetes.Interface
+	singleNodeMultiWr bool
+}
+
+func (*csiExpander) controllerExpands() bool { return true }
+func (*csiExpander) mode() string            { return "ControllerExpandVolume" }
+
+func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size int64) (int64, bool, error) {
+	src := pv.Spec.CSI
+	if src == nil || src.VolumeHandle == "" {
+		return 0, false, fmt.Errorf("PV %s is not a CSI volume with a volume handle", pv.Name)
+	}
+	capability, err := volumeCapability(&pv.Spec, e.singleNodeMultiWr)
+	if err != nil {
+		return 0, false, fmt.Errorf("volume capability of PV %s: %w", pv.Name, err)
+	}
+	secrets, err := readSecret(ctx, e.kube, src.ControllerExpandSecretRef)
+	if err != nil {
+		return 0, false, err
+	}
+	req := &csi.ControllerExpandVolumeRequest{
+		VolumeId:         src.VolumeHandle,
+		CapacityRange:    &csi.CapacityRange{RequiredBytes: size},
+		Secrets:          secrets,
+		VolumeCapability: capability,
+	}
+	logger := klog.FromContext(ctx)
+	logger.V(5).Info("ControllerExpandVolume", "request", protosanitizer.StripSecrets(req))
+	rsp, err := e.client.ControllerExpandVolume(ctx, req)
+	if err != nil {
+		return 0, false, err
+	}
+	reached := rsp.GetCapacityBytes()
+	if reached == 0 {
+		// A driver that does not say what it reached did what it was asked.
+		reached = size
+	}
+	return reached, rsp.GetNodeExpansionRequired(), nil
+}
+
+// trivialExpander serves drivers that grow volumes only on the node: no controller call,
+// the PV takes the new size and the kubelet does the rest.
+type trivialExpander struct{}
+
+func (trivialExpander) controllerExpands() bool { return false }
+func (trivialExpander) mode() string            { return "node only (trivial resizer)" }
+
+func (trivialExpander) expand(_ context.Context, _ *v1.PersistentVolume, size int64) (int64, bool, error) {
+	return size, true, nil
+}
+
+// modifier calls ControllerModifyVolume.
+type modifier struct {
+	client csi.ControllerClient
+	kube   kubernetes.Interface
+}
+
+func (m *modifier) modify(ctx context.Context, pv *v1.PersistentVolume, params map[string]string) error {
+	src := pv.Spec.CSI
+	if src == nil || src.VolumeHandle == "" {
+		return fmt.Errorf("PV %s is not a CSI volume with a volume handle", pv.Name)
+	}
+	secrets, err := readSecret(ctx, m.kube, src.ControllerExpandSecretRef)
+	if err != nil {
+		return err
+	}
+	req := &csi.ControllerModifyVolumeRequest{VolumeId: src.VolumeHandle, Secrets: secrets, MutableParameters: params}
+	klog.FromContext(ctx).V(5).Info("ControllerModifyVolume", "request", protosanitizer.StripSecrets(req))
+	_, err = m.client.ControllerModifyVolume(ctx, req)
+	return err
+}
+
+// volumeCapability is the CSI capability of a PV: block or mount (with its file system
+// type and mount options) and the access mode its access modes map to.
+func volumeCapability(spec *v1.PersistentVolumeSpec, singleNodeMultiWriter bool) (*csi.VolumeCapability, error) {
+	mode, err := accessmodes.ToCSIAccessMode(spec.AccessModes, singleNodeMultiWriter)
+	if err != nil {
+		return nil, err
+	}
+	c := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
+	if spec.VolumeMode != nil && *spec.VolumeMode == v1.PersistentVolumeBlock {
+		c.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+		return c, nil
+	}
+	fsType := ""
+	if spec.CSI != nil {
+		fsType = spec.CSI.FSType
+	}
+	c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: spec.MountOptions}}
+	return c, nil
+}
+
+// readSecret reads the secret a PV names for controller calls (recorded there by the
+// provisioner from csi.storage.k8s.io/controller-expand-secret-*); nil ref, no secrets.
+func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
+	if ref == nil {
+		return nil, nil
+	}
+	s, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the controller-expand secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	out := make(map[string]string, len(s.Data))
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+// isFinal tells whether a failed CSI call certainly ended in the driver. Timeouts,
+// cancellations, a broken connection, ResourceExhausted and Aborted leave the operation
+// possibly still running, so the sidecar must not act as if it had failed (upstream's
+// rule). An error that is no gRPC status failed before any call and is not final either.
+func isFinal(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+		return false
+	}
+	return true
+}
+
+// isInfeasible tells whether the driver refused the request itself: retrying it will not
+// help, the user must change it (RecoverVolumeExpansionFailure).
+func isInfeasible(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
+		return true
+	}
+	return false
+}
+
+// isInUse tells whether the driver refused because the volume is in use (an offline-only
+// driver and a Pod using the PVC).
+func isInUse(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.FailedPrecondition
+}

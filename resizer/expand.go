@@ -1,0 +1,307 @@
+package resizer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/informers"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// expansionConfig is what the expansion controller is built from.
+type expansionConfig struct {
+	writer
+	expander        expander
+	informers       informers.SharedInformerFactory
+	resync          time.Duration
+	retryStart      time.Duration
+	retryMax        time.Duration
+	handleInUse     bool
+	annotateFs      bool
+	recoverFailures bool
+}
+
+// expansionController grows the volumes of PVCs that ask for more storage.
+type expansionController struct {
+	writer
+	expander        expander
+	annotateFs      bool
+	recoverFailures bool
+	retryMax        time.Duration
+
+	pvcs  corelisters.PersistentVolumeClaimLister
+	pvs   corelisters.PersistentVolumeLister
+	queue workqueue.TypedRateLimitingInterface[string]
+	// inUse is nil without --handle-volume-inuse-error.
+	inUse *inUseTracker
+
+	mu sync.Mutex
+	// finalError holds the PVCs whose last controller call ended with a final error, so
+	// the next attempt may take a changed request (planExpansion).
+	finalError map[string]bool
+	// infeasibleAt holds when a PVC's size was last refused as infeasible: the same size is
+	// tried again only after --retry-interval-max (upstream's slow set).
+	infeasibleAt map[string]time.Time
+}
+
+// newExpansionController registers the PVC and PV informers (and the Pod informer, only
+// when in-use errors are handled) and their handlers; handlers only enqueue.
+func newExpansionController(cfg expansionConfig) (*expansionController, error) {
+	c := &expansionController{
+		writer:          cfg.writer,
+		expander:        cfg.expander,
+		annotateFs:      cfg.annotateFs,
+		recoverFailures: cfg.recoverFailures,
+		retryMax:        cfg.retryMax,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-pvc"}),
+		finalError:   map[string]bool{},
+		infeasibleAt: map[string]time.Time{},
+	}
+	pvcInformer := cfg.informers.Core().V1().PersistentVolumeClaims()
+	c.pvcs = pvcInformer.Lister()
+	c.claims = pvcInformer.Informer().GetStore()
+	c.pvs = cfg.informers.Core().V1().PersistentVolumes().Lister()
+	// Registering the PV informer's lister makes the factory start it.
+	cfg.informers.Core().V1().PersistentVolumes().Informer()
+	if _, err := pvcInformer.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: c.claimUpdated,
+		DeleteFunc: c.claimDeleted,
+	}, cfg.resync); err != nil {
+		return nil, fmt.Errorf("registering the PVC handler: %w", err)
+	}
+	if cfg.handleInUse {
+		pods := cfg.informers.Core().V1().Pods()
+		c.inUse = newInUseTracker(pods.Lister(), c.queue.Add)
+		if _, err := pods.Informer().AddEventHandler(c.inUse.handler()); err != nil {
+			return nil, fmt.Errorf("registering the Pod handler: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func (c *expansionController) enqueue(obj any) {
+	if key, ok := claimKey(obj); ok {
+		c.queue.Add(key)
+	}
+}
+
+// claimUpdated enqueues a PVC whose request, resizer annotation or capacity changed, or on
+// a resync; other updates (labels, our own status writes) cannot start a resize.
+func (c *expansionController) claimUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
+	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
+	if !ok1 || !ok2 {
+		return
+	}
+	oldReq, newReq := old.Spec.Resources.Requests[v1.ResourceStorage], pvc.Spec.Resources.Requests[v1.ResourceStorage]
+	oldCap, newCap := old.Status.Capacity[v1.ResourceStorage], pvc.Status.Capacity[v1.ResourceStorage]
+	if newReq.Cmp(oldReq) != 0 || newCap.Cmp(oldCap) != 0 ||
+		old.Annotations[annResizer] != pvc.Annotations[annResizer] ||
+		old.Status.Phase != pvc.Status.Phase ||
+		old.ResourceVersion == pvc.ResourceVersion {
+		c.enqueue(pvc)
+	}
+}
+
+func (c *expansionController) claimDeleted(obj any) {
+	key, ok := claimKey(obj)
+	if !ok {
+		return
+	}
+	c.queue.Forget(key)
+	c.mu.Lock()
+	delete(c.finalError, key)
+	delete(c.infeasibleAt, key)
+	c.mu.Unlock()
+	if c.inUse != nil {
+		c.inUse.forget(key)
+	}
+}
+
+// run processes PVCs until intake ends (P1: the item in hand finishes on Ops()).
+func (c *expansionController) run(intake context.Context, workers int) {
+	lifecycle.RunWorkers(intake, c.queue, workers, c.sync)
+}
+
+// sync brings one PVC's volume to the size it asks for, and records each step.
+func (c *expansionController) sync(key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	logger := klog.Background().WithValues("pvc", key)
+	pvc, err := c.pvcs.PersistentVolumeClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if pvc.Spec.VolumeName == "" {
+		return nil
+	}
+	pv, err := c.pvs.Get(pvc.Spec.VolumeName)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !ofDriver(pv, c.driver) {
+		return nil
+	}
+
+	// The node finished what an earlier resize left it: the pre-resize capacity is history.
+	if c.annotateFs && nodeCaughtUp(pvc, pv) && pv.Annotations[annPreResizeCapacity] != "" {
+		clean := pv.DeepCopy()
+		delete(clean.Annotations, annPreResizeCapacity)
+		if pv, err = c.patchVolume(pv, clean); err != nil {
+			return err
+		}
+	}
+	if !needsExpansion(pvc) || !boundTo(pv, pvc) {
+		return nil
+	}
+
+	var plan expansion
+	if c.recoverFailures {
+		plan = planExpansion(pvc, pv, c.expander.controllerExpands(), c.hadFinalError(key))
+	} else {
+		plan = planLegacyExpansion(pvc, pv)
+	}
+	if plan.wait {
+		return nil
+	}
+	if plan.sameAsAllocated && pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage] == v1.PersistentVolumeClaimControllerResizeInfeasible {
+		if wait := c.infeasibleWait(key); wait > 0 {
+			// The same size was refused moments ago: only a changed request retries sooner.
+			logger.V(4).Info("Expansion was infeasible, retrying later", "after", wait)
+			c.queue.AddAfter(key, wait)
+			return nil
+		}
+	}
+	if c.inUse != nil && c.inUse.blocked(pvc) {
+		// An offline-only driver refused while a Pod uses the PVC, and one still does: the
+		// Pod going away enqueues the PVC again.
+		c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonResizeFailed,
+			"Unable to expand %s/%s because CSI driver %s only supports offline expansion and volume is currently in-use", pvc.Namespace, pvc.Name, c.driver)
+		return nil
+	}
+	return c.expand(logger, key, pvc, pv, plan)
+}
+
+// expand runs one expansion: mark, call, record. Every step runs on Ops() (P1).
+func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, plan expansion) error {
+	pvc, err := c.patchClaim(pvc, markInProgress(pvc, plan, c.recoverFailures), true)
+	if err != nil {
+		return fmt.Errorf("marking the resize in progress: %w", err)
+	}
+	c.recorder.Eventf(pvc, v1.EventTypeNormal, reasonResizing, "External resizer is resizing volume %s", pv.Name)
+	if c.inUse != nil {
+		c.inUse.clear(key)
+	}
+
+	ctx, cancel := c.opContext()
+	ctx = klog.NewContext(ctx, logger)
+	reached, nodeExpansion, callErr := c.expander.expand(ctx, pv, plan.size.Value())
+	cancel()
+	if callErr != nil {
+		return c.recordFailure(key, pvc, pv, callErr)
+	}
+	c.mu.Lock()
+	delete(c.finalError, key)
+	delete(c.infeasibleAt, key)
+	c.mu.Unlock()
+
+	size := *resource.NewQuantity(reached, resource.BinarySI)
+	if reached == plan.size.Value() {
+		size = plan.size // keep the user's spelling ("2Gi") when the driver gave exactly that
+	}
+	before := pvc.Status.Capacity[v1.ResourceStorage]
+	if _, err := c.patchVolume(pv, withCapacity(pv, size, before, nodeExpansion, c.annotateFs)); err != nil {
+		c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonResizeFailed, "error updating pv %q by resizer: %v", pv.Name, err)
+		return err
+	}
+	if nodeExpansion {
+		if _, err := c.patchClaim(pvc, markNodePending(pvc, c.recoverFailures), true); err != nil {
+			return fmt.Errorf("marking PVC %s as waiting for node expansion: %w", key, err)
+		}
+		c.recorder.Event(pvc, v1.EventTypeNormal, reasonFSResizeRequired, "Require file system resize of volume on node")
+		logger.V(2).Info("Volume expanded, node expansion required", "pv", pv.Name, "size", size.String())
+		return nil
+	}
+	if _, err := c.patchClaim(pvc, markFinished(pvc, size), true); err != nil {
+		return fmt.Errorf("marking PVC %s as resized: %w", key, err)
+	}
+	c.recorder.Event(pvc, v1.EventTypeNormal, reasonResizeSucceeded, "Resize volume succeeded")
+	logger.V(2).Info("Volume expanded", "pv", pv.Name, "size", size.String())
+	return nil
+}
+
+// recordFailure records a failed controller call and says whether to retry: final errors
+// are written to the PVC (infeasible ones so that the user may lower the request), and an
+// in-use refusal waits for the Pod to go away.
+func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, callErr error) error {
+	final, infeasible := isFinal(callErr), isInfeasible(callErr)
+	c.mu.Lock()
+	if final {
+		c.finalError[key] = true
+	} else {
+		delete(c.finalError, key)
+	}
+	if infeasible {
+		c.infeasibleAt[key] = time.Now()
+	} else {
+		delete(c.infeasibleAt, key)
+	}
+	c.mu.Unlock()
+	if c.inUse != nil && isInUse(callErr) {
+		c.inUse.record(key)
+	}
+	err := fmt.Errorf("resize volume %q by resizer %q failed: %w", pv.Name, c.driver, callErr)
+	if final {
+		if _, werr := c.patchClaim(pvc, markFailed(pvc, callErr, infeasible, c.recoverFailures), false); werr != nil {
+			err = fmt.Errorf("resizing failed in controller with %w but failed to update PVC %s with: %v", callErr, key, werr)
+		}
+	}
+	c.recorder.Event(pvc, v1.EventTypeWarning, reasonResizeFailed, err.Error())
+	switch {
+	case infeasible && c.recoverFailures:
+		// Retried slowly, or at once when the user changes the request.
+		c.queue.AddAfter(key, c.retryMax)
+		return nil
+	case c.inUse != nil && isInUse(callErr) && c.inUse.blocked(pvc):
+		return nil
+	}
+	return err
+}
+
+func (c *expansionController) hadFinalError(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.finalError[key]
+}
+
+// infeasibleWait is how long the same size must still wait after being refused as infeasible.
+func (c *expansionController) infeasibleWait(key string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.infeasibleAt[key]
+	if !ok {
+		return 0
+	}
+	return max(0, c.retryMax-time.Since(at))
+}

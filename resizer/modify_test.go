@@ -1,0 +1,187 @@
+package resizer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+func class(name, iops string) *storagev1.VolumeAttributesClass {
+	return &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: name}, DriverName: testDriver, Parameters: map[string]string{"iops": iops}}
+}
+
+// modifyPair is a bound pair whose volume has class current and whose PVC asks for target.
+func (f *fixture) modifyPair(current, target string) (*v1.PersistentVolumeClaim, *v1.PersistentVolume, string) {
+	id := f.createVolume("vol", gi(1))
+	pvc, pv := boundPair("claim", id, "1Gi", "1Gi")
+	pvc.Spec.VolumeAttributesClassName = ptr.To(target)
+	pvc.Status.CurrentVolumeAttributesClassName = ptr.To(current)
+	pv.Spec.VolumeAttributesClassName = ptr.To(current)
+	return pvc, pv, id
+}
+
+func newModifyFixtureWith(t *testing.T, f *fixture, extra bool, objs ...runtime.Object) *modifyController {
+	t.Helper()
+	for _, o := range objs {
+		if err := f.kube.Tracker().Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := newModifyController(modifyConfig{
+		writer: f.w, modifier: &modifier{client: f.controllerClient(), kube: f.kube}, informers: f.factory,
+		retryStart: time.Millisecond, retryMax: time.Minute, extraMetadata: extra,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.queue.ShutDown)
+	f.start()
+	return c
+}
+
+// A changed class is applied with its parameters and recorded on the PVC and the PV.
+func TestModifySucceeds(t *testing.T) {
+	for _, extra := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "extra metadata"}[extra], func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{MutableParameters: []string{"iops", paramPVCName, paramPVCNamespace, paramPVName}})
+			pvc, pv, id := f.modifyPair("silver", "gold")
+			c := newModifyFixtureWith(t, f, extra, pvc, pv, class("silver", "100"), class("gold", "500"))
+			if err := c.sync("ns/claim"); err != nil {
+				t.Fatal(err)
+			}
+			vol, _ := f.driver.Volume(id)
+			if vol.MutableParameters["iops"] != "500" {
+				t.Errorf("backend parameters %v, want iops=500", vol.MutableParameters)
+			}
+			if got := vol.MutableParameters[paramPVCName] == "claim"; got != extra {
+				t.Errorf("extra metadata passed: %v, want %v (%v)", got, extra, vol.MutableParameters)
+			}
+			got := f.pvc("claim")
+			if ptr.Deref(got.Status.CurrentVolumeAttributesClassName, "") != "gold" || got.Status.ModifyVolumeStatus != nil || len(got.Status.Conditions) != 0 {
+				t.Errorf("PVC status %+v, want current gold and nothing pending", got.Status)
+			}
+			if ptr.Deref(f.pv("pv-claim").Spec.VolumeAttributesClassName, "") != "gold" {
+				t.Errorf("PV class not gold")
+			}
+			events := f.events()
+			if !hasEvent(events, "Normal VolumeModify ") || !hasEvent(events, "Normal VolumeModifySuccessful") {
+				t.Errorf("events %q", events)
+			}
+		})
+	}
+}
+
+// A class that does not exist leaves the PVC Pending without a call; creating the class
+// enqueues the PVC at once.
+func TestModifyPendingUntilTheClassExists(t *testing.T) {
+	f := newFixture(t, testdriver.Config{})
+	pvc, pv, _ := f.modifyPair("silver", "gold")
+	c := newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"))
+	if err := c.sync("ns/claim"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.calls(testdriver.MethodControllerModifyVolume)); n != 0 {
+		t.Fatalf("%d calls for a missing class", n)
+	}
+	got := f.pvc("claim")
+	if s := got.Status.ModifyVolumeStatus; s == nil || s.Status != v1.PersistentVolumeClaimModifyVolumePending || s.TargetVolumeAttributesClassName != "gold" {
+		t.Fatalf("modify status %+v, want Pending gold", s)
+	}
+	f.settle()
+	for c.queue.Len() > 0 {
+		k, _ := c.queue.Get()
+		c.queue.Done(k)
+	}
+	if _, err := f.kube.StorageV1().VolumeAttributesClasses().Create(context.Background(), class("gold", "500"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 5e6, 5e9, true, func(context.Context) (bool, error) {
+		_, err := c.vacs.Get("gold")
+		return err == nil && c.queue.Len() > 0, nil
+	}); err != nil {
+		t.Fatal("creating the class did not enqueue the PVC")
+	}
+	if err := c.sync("ns/claim"); err != nil {
+		t.Fatal(err)
+	}
+	if ptr.Deref(f.pvc("claim").Status.CurrentVolumeAttributesClassName, "") != "gold" {
+		t.Errorf("not modified once the class exists: %+v %+v", f.pvc("claim").Status, f.calls(testdriver.MethodControllerModifyVolume))
+	}
+}
+
+// InvalidArgument is Infeasible; rolling back to the current class then clears the status
+// without calling the driver, whose last answer was final.
+func TestModifyInfeasibleThenRollback(t *testing.T) {
+	f := newFixture(t, testdriver.Config{})
+	pvc, pv, _ := f.modifyPair("silver", "gold")
+	c := newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"), class("gold", "500"))
+	if err := f.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.InvalidArgument}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.sync("ns/claim"); err != nil {
+		t.Fatalf("infeasible returned %v, want nil (slow retry)", err)
+	}
+	got := f.pvc("claim")
+	if s := got.Status.ModifyVolumeStatus; s == nil || s.Status != v1.PersistentVolumeClaimModifyVolumeInfeasible {
+		t.Fatalf("modify status %+v, want Infeasible", s)
+	}
+	if condition(got, v1.PersistentVolumeClaimVolumeModifyVolumeError) == nil {
+		t.Errorf("no ModifyVolumeError condition: %+v", got.Status.Conditions)
+	}
+	if !hasEvent(f.events(), "Warning VolumeModifyFailed") {
+		t.Errorf("no VolumeModifyFailed event")
+	}
+	f.settle()
+	got.Spec.VolumeAttributesClassName = ptr.To("silver")
+	f.updateClaim(got)
+	if err := c.sync("ns/claim"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.calls(testdriver.MethodControllerModifyVolume)); n != 1 {
+		t.Errorf("%d calls, want only the refused one", n)
+	}
+	got = f.pvc("claim")
+	if got.Status.ModifyVolumeStatus != nil || len(got.Status.Conditions) != 0 || ptr.Deref(got.Status.CurrentVolumeAttributesClassName, "") != "silver" {
+		t.Errorf("after rollback: %+v", got.Status)
+	}
+}
+
+// After an uncertain error the driver may still apply the new class: rolling back applies
+// the current class again.
+func TestModifyRollbackAfterUncertainErrorCallsTheDriver(t *testing.T) {
+	f := newFixture(t, testdriver.Config{})
+	pvc, pv, id := f.modifyPair("silver", "gold")
+	c := newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"), class("gold", "500"))
+	if err := f.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.DeadlineExceeded, Times: 1, ApplyAnyway: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.sync("ns/claim"); err == nil {
+		t.Fatal("uncertain error not retried")
+	}
+	f.settle()
+	got := f.pvc("claim")
+	if s := got.Status.ModifyVolumeStatus; s == nil || s.Status != v1.PersistentVolumeClaimModifyVolumeInProgress {
+		t.Fatalf("status %+v, want InProgress", s)
+	}
+	got.Spec.VolumeAttributesClassName = ptr.To("silver")
+	f.updateClaim(got)
+	if err := c.sync("ns/claim"); err != nil {
+		t.Fatal(err)
+	}
+	if vol, _ := f.driver.Volume(id); vol.MutableParameters["iops"] != "100" {
+		t.Errorf("backend iops %q, want 100 (silver applied again)", vol.MutableParameters["iops"])
+	}
+	if got := f.pvc("claim"); got.Status.ModifyVolumeStatus != nil {
+		t.Errorf("status %+v after rollback", got.Status.ModifyVolumeStatus)
+	}
+}

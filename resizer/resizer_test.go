@@ -1,0 +1,137 @@
+package resizer
+
+import (
+	"context"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/component-base/featuregate"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// The flags are upstream's, with upstream's defaults (P9).
+func TestFlagDefaultsAreUpstreams(t *testing.T) {
+	fs := pflag.NewFlagSet("resizer", pflag.ContinueOnError)
+	New().AddFlags(fs)
+	for name, want := range map[string]string{
+		"workers": "10", "timeout": "10s", "resync-period": "10m0s",
+		"retry-interval-start": "1s", "retry-interval-max": "5m0s",
+		"handle-volume-inuse-error": "true", "extra-modify-metadata": "false",
+	} {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("--%s missing", name)
+			continue
+		}
+		if f.DefValue != want {
+			t.Errorf("--%s default %s, want %s", name, f.DefValue, want)
+		}
+	}
+	gates := featuregate.NewFeatureGate()
+	if err := gates.Add(New().Features()); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []featuregate.Feature{AnnotateFsResize, RecoverVolumeExpansionFailure, VolumeAttributesClass} {
+		if !gates.Enabled(g) {
+			t.Errorf("gate %s off by default", g)
+		}
+	}
+}
+
+func TestValidateFlags(t *testing.T) {
+	for _, args := range [][]string{{"--workers=0"}, {"--timeout=0s"}, {"--retry-interval-start=0s"}, {"--retry-interval-start=10s", "--retry-interval-max=1s"}} {
+		s := New()
+		fs := pflag.NewFlagSet("resizer", pflag.ContinueOnError)
+		s.AddFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ValidateFlags(); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	if err := New().ValidateFlags(); err != nil {
+		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+func TestLeaseName(t *testing.T) {
+	if got := lifecycle.SanitizeName(New().LeaseName("hostpath.csi.k8s.io")); got != "external-resizer-hostpath-csi-k8s-io" {
+		t.Errorf("lease %q", got)
+	}
+}
+
+// Which controllers run for which driver, and the start-up refusals (exit 2).
+func TestCapabilities(t *testing.T) {
+	vacServed := []*metav1.APIResourceList{{GroupVersion: "storage.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "volumeattributesclasses"}}}}
+	expand, modify := csi.ControllerServiceCapability_RPC_EXPAND_VOLUME, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
+	for _, tc := range []struct {
+		name          string
+		noController  bool
+		ctrlCaps      []csi.ControllerServiceCapability_RPC_Type
+		nodeExpansion bool
+		served        []*metav1.APIResourceList
+		gates         map[string]bool
+		wantMode      string // "" no expansion
+		wantModify    bool
+		wantUsage     bool
+	}{
+		{name: "controller expansion and modify", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, served: vacServed, wantMode: "ControllerExpandVolume", wantModify: true},
+		{name: "node expansion only: trivial resizer", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{}, nodeExpansion: true, wantMode: "node only (trivial resizer)"},
+		{name: "modify only", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{modify}, served: vacServed, wantModify: true},
+		{name: "modify capability, API server without v1 VAC: gate off by discovery", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, wantMode: "ControllerExpandVolume"},
+		{name: "gate set explicitly: discovery not consulted", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, gates: map[string]bool{"VolumeAttributesClass": true}, wantMode: "ControllerExpandVolume", wantModify: true},
+		{name: "gate turned off", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, served: vacServed, gates: map[string]bool{"VolumeAttributesClass": false}, wantMode: "ControllerExpandVolume"},
+		{name: "modify only but gate off: nothing to do", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{modify}, served: vacServed, gates: map[string]bool{"VolumeAttributesClass": false}, wantUsage: true},
+		{name: "neither expansion nor modification", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{}, wantUsage: true},
+		{name: "no controller service", noController: true, wantUsage: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{NodeExpansion: tc.nodeExpansion, ControllerCapabilities: tc.ctrlCaps, DisableControllerService: tc.noController})
+			kube := fake.NewClientset()
+			kube.Discovery().(*fakediscovery.FakeDiscovery).Resources = tc.served
+			gates := featuregate.NewFeatureGate()
+			if err := gates.Add(New().Features()); err != nil {
+				t.Fatal(err)
+			}
+			if err := gates.SetFromMap(tc.gates); err != nil {
+				t.Fatal(err)
+			}
+			plugin, err := rpc.GetPluginCapabilities(context.Background(), f.conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctrl := rpc.ControllerCapabilitySet{}
+			if !tc.noController {
+				if ctrl, err = rpc.GetControllerCapabilities(context.Background(), f.conn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			env := &lifecycle.Env{Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates}
+			caps, err := New().capabilities(env, context.Background)
+			if tc.wantUsage {
+				if !lifecycle.IsUsageError(err) {
+					t.Fatalf("got %v, want a usage error (exit 2)", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			mode := ""
+			if caps.expand != nil {
+				mode = caps.expand.mode()
+			}
+			if mode != tc.wantMode || (caps.modify != nil) != tc.wantModify {
+				t.Errorf("expansion %q modify %v, want %q %v", mode, caps.modify != nil, tc.wantMode, tc.wantModify)
+			}
+		})
+	}
+}

@@ -1,0 +1,181 @@
+package resizer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// Annotations and event reasons, as upstream spells them (P9).
+const (
+	// annResizer names the resizer of an in-tree or migrated PVC.
+	annResizer = "volume.kubernetes.io/storage-resizer"
+	// annPreResizeCapacity is put on the PV with its capacity before a resize that needs
+	// node expansion (AnnotateFsResize), and removed once the node caught up.
+	annPreResizeCapacity = "volume.alpha.kubernetes.io/pre-resize-capacity"
+	// annNodeExpansionNotRequired tells the kubelet that the resize finished in the controller.
+	annNodeExpansionNotRequired = "volume.kubernetes.io/node-expansion-not-required"
+
+	reasonResizing         = "Resizing"
+	reasonResizeFailed     = "VolumeResizeFailed"
+	reasonResizeSucceeded  = "VolumeResizeSuccessful"
+	reasonFSResizeRequired = "FileSystemResizeRequired"
+	reasonModify           = "VolumeModify"
+	reasonModifyFailed     = "VolumeModifyFailed"
+	reasonModifySucceeded  = "VolumeModifySuccessful"
+)
+
+// writer is what both controllers share to act on the API server: every write of an
+// operation runs on a context derived from ops (the core's Ops(), P1).
+type writer struct {
+	kube     kubernetes.Interface
+	ops      func() context.Context
+	timeout  time.Duration
+	recorder record.EventRecorder
+	driver   string
+	// claims is the PVC informer's store: a written PVC is put there at once, so the next
+	// sync of that PVC does not start from the version it has just replaced (which would
+	// only earn a conflict).
+	claims cache.Store
+}
+
+// opContext bounds one CSI call or one write, on Ops() (P1).
+func (w *writer) opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(w.ops(), w.timeout)
+}
+
+// patchClaim writes the difference between old and updated through the PVC's status
+// subresource, which also takes metadata (annotations) and leaves spec alone. With
+// checkVersion the patch carries old's resourceVersion, so a concurrent change fails it
+// with a conflict instead of being overwritten. When there is no difference nothing is sent
+// and old is returned: retries of a step already recorded cost no write.
+func (w *writer) patchClaim(old, updated *v1.PersistentVolumeClaim, checkVersion bool) (*v1.PersistentVolumeClaim, error) {
+	patch, err := twoWayPatch(old, updated, &v1.PersistentVolumeClaim{}, checkVersion, old.ResourceVersion)
+	if err != nil || patch == nil {
+		return old, err
+	}
+	ctx, cancel := w.opContext()
+	defer cancel()
+	out, err := w.kube.CoreV1().PersistentVolumeClaims(old.Namespace).Patch(ctx, old.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return old, fmt.Errorf("patching PVC %s/%s: %w", old.Namespace, old.Name, err)
+	}
+	if w.claims != nil {
+		_ = w.claims.Update(out)
+	}
+	return out, nil
+}
+
+// patchVolume writes the difference between old and updated to the PV, if any.
+func (w *writer) patchVolume(old, updated *v1.PersistentVolume) (*v1.PersistentVolume, error) {
+	patch, err := twoWayPatch(old, updated, &v1.PersistentVolume{}, false, "")
+	if err != nil || patch == nil {
+		return old, err
+	}
+	ctx, cancel := w.opContext()
+	defer cancel()
+	out, err := w.kube.CoreV1().PersistentVolumes().Patch(ctx, old.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return old, fmt.Errorf("patching PV %s: %w", old.Name, err)
+	}
+	return out, nil
+}
+
+// twoWayPatch is the strategic merge patch from old to updated, nil when they are equal.
+func twoWayPatch(old, updated, schema any, checkVersion bool, resourceVersion string) ([]byte, error) {
+	oldJSON, err := json.Marshal(old)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the current object: %w", err)
+	}
+	newJSON, err := json.Marshal(updated)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the updated object: %w", err)
+	}
+	patch, err := strategicpatch.CreateTwoWayMergePatch(oldJSON, newJSON, schema)
+	if err != nil {
+		return nil, fmt.Errorf("computing the patch: %w", err)
+	}
+	if string(patch) == "{}" {
+		return nil, nil
+	}
+	if !checkVersion {
+		return patch, nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal(patch, &m); err != nil {
+		return nil, fmt.Errorf("decoding the patch: %w", err)
+	}
+	meta, _ := m["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		m["metadata"] = meta
+	}
+	meta["resourceVersion"] = resourceVersion
+	return json.Marshal(m)
+}
+
+// setCondition returns conds with c in place of any condition of its type. An existing
+// condition with the same status and message is kept as it is, lastTransitionTime included,
+// so repeating a step changes nothing (and writes nothing).
+func setCondition(conds []v1.PersistentVolumeClaimCondition, c v1.PersistentVolumeClaimCondition) []v1.PersistentVolumeClaimCondition {
+	out := make([]v1.PersistentVolumeClaimCondition, 0, len(conds)+1)
+	found := false
+	for _, old := range conds {
+		if old.Type != c.Type {
+			out = append(out, old)
+			continue
+		}
+		found = true
+		if old.Status == c.Status && old.Message == c.Message && old.Reason == c.Reason {
+			out = append(out, old)
+		} else {
+			out = append(out, c)
+		}
+	}
+	if !found {
+		out = append(out, c)
+	}
+	return out
+}
+
+// dropConditions returns conds without the conditions whose type drop says to remove.
+func dropConditions(conds []v1.PersistentVolumeClaimCondition, drop func(v1.PersistentVolumeClaimConditionType) bool) []v1.PersistentVolumeClaimCondition {
+	var out []v1.PersistentVolumeClaimCondition
+	for _, c := range conds {
+		if !drop(c.Type) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// newCondition is a true condition of type t, changed now.
+func newCondition(t v1.PersistentVolumeClaimConditionType, message string) v1.PersistentVolumeClaimCondition {
+	return v1.PersistentVolumeClaimCondition{Type: t, Status: v1.ConditionTrue, LastTransitionTime: metav1.Now(), Message: message}
+}
+
+// claimKey is the queue key of a PVC (namespace/name), also from a deletion tombstone.
+func claimKey(obj any) (string, bool) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	return key, err == nil
+}
+
+// ofDriver tells whether pv is a CSI volume of driver.
+func ofDriver(pv *v1.PersistentVolume, driver string) bool {
+	return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver
+}
+
+// boundTo tells whether pv is bound to pvc (namespace and UID), as the PV controller binds.
+func boundTo(pv *v1.PersistentVolume, pvc *v1.PersistentVolumeClaim) bool {
+	ref := pv.Spec.ClaimRef
+	return ref != nil && ref.Namespace == pvc.Namespace && ref.UID == pvc.UID
+}
