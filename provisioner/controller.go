@@ -1,0 +1,327 @@
+package provisioner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// claimUIDIndex indexes claims by UID: the claim queue is keyed by UID, as upstream, so that
+// a claim deleted and re-created under the same name is another piece of work.
+const claimUIDIndex = "csi-sidecars-provisioner-uid"
+
+// config is what the controller needs from the outside world; Setup fills it from the
+// core's Env, tests fill it themselves.
+type config struct {
+	opts           options
+	driver         string
+	identity       string // this instance, recorded in volume attributes
+	kube           kubernetes.Interface
+	csi            csi.ControllerClient
+	ops            context.Context // parent of every CSI call and the writes recording it (P1)
+	recorder       record.EventRecorder
+	metrics        *controllerMetrics
+	pluginCaps     rpc.PluginCapabilitySet
+	controllerCaps rpc.ControllerCapabilitySet
+	topology       bool // the driver reports topology and the Topology gate is on
+	vac            bool // the VolumeAttributesClass gate is on
+	// node is set with --node-deployment.
+	node *nodeDeployment
+}
+
+// controller provisions and deletes the driver's volumes: a claim queue and a volume queue,
+// fed by informer handlers that only enqueue.
+type controller struct {
+	config
+
+	claims      cache.Indexer
+	classes     storagelisters.StorageClassLister
+	volumes     corelisters.PersistentVolumeLister
+	nodes       corelisters.NodeLister                // nil without topology
+	csiNodes    storagelisters.CSINodeLister          // nil without topology
+	attachments storagelisters.VolumeAttachmentLister // nil unless the driver publishes
+
+	claimQueue  workqueue.TypedRateLimitingInterface[string]
+	volumeQueue workqueue.TypedRateLimitingInterface[string]
+
+	// intake is Run's: set before the workers start, it ends waits that start no work.
+	intake context.Context
+
+	mu sync.Mutex
+	// inProgress holds, by claim UID, the plan of every CreateVolume that may still be
+	// running in the driver: it is retried as it is, claim or no claim, until the driver
+	// answers for good.
+	inProgress map[string]*plan
+}
+
+// newController wires the listers, handlers and queues on factory. It must run before the
+// factory starts.
+func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
+	c := &controller{config: cfg, inProgress: map[string]*plan{}}
+	limiter := func() workqueue.TypedRateLimiter[string] {
+		return workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.opts.retryIntervalStart, cfg.opts.retryIntervalMax)
+	}
+	// client-go's workqueue metrics are per process: the names carry the sidecar's.
+	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-claims"})
+	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-volumes"})
+
+	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
+	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return nil, err
+		}
+		return []string{string(m.GetUID())}, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("indexing claims by UID: %w", err)
+	}
+	c.claims = claims.GetIndexer()
+	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueClaim,
+		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
+	}); err != nil {
+		return nil, err
+	}
+
+	c.classes = factory.Storage().V1().StorageClasses().Lister()
+	volumes := factory.Core().V1().PersistentVolumes()
+	c.volumes = volumes.Lister()
+	if _, err := volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueVolume,
+		UpdateFunc: func(_, obj any) { c.enqueueVolume(obj) },
+	}); err != nil {
+		return nil, err
+	}
+
+	if cfg.topology {
+		if cfg.node != nil {
+			// A node deployment knows its one node; it does not watch the cluster's.
+			c.nodes, c.csiNodes = cfg.node.listers(cfg.driver)
+		} else {
+			c.nodes = factory.Core().V1().Nodes().Lister()
+			c.csiNodes = factory.Storage().V1().CSINodes().Lister()
+		}
+	}
+	if cfg.controllerCaps[csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME] {
+		// Deletion waits for the volume to be detached everywhere.
+		attachments := factory.Storage().V1().VolumeAttachments()
+		c.attachments = attachments.Lister()
+		if _, err := attachments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			DeleteFunc: c.enqueueAttachedVolume,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *controller) enqueueClaim(obj any) {
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && mayNeedVolume(claim, c.driver) {
+		c.claimQueue.Add(string(claim.UID))
+	}
+}
+
+func (c *controller) enqueueVolume(obj any) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.driver) {
+		c.volumeQueue.Add(pv.Name)
+	}
+}
+
+// enqueueAttachedVolume wakes a deletion that waits for this attachment to go.
+func (c *controller) enqueueAttachedVolume(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Source.PersistentVolumeName != nil {
+		c.volumeQueue.Add(*va.Spec.Source.PersistentVolumeName)
+	}
+}
+
+// run works both queues until intake ends, then returns when every worker has finished
+// the operation it holds (on Ops(), P1).
+func (c *controller) run(intake context.Context) {
+	c.intake = intake
+	logger := klog.FromContext(intake)
+	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
+	var wg sync.WaitGroup
+	n := int(c.opts.workerThreads)
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.volumeQueue, n, c.syncVolume) })
+	wg.Wait()
+	logger.Info("Provisioning stopped")
+}
+
+// claimByUID returns the claim from the cache, nil when it is gone.
+func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
+	objs, err := c.claims.ByIndex(claimUIDIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	claim, _ := objs[0].(*v1.PersistentVolumeClaim)
+	return claim
+}
+
+func (c *controller) pending(uid string) *plan {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inProgress[uid]
+}
+
+func (c *controller) setPending(uid string, p *plan) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p == nil {
+		delete(c.inProgress, uid)
+		return
+	}
+	c.inProgress[uid] = p
+}
+
+// pvExists tells whether the PersistentVolume is in the cache.
+func (c *controller) pvExists(name string) bool {
+	_, err := c.volumes.Get(name)
+	return err == nil
+}
+
+// syncClaim is what happens to one claim: decide, plan, create the volume, record it.
+func (c *controller) syncClaim(uid string) error {
+	logger := klog.Background().WithValues("claimUID", uid)
+	p := c.pending(uid)
+	if p == nil {
+		claim := c.claimByUID(uid)
+		if claim == nil {
+			return nil
+		}
+		logger = logger.WithValues("claim", klog.KObj(claim))
+		class, err := c.classFor(claim)
+		if err != nil {
+			return err
+		}
+		if ok, why := wantsVolume(claim, class, c.driver); !ok {
+			logger.V(4).Info("Not provisioning", "reason", why)
+			return nil
+		}
+		if c.node != nil {
+			if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
+				return err
+			}
+		}
+		start := time.Now()
+		p, err = c.plan(claim, class)
+		if p == nil {
+			c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
+			return c.planFailed(claim, err)
+		}
+		if c.pvExists(p.pvName) {
+			logger.V(4).Info("PersistentVolume exists already", "pv", p.pvName)
+			return nil
+		}
+		c.recorder.Eventf(claim, v1.EventTypeNormal, "Provisioning", "External provisioner is provisioning volume for claim %q", klog.KObj(claim))
+	} else if c.pvExists(p.pvName) {
+		c.setPending(uid, nil)
+		return nil
+	}
+	start := time.Now()
+	err := c.provision(klog.NewContext(c.ops, logger), uid, p)
+	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
+	return err
+}
+
+// classFor returns the claim's StorageClass; nil, nil for a claim without one.
+func (c *controller) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
+	name := storageClassName(claim)
+	if name == "" {
+		return nil, nil
+	}
+	class, err := c.classes.Get(name)
+	if err != nil {
+		// It may be created later: retry with backoff.
+		return nil, fmt.Errorf("storageClass %q of claim %s: %w", name, klog.KObj(claim), err)
+	}
+	return class, nil
+}
+
+// planFailed reports a claim that cannot be provisioned yet and decides how to go on.
+func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) error {
+	if errors.Is(err, errExternalPopulator) {
+		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
+		return nil
+	}
+	c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+	if errors.As(err, new(rescheduleError)) {
+		return c.reschedule(c.ops, claim, err)
+	}
+	return err
+}
+
+// provision calls CreateVolume and records the volume as a PersistentVolume, both on Ops()
+// (P1): a volume the driver created is always recorded or retried.
+func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
+	logger := klog.FromContext(ctx)
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	resp, err := c.csi.CreateVolume(callCtx, p.req)
+	cancel()
+	if err != nil {
+		outcome := classifyCreateError(err, p.mayReschedule)
+		logger.Info("CreateVolume failed", "volume", p.pvName, "outcome", outcome.String(), "err", err.Error())
+		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		switch outcome {
+		case createInBackground:
+			c.setPending(uid, p)
+			return err
+		case createReschedule:
+			c.setPending(uid, nil)
+			return c.reschedule(ctx, p.claim, err)
+		default:
+			c.setPending(uid, nil)
+			return err
+		}
+	}
+	// From here the volume exists: until it is recorded, it stays pending.
+	c.setPending(uid, p)
+	in := p.pv
+	in.volume = resp.GetVolume()
+	pv, err := buildPV(in)
+	if err != nil {
+		// The volume does not fit the claim: delete it and start over.
+		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		if cleanupErr := c.deleteBackendVolume(ctx, resp.GetVolume().GetVolumeId(), p.req.GetSecrets()); cleanupErr != nil {
+			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
+		}
+		return err
+	}
+	if err := c.savePV(ctx, pv); err != nil {
+		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "volume %s created but its PersistentVolume could not be saved: %v", p.pvName, err)
+		return err
+	}
+	c.setPending(uid, nil)
+	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
+	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
+	return nil
+}
+
+// deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).
+func (c *controller) deleteBackendVolume(ctx context.Context, id string, secrets map[string]string) error {
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	_, err := c.csi.DeleteVolume(callCtx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})
+	return err
+}

@@ -1,0 +1,443 @@
+package provisioner
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/component-base/metrics"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// world is a controller on a fake clientset and the project's test driver, running.
+type world struct {
+	t        *testing.T
+	kube     *fake.Clientset
+	driver   *testdriver.Backend
+	ctrl     *controller
+	recorder *record.FakeRecorder
+	registry metrics.KubeRegistry
+	// stopIntake is SIGTERM as the controller sees it; done closes when run returned.
+	stopIntake context.CancelFunc
+	done       chan struct{}
+}
+
+func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *world {
+	t.Helper()
+	dcfg.DriverName = drv
+	b, err := testdriver.New(dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := b.Serve(filepath.Join(t.TempDir(), "csi.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	plugin, err := rpc.GetPluginCapabilities(context.Background(), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	controllerCaps, err := rpc.GetControllerCapabilities(context.Background(), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o options
+	if err := newFlagSet(&o).Parse([]string{"--worker-threads=4", "--retry-interval-start=20ms", "--retry-interval-max=200ms"}); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, kube: fake.NewClientset(objects...), driver: b, recorder: record.NewFakeRecorder(1000),
+		registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
+	m, err := newControllerMetrics(w.registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{
+		opts: o, driver: drv, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
+		ops: context.Background(), recorder: w.recorder, metrics: m,
+		pluginCaps: plugin, controllerCaps: controllerCaps,
+		topology: plugin[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS], vac: true,
+	}
+	if change != nil {
+		change(&cfg)
+	}
+	factory := informers.NewSharedInformerFactory(w.kube, 0)
+	if w.ctrl, err = newController(cfg, factory); err != nil {
+		t.Fatal(err)
+	}
+	stopInformers := make(chan struct{})
+	factory.Start(stopInformers)
+	factory.WaitForCacheSync(stopInformers)
+	intake, stopIntake := context.WithCancel(context.Background())
+	w.stopIntake = stopIntake
+	go func() {
+		defer close(w.done)
+		w.ctrl.run(intake)
+	}()
+	t.Cleanup(func() {
+		stopIntake()
+		<-w.done
+		close(stopInformers)
+	})
+	return w
+}
+
+func (w *world) waitFor(what string, cond func() bool) {
+	w.t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	}); err != nil {
+		w.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+func (w *world) pv(name string) *v1.PersistentVolume {
+	pv, err := w.kube.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	return pv
+}
+
+// events drains the recorded events so far.
+func (w *world) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-w.recorder.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func (w *world) calls(method string) []testdriver.Call {
+	var out []testdriver.Call
+	for _, c := range w.driver.Journal() {
+		if c.Method == method {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func class(name string, change func(*storagev1.StorageClass)) *storagev1.StorageClass {
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: drv,
+		ReclaimPolicy: ptr.To(v1.PersistentVolumeReclaimDelete), Parameters: map[string]string{"type": "fast"}}
+	if change != nil {
+		change(sc)
+	}
+	return sc
+}
+
+func claimFor(name, uid, className string) *v1.PersistentVolumeClaim {
+	c := claimWith("1Gi", v1.ReadWriteOnce)
+	c.Name, c.UID = name, types.UID(uid)
+	c.Annotations = map[string]string{volumehelpers.AnnStorageProvisioner: drv}
+	c.Spec.StorageClassName = ptr.To(className)
+	return c
+}
+
+func TestProvisionsAClaimAndRecordsTheVolumeAsAPersistentVolume(t *testing.T) {
+	sc := class("fast", func(sc *storagev1.StorageClass) {
+		sc.Parameters[provisionerSecret.nameKey] = "${pvc.name}-creds"
+		sc.Parameters[provisionerSecret.namespaceKey] = "${pvc.namespace}"
+		sc.Parameters[fsTypeKey] = "xfs"
+	})
+	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "data-creds", Namespace: "ns"}, Data: map[string][]byte{"token": []byte("t")}}
+	w := newWorld(t, testdriver.Config{}, nil, sc, secret, claimFor("data", "uid-1", "fast"))
+
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+	pv := w.pv("pvc-uid-1")
+	calls := w.calls(testdriver.MethodCreateVolume)
+	if len(calls) != 1 || calls[0].VolumeName != "pvc-uid-1" {
+		t.Fatalf("CreateVolume calls %+v, want one for pvc-uid-1", calls)
+	}
+	vol, _ := w.driver.Volume(calls[0].VolumeID)
+	if vol.Parameters["type"] != "fast" || len(vol.Parameters) != 1 {
+		t.Errorf("driver got parameters %v, want only type=fast", vol.Parameters)
+	}
+	if pv.Spec.CSI.VolumeHandle != calls[0].VolumeID || pv.Spec.ClaimRef.UID != "uid-1" || pv.Spec.CSI.FSType != "xfs" ||
+		pv.Annotations[annDeletionSecretName] != "data-creds" || pv.Annotations[volumehelpers.AnnDynamicallyProvisioned] != drv ||
+		!slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
+		t.Errorf("PV does not record the volume for the claim: %+v", pv)
+	}
+	events := strings.Join(w.events(), "\n")
+	if !strings.Contains(events, "Provisioning") || !strings.Contains(events, "ProvisioningSucceeded") {
+		t.Errorf("events:\n%s", events)
+	}
+}
+
+func TestAClaimWhoseSecretIsMissingIsNotProvisionedUntilTheSecretExists(t *testing.T) {
+	sc := class("fast", func(sc *storagev1.StorageClass) {
+		sc.Parameters[provisionerSecret.nameKey] = "creds"
+		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+	})
+	w := newWorld(t, testdriver.Config{}, nil, sc, claimFor("data", "uid-1", "fast"))
+	w.waitFor("a ProvisioningFailed event", func() bool {
+		return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, "ProvisioningFailed") && strings.Contains(e, "creds") })
+	})
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 {
+		t.Fatalf("%d CreateVolume calls without the secret", n)
+	}
+	if _, err := w.kube.CoreV1().Secrets("ns").Create(context.Background(), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "ns"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+}
+
+func TestATimedOutCreateVolumeIsRetriedWithTheSameNameEvenAfterTheClaimIsDeleted(t *testing.T) {
+	w := newWorld(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 600 * time.Millisecond}},
+		func(c *config) { c.opts.timeout = 150 * time.Millisecond },
+		class("fast", nil), claimFor("data", "uid-1", "fast"))
+	w.waitFor("a timed-out CreateVolume", func() bool {
+		return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, "DeadlineExceeded") })
+	})
+	if err := w.kube.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.driver.SetMethodLatency(testdriver.MethodCreateVolume, 0)
+	w.waitFor("the PersistentVolume of the deleted claim", func() bool { return w.pv("pvc-uid-1") != nil })
+	for _, c := range w.calls(testdriver.MethodCreateVolume) {
+		if c.VolumeName != "pvc-uid-1" {
+			t.Errorf("CreateVolume with name %q", c.VolumeName)
+		}
+	}
+	if n := len(w.driver.Volumes()); n != 1 {
+		t.Errorf("%d volumes in the driver, want 1", n)
+	}
+	if ref := w.pv("pvc-uid-1").Spec.ClaimRef; ref.UID != "uid-1" {
+		t.Errorf("claimRef %+v", ref)
+	}
+}
+
+func TestAFinalErrorIsReportedAndRetriedWithBackoff(t *testing.T) {
+	w := newWorld(t, testdriver.Config{}, nil, class("fast", nil))
+	if err := w.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.InvalidArgument, Times: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Create(context.Background(), claimFor("data", "uid-1", "fast"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+	failed := 0
+	for _, e := range w.events() {
+		if strings.Contains(e, "ProvisioningFailed") && strings.Contains(e, "InvalidArgument") {
+			failed++
+		}
+	}
+	if failed != 2 {
+		t.Errorf("%d ProvisioningFailed events, want 2", failed)
+	}
+}
+
+func TestADriverWithoutCreateDeleteVolumeGetsAClearEvent(t *testing.T) {
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME}},
+		nil, class("fast", nil), claimFor("data", "uid-1", "fast"))
+	w.waitFor("the event", func() bool {
+		return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, "does not support dynamic provisioning") })
+	})
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 {
+		t.Errorf("%d CreateVolume calls", n)
+	}
+}
+
+// P1: intake ending while CreateVolume runs does not cancel it; the PersistentVolume is
+// still written, and run returns only after.
+func TestStoppingIntakeLetsTheCreateVolumeInFlightFinishAndBeRecorded(t *testing.T) {
+	w := newWorld(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 500 * time.Millisecond}},
+		nil, class("fast", nil), claimFor("data", "uid-1", "fast"))
+	w.waitFor("CreateVolume in flight", func() bool { return len(w.calls(testdriver.MethodCreateVolume)) == 1 })
+	w.stopIntake()
+	<-w.done
+	if w.pv("pvc-uid-1") == nil {
+		t.Fatal("run returned without recording the volume created in flight")
+	}
+	c := w.calls(testdriver.MethodCreateVolume)[0]
+	if c.Canceled || !c.CallerGone.IsZero() || c.Code != "OK" {
+		t.Errorf("CreateVolume %+v, want OK and waited for", c)
+	}
+}
+
+func TestDelayedBindingWaitsForTheSelectedNodeAndReschedulesWhenItIsGone(t *testing.T) {
+	sc := class("late", func(sc *storagev1.StorageClass) {
+		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	})
+	n1 := node("n1", map[string]string{testdriver.TopologyKey: "n1"})
+	cn1 := csiNode("n1", testdriver.TopologyKey)
+	w := newWorld(t, testdriver.Config{Topology: true}, nil, sc, n1, cn1, claimFor("data", "uid-1", "late"))
+	ctx := context.Background()
+	claims := w.kube.CoreV1().PersistentVolumeClaims("ns")
+
+	// Without a node nothing happens; a node that does not exist is handed back.
+	gone := claimFor("other", "uid-2", "late")
+	gone.Annotations[volumehelpers.AnnSelectedNode] = "no-such-node"
+	if _, err := claims.Create(ctx, gone, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the selected node removed", func() bool {
+		c, err := claims.Get(ctx, "other", metav1.GetOptions{})
+		_, selected := c.Annotations[volumehelpers.AnnSelectedNode]
+		return err == nil && !selected
+	})
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 {
+		t.Fatalf("%d CreateVolume calls before a node was selected", n)
+	}
+
+	c, err := claims.Get(ctx, "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Annotations[volumehelpers.AnnSelectedNode] = "n1"
+	if _, err := claims.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+	affinity := w.pv("pvc-uid-1").Spec.NodeAffinity
+	if affinity == nil || affinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0] != "n1" {
+		t.Errorf("node affinity %+v, want the selected node's topology", affinity)
+	}
+}
+
+func releasedPV(name, handle string, policy v1.PersistentVolumeReclaimPolicy, finalizers ...string) *v1.PersistentVolume {
+	return &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: finalizers, Annotations: map[string]string{
+			volumehelpers.AnnDynamicallyProvisioned: drv, annDeletionSecretName: "del-creds", annDeletionSecretNamespace: "ns",
+		}},
+		Spec: v1.PersistentVolumeSpec{
+			PersistentVolumeReclaimPolicy: policy, StorageClassName: "fast",
+			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv, VolumeHandle: handle}},
+			ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "gone", UID: "uid-gone"},
+		},
+		Status: v1.PersistentVolumeStatus{Phase: v1.VolumeReleased},
+	}
+}
+
+// createVolume makes a volume in the driver as if it had been provisioned earlier.
+func (w *world) createVolume(name string) string {
+	w.t.Helper()
+	resp, err := w.ctrl.csi.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}}})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return resp.Volume.VolumeId
+}
+
+func TestReleasedVolumesWithReclaimDeleteAreDeletedAfterDetachAndRetainedOnesKept(t *testing.T) {
+	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}}
+	w := newWorld(t, testdriver.Config{}, nil, class("fast", nil), secret)
+	ctx := context.Background()
+	fin := volumehelpers.PVDeletionProtectionFinalizer
+	deleteID, retainID := w.createVolume("pvc-del"), w.createVolume("pvc-ret")
+	va := &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "va"}, Spec: storagev1.VolumeAttachmentSpec{
+		Attacher: drv, NodeName: "n1", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pvc-del")}}}
+	if _, err := w.kube.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the attachment in the cache", func() bool { return w.ctrl.attachedTo("pvc-del") == "n1" })
+	for _, pv := range []*v1.PersistentVolume{releasedPV("pvc-del", deleteID, v1.PersistentVolumeReclaimDelete, fin), releasedPV("pvc-ret", retainID, v1.PersistentVolumeReclaimRetain, fin)} {
+		if _, err := w.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.waitFor("the attached volume reported", func() bool {
+		return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, "still attached to node n1") })
+	})
+	if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 0 {
+		t.Fatalf("%d DeleteVolume calls while attached", n)
+	}
+	if err := w.kube.StorageV1().VolumeAttachments().Delete(ctx, "va", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the Delete PersistentVolume gone", func() bool {
+		_, err := w.kube.CoreV1().PersistentVolumes().Get(ctx, "pvc-del", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if _, ok := w.driver.Volume(deleteID); ok {
+		t.Error("the volume of the Delete PersistentVolume is still in the driver")
+	}
+	w.waitFor("the Retain PersistentVolume without finalizer", func() bool {
+		pv := w.pv("pvc-ret")
+		return pv != nil && !slices.Contains(pv.Finalizers, fin)
+	})
+	if _, ok := w.driver.Volume(retainID); !ok {
+		t.Error("the volume of the Retain PersistentVolume was deleted")
+	}
+	for _, c := range w.calls(testdriver.MethodDeleteVolume) {
+		if c.VolumeID != deleteID {
+			t.Errorf("DeleteVolume of %s", c.VolumeID)
+		}
+	}
+}
+
+func TestANodeDeploymentTakesFreeClaimsForItsNodeAndLeavesOtherNodesAlone(t *testing.T) {
+	nd := &nodeDeployment{name: "n1", immediateBinding: true, baseDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond,
+		failures: map[string]int{},
+		info:     &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{testdriver.TopologyKey: "n1"}}}}
+	other := claimFor("other", "uid-2", "fast")
+	other.Annotations[volumehelpers.AnnSelectedNode] = "n2"
+	w := newWorld(t, testdriver.Config{Topology: true}, func(c *config) { c.node = nd }, class("fast", nil), claimFor("free", "uid-1", "fast"), other)
+	ctx := context.Background()
+
+	w.waitFor("the free claim provisioned on n1", func() bool { return w.pv("pvc-uid-1") != nil })
+	c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(ctx, "free", metav1.GetOptions{})
+	if err != nil || c.Annotations[volumehelpers.AnnSelectedNode] != "n1" {
+		t.Fatalf("free claim %v, err %v: want selected node n1", c.Annotations, err)
+	}
+	if affinity := w.pv("pvc-uid-1").Spec.NodeAffinity; affinity == nil || affinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0] != "n1" {
+		t.Errorf("affinity %+v, want n1", affinity)
+	}
+
+	// n2's volume is n2's to delete; n1's own released volume is deleted here.
+	n2ID := w.createVolume("pvc-n2")
+	n2 := releasedPV("pvc-n2", n2ID, v1.PersistentVolumeReclaimDelete, volumehelpers.PVDeletionProtectionFinalizer)
+	n2.Spec.NodeAffinity = nodeAffinity([]*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n2"}}})
+	if _, err := w.kube.CoreV1().PersistentVolumes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	own := w.pv("pvc-uid-1")
+	own.Status.Phase = v1.VolumeReleased
+	if _, err := w.kube.CoreV1().PersistentVolumes().UpdateStatus(ctx, own, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("n1's volume deleted", func() bool { return w.pv("pvc-uid-1") == nil })
+	if _, ok := w.driver.Volume(n2ID); !ok || w.pv("pvc-n2") == nil {
+		t.Error("n1 deleted n2's volume")
+	}
+	for _, c := range w.calls(testdriver.MethodCreateVolume) {
+		if c.VolumeName == "pvc-uid-2" {
+			t.Error("n1 provisioned the claim selected for n2")
+		}
+	}
+}

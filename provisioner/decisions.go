@@ -1,0 +1,143 @@
+package provisioner
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+)
+
+// claimProvisioner is the provisioner a claim asks for (the GA annotation, else the beta
+// one the PV controller still sets).
+func claimProvisioner(claim *v1.PersistentVolumeClaim) string {
+	if p, ok := claim.Annotations[volumehelpers.AnnStorageProvisioner]; ok {
+		return p
+	}
+	return claim.Annotations[volumehelpers.AnnBetaStorageProvisioner]
+}
+
+// mayNeedVolume is the cheap test informer handlers use: the claim is unbound and names
+// the driver.
+func mayNeedVolume(claim *v1.PersistentVolumeClaim, driver string) bool {
+	return claim.Spec.VolumeName == "" && claimProvisioner(claim) == driver
+}
+
+// wantsVolume decides whether the driver should provision a volume for the claim now;
+// when not, why (for the log).
+func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, driver string) (bool, string) {
+	switch {
+	case claim.Spec.VolumeName != "":
+		return false, "claim is bound"
+	case claimProvisioner(claim) != driver:
+		return false, "claim names another provisioner"
+	case claim.DeletionTimestamp != nil:
+		return false, "claim is being deleted"
+	case class == nil:
+		return false, "claim has no StorageClass"
+	case class.Provisioner != driver:
+		return false, fmt.Sprintf("StorageClass %s names provisioner %s", class.Name, class.Provisioner)
+	case isDelayedBinding(class) && claim.Annotations[volumehelpers.AnnSelectedNode] == "":
+		// The scheduler sets the node when a pod uses the claim; the provisioner removes it
+		// again to ask for another node.
+		return false, "waiting for the scheduler to select a node"
+	}
+	return true, ""
+}
+
+func isDelayedBinding(class *storagev1.StorageClass) bool {
+	return class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
+}
+
+// dataSourceKind is the kind of the claim's data source ("" for none), for metrics and the
+// data source check.
+func dataSourceKind(claim *v1.PersistentVolumeClaim) string {
+	if ds := claim.Spec.DataSourceRef; ds != nil {
+		return ds.Kind
+	}
+	if ds := claim.Spec.DataSource; ds != nil {
+		return ds.Kind
+	}
+	return ""
+}
+
+// errExternalPopulator marks a claim whose data source another controller fills: the
+// provisioner leaves it alone, as upstream.
+var errExternalPopulator = errors.New("data source is not handled by the provisioner, assuming an external populator will provision it")
+
+// checkDataSource accepts claims without a data source. Cloning and restoring snapshots
+// come in a later issue; they fail with a clear error until then.
+func checkDataSource(claim *v1.PersistentVolumeClaim) error {
+	switch dataSourceKind(claim) {
+	case "":
+		return nil
+	case "PersistentVolumeClaim", "VolumeSnapshot":
+		return fmt.Errorf("provisioning from a %s data source is not supported yet by csi-sidecars", dataSourceKind(claim))
+	}
+	return errExternalPopulator
+}
+
+// checkCapabilities says why the driver cannot provision this claim, as upstream words it.
+func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.ControllerCapabilitySet, needsModify bool) error {
+	switch {
+	case !plugin[csi.PluginCapability_Service_CONTROLLER_SERVICE]:
+		return errors.New("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported")
+	case !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME]:
+		return errors.New("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported")
+	case needsModify && !controller[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME]:
+		return errors.New("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported")
+	}
+	return nil
+}
+
+// isDriverVolume tells whether the driver is responsible for the PersistentVolume: it
+// provisioned it, or, for a volume without that annotation (static), it is the volume's
+// CSI driver.
+func isDriverVolume(pv *v1.PersistentVolume, driver string) bool {
+	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
+		return by == driver || pv.Annotations[volumehelpers.AnnMigratedTo] == driver
+	}
+	return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver
+}
+
+// desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
+// provisioner's finalizer on bound volumes with reclaim policy Delete (so the volume is
+// deleted before its PersistentVolume goes), none with Retain or Recycle. changed tells
+// whether they differ from the current ones.
+func desiredFinalizers(pv *v1.PersistentVolume) (finalizers []string, changed bool) {
+	has := slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
+	switch pv.Spec.PersistentVolumeReclaimPolicy {
+	case v1.PersistentVolumeReclaimDelete:
+		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound {
+			return append(slices.Clone(pv.Finalizers), volumehelpers.PVDeletionProtectionFinalizer), true
+		}
+	case v1.PersistentVolumeReclaimRetain, v1.PersistentVolumeReclaimRecycle:
+		if has {
+			return withoutFinalizer(pv.Finalizers), true
+		}
+	}
+	return pv.Finalizers, false
+}
+
+func withoutFinalizer(finalizers []string) []string {
+	return slices.DeleteFunc(slices.Clone(finalizers), func(f string) bool { return f == volumehelpers.PVDeletionProtectionFinalizer })
+}
+
+// shouldDelete tells whether the volume behind a PersistentVolume should be deleted now:
+// released, reclaim policy Delete, and not already deleted (a PersistentVolume being
+// deleted without the provisioner's finalizer was done with).
+func shouldDelete(pv *v1.PersistentVolume) bool {
+	switch {
+	case pv.Spec.CSI == nil:
+		return false
+	case pv.DeletionTimestamp != nil && !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer):
+		return false
+	case pv.Status.Phase != v1.VolumeReleased:
+		return false
+	}
+	return pv.Spec.PersistentVolumeReclaimPolicy == v1.PersistentVolumeReclaimDelete
+}

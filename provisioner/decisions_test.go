@@ -1,0 +1,228 @@
+package provisioner
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/go-cmp/cmp"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+)
+
+func TestWantsVolume(t *testing.T) {
+	immediate := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sc"}, Provisioner: drv}
+	delayed := immediate.DeepCopy()
+	delayed.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	claim := func(change func(*v1.PersistentVolumeClaim)) *v1.PersistentVolumeClaim {
+		c := claimWith("1Gi", v1.ReadWriteOnce)
+		c.Annotations = map[string]string{volumehelpers.AnnStorageProvisioner: drv}
+		if change != nil {
+			change(c)
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *v1.PersistentVolumeClaim
+		class *storagev1.StorageClass
+		want  bool
+	}{
+		{"immediate: at once", claim(nil), immediate, true},
+		{"beta annotation", claim(func(c *v1.PersistentVolumeClaim) {
+			c.Annotations = map[string]string{volumehelpers.AnnBetaStorageProvisioner: drv}
+		}), immediate, true},
+		{"another provisioner", claim(func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnStorageProvisioner] = "other" }), immediate, false},
+		{"no annotation", claim(func(c *v1.PersistentVolumeClaim) { c.Annotations = nil }), immediate, false},
+		{"bound", claim(func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = "pv" }), immediate, false},
+		{"being deleted", claim(func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = &metav1.Time{} }), immediate, false},
+		{"class of another provisioner", claim(nil), &storagev1.StorageClass{Provisioner: "other"}, false},
+		{"no class", claim(nil), nil, false},
+		{"delayed without node", claim(nil), delayed, false},
+		{"delayed with node", claim(func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnSelectedNode] = "n1" }), delayed, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got, why := wantsVolume(tc.claim, tc.class, drv); got != tc.want {
+				t.Errorf("wants %v (%s), want %v", got, why, tc.want)
+			}
+		})
+	}
+}
+
+func TestCreateVolumeErrorsThatMayLeaveAVolumeAreRetriedWithTheSameName(t *testing.T) {
+	for _, tc := range []struct {
+		err           error
+		mayReschedule bool
+		want          createOutcome
+	}{
+		{status.Error(codes.DeadlineExceeded, ""), false, createInBackground},
+		{status.Error(codes.Canceled, ""), true, createInBackground},
+		{status.Error(codes.Unavailable, ""), false, createInBackground},
+		{status.Error(codes.Aborted, ""), false, createInBackground},
+		{errors.New("not a gRPC error"), false, createInBackground},
+		{status.Error(codes.ResourceExhausted, ""), true, createReschedule},
+		{status.Error(codes.ResourceExhausted, ""), false, createFinal},
+		{status.Error(codes.InvalidArgument, ""), true, createFinal},
+		{status.Error(codes.AlreadyExists, ""), false, createFinal},
+		{status.Error(codes.Internal, ""), false, createFinal},
+		{status.Error(codes.NotFound, ""), false, createFinal},
+	} {
+		if got := classifyCreateError(tc.err, tc.mayReschedule); got != tc.want {
+			t.Errorf("%v (may reschedule %v): %s, want %s", tc.err, tc.mayReschedule, got, tc.want)
+		}
+	}
+}
+
+func TestCapabilityChecksSayWhatIsMissing(t *testing.T) {
+	plugin := rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true}
+	full := rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME: true}
+	for _, tc := range []struct {
+		name       string
+		plugin     rpc.PluginCapabilitySet
+		controller rpc.ControllerCapabilitySet
+		modify     bool
+		want       string
+	}{
+		{"all there", plugin, full, true, ""},
+		{"no controller service", rpc.PluginCapabilitySet{}, full, false, "does not support dynamic provisioning: plugin CONTROLLER_SERVICE"},
+		{"no create/delete", plugin, rpc.ControllerCapabilitySet{}, false, "does not support dynamic provisioning: controller CREATE_DELETE_VOLUME"},
+		{"no modify for a VAC", plugin, rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true}, true, "does not support VolumeAttributesClass"},
+	} {
+		err := checkCapabilities(tc.plugin, tc.controller, tc.modify)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestFinalizerAndDeletionDecisions(t *testing.T) {
+	fin := volumehelpers.PVDeletionProtectionFinalizer
+	pv := func(policy v1.PersistentVolumeReclaimPolicy, phase v1.PersistentVolumePhase, deleting bool, finalizers ...string) *v1.PersistentVolume {
+		p := &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: "pv", Finalizers: finalizers},
+			Spec:       v1.PersistentVolumeSpec{PersistentVolumeReclaimPolicy: policy, PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}},
+			Status:     v1.PersistentVolumeStatus{Phase: phase},
+		}
+		if deleting {
+			p.DeletionTimestamp = &metav1.Time{}
+		}
+		return p
+	}
+	del, ret := v1.PersistentVolumeReclaimDelete, v1.PersistentVolumeReclaimRetain
+	for _, tc := range []struct {
+		name           string
+		pv             *v1.PersistentVolume
+		wantFinalizers []string
+		wantChanged    bool
+		wantDelete     bool
+	}{
+		{"bound Delete gets the finalizer", pv(del, v1.VolumeBound, false), []string{fin}, true, false},
+		{"bound Delete keeps it", pv(del, v1.VolumeBound, false, "other", fin), []string{"other", fin}, false, false},
+		{"released Delete is deleted", pv(del, v1.VolumeReleased, false, fin), []string{fin}, false, true},
+		{"released Delete being deleted with finalizer is deleted", pv(del, v1.VolumeReleased, true, fin), []string{fin}, false, true},
+		{"being deleted without finalizer was done", pv(del, v1.VolumeReleased, true), nil, false, false},
+		{"Retain loses the finalizer, never deleted", pv(ret, v1.VolumeReleased, false, "other", fin), []string{"other"}, true, false},
+		{"Retain without finalizer: nothing", pv(ret, v1.VolumeReleased, false), nil, false, false},
+		{"pending Delete gets no finalizer yet", pv(del, v1.VolumePending, false), nil, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed := desiredFinalizers(tc.pv)
+			if changed != tc.wantChanged {
+				t.Errorf("changed %v, want %v", changed, tc.wantChanged)
+			}
+			if diff := cmp.Diff(tc.wantFinalizers, got); diff != "" {
+				t.Errorf("finalizers (-want +got):\n%s", diff)
+			}
+			if d := shouldDelete(tc.pv); d != tc.wantDelete {
+				t.Errorf("shouldDelete %v, want %v", d, tc.wantDelete)
+			}
+		})
+	}
+}
+
+func TestDriverVolumes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pv   v1.PersistentVolume
+		want bool
+	}{
+		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}}}, true},
+		{"provisioned by another", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: "other"}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, false},
+		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
+		{"static volume of another", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "x"}}}}, false},
+	} {
+		if got := isDriverVolume(&tc.pv, drv); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestFlagsHaveUpstreamDefaultsAndBadValuesNameTheirFlag(t *testing.T) {
+	var o options
+	fs := newFlagSet(&o)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	defaults := map[string]string{
+		"volume-name-prefix": "pvc", "volume-name-uuid-length": "-1", "timeout": "10s", "worker-threads": "100",
+		"retry-interval-start": "1s", "retry-interval-max": "5m0s", "extra-create-metadata": "false", "default-fstype": "",
+		"strict-topology": "false", "immediate-topology": "true", "controller-publish-readonly": "false",
+		"prevent-volume-mode-conversion": "true", "node-deployment": "false", "node-deployment-immediate-binding": "true",
+		"node-deployment-base-delay": "20s", "node-deployment-max-delay": "1m0s", "cloning-protection-threads": "1",
+		"enable-capacity": "false", "capacity-threads": "1", "capacity-poll-interval": "1m0s",
+		"capacity-for-immediate-binding": "false", "capacity-ownerref-level": "1",
+	}
+	for name, want := range defaults {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("flag --%s missing", name)
+			continue
+		}
+		if f.DefValue != want {
+			t.Errorf("--%s defaults to %q, want %q", name, f.DefValue, want)
+		}
+	}
+	if err := o.validate(func(string) string { return "" }); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--volume-name-uuid-length=0"}, "", "--volume-name-uuid-length"},
+		{[]string{"--volume-name-uuid-length=40"}, "", "--volume-name-uuid-length"},
+		{[]string{"--volume-name-prefix="}, "", "--volume-name-prefix"},
+		{[]string{"--timeout=0s"}, "", "--timeout"},
+		{[]string{"--worker-threads=0"}, "", "--worker-threads"},
+		{[]string{"--retry-interval-max=10ms"}, "", "--retry-interval-max"},
+		{[]string{"--node-deployment"}, "", "NODE_NAME"},
+		{[]string{"--node-deployment"}, "node-1", ""},
+	} {
+		var o options
+		fs := newFlagSet(&o)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := o.validate(func(string) string { return tc.env })
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// newFlagSet registers the options on a flag set of their own.
+func newFlagSet(o *options) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("provisioner", pflag.ContinueOnError)
+	o.addFlags(fs)
+	return fs
+}

@@ -1,0 +1,34 @@
+// Package provisioner is the csi-sidecars provisioner, the drop-in for upstream
+// external-provisioner, hosted by the lifecycle core. It owns dynamic provisioning and
+// deletion for one CSI driver: it watches PersistentVolumeClaims that name the driver,
+// calls CreateVolume and records the result as a PersistentVolume; and it watches the
+// driver's released PersistentVolumes with reclaim policy Delete, calls DeleteVolume and
+// removes the PersistentVolume.
+//
+// It never handles signals, Leases or process exit (the core does, P8), and it never runs a
+// CSI call, or the API write that records the call's result, on the intake context that a
+// signal cancels: both run on Env.Ops() (P1).
+//
+// Why not sig-storage-lib-external-provisioner: that library derives the contexts of the
+// CSI call and of the PersistentVolume write from its worker context, so stopping intake
+// cancels a CreateVolume in flight, or lets it finish in the backend with no
+// PersistentVolume to record it: a leaked volume. P1 needs the whole operation (CreateVolume
+// AND the PersistentVolume) on a context the signal does not cancel, so the controller is
+// written here, in the shape of sample-controller: a claim queue (keyed by claim UID, so a
+// claim deleted while its volume may be in creation is still followed to a final answer) and
+// a volume queue (keyed by PersistentVolume name), informer handlers that only enqueue, one
+// sync function per object, and the decisions (names, parameters, secrets, topology, the
+// PersistentVolume, error classes) as plain functions tested by tables. Libraries still do
+// what they do well: client-go, k8s.io/component-helpers (annotations, finalizer name,
+// storage class and node-affinity helpers) and csi-lib-utils (access modes, sanitised
+// logging of requests).
+//
+// Never give up on a volume that may exist: a CreateVolume that ends without a final answer
+// (timeout, cancelled, unavailable, aborted) is retried with the same name, which CSI makes
+// idempotent, until the driver answers for good, even if the claim is deleted meanwhile; the
+// volume then gets its PersistentVolume like any other and is reclaimed from there.
+//
+// Designed for what comes next: data sources (clone, snapshot) plug into buildRequest and
+// the capability check; capacity tracking has its flags already and runs beside the
+// controllers in Run.
+package provisioner

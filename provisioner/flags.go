@@ -1,0 +1,126 @@
+package provisioner
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
+)
+
+// Feature gates of the provisioner, joined to the shared --feature-gates flag.
+const (
+	// Topology passes accessibility requirements to CreateVolume and node affinity to the
+	// PersistentVolume when the driver reports VOLUME_ACCESSIBILITY_CONSTRAINTS.
+	Topology featuregate.Feature = "Topology"
+	// VolumeAttributesClass passes a claim's VolumeAttributesClass parameters to
+	// CreateVolume as mutable parameters.
+	VolumeAttributesClass featuregate.Feature = "VolumeAttributesClass"
+	// CrossNamespaceVolumeDataSource allows a dataSourceRef in another namespace.
+	CrossNamespaceVolumeDataSource featuregate.Feature = "CrossNamespaceVolumeDataSource"
+)
+
+// features are the provisioner's gates with upstream's maturity and defaults. GA gates are
+// not locked so that manifests that still set them keep working.
+func features() map[featuregate.Feature]featuregate.FeatureSpec {
+	return map[featuregate.Feature]featuregate.FeatureSpec{
+		Topology:                       {Default: true, PreRelease: featuregate.GA},
+		VolumeAttributesClass:          {Default: true, PreRelease: featuregate.GA},
+		CrossNamespaceVolumeDataSource: {Default: false, PreRelease: featuregate.Alpha},
+	}
+}
+
+// options are the provisioner's own flags, with upstream external-provisioner's names and
+// defaults (P9).
+type options struct {
+	volumeNamePrefix            string
+	volumeNameUUIDLength        int
+	timeout                     time.Duration
+	workerThreads               uint
+	retryIntervalStart          time.Duration
+	retryIntervalMax            time.Duration
+	extraCreateMetadata         bool
+	defaultFSType               string
+	strictTopology              bool
+	immediateTopology           bool
+	controllerPublishReadOnly   bool
+	preventVolumeModeConversion bool
+	cloningProtectionThreads    uint
+
+	nodeDeployment                 bool
+	nodeDeploymentImmediateBinding bool
+	nodeDeploymentBaseDelay        time.Duration
+	nodeDeploymentMaxDelay         time.Duration
+	// nodeName comes from the NODE_NAME environment variable, as upstream.
+	nodeName string
+
+	// Capacity tracking comes in a later issue; its flags are accepted now so that
+	// upstream manifests run unchanged.
+	enableCapacity              bool
+	capacityThreads             uint
+	capacityPollInterval        time.Duration
+	capacityForImmediateBinding bool
+	capacityOwnerrefLevel       int
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.volumeNamePrefix, "volume-name-prefix", "pvc", "Prefix to apply to the name of a created volume.")
+	fs.IntVar(&o.volumeNameUUIDLength, "volume-name-uuid-length", -1, "Truncates generated UUID of a created volume to this length. Defaults behavior is to NOT truncate.")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "Timeout for waiting for creation or deletion of a volume.")
+	fs.UintVar(&o.workerThreads, "worker-threads", 100, "Number of provisioner worker threads, in other words nr. of simultaneous CSI calls.")
+	fs.DurationVar(&o.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of failed provisioning or deletion. It doubles with each failure, up to retry-interval-max.")
+	fs.DurationVar(&o.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of failed provisioning or deletion.")
+	fs.BoolVar(&o.extraCreateMetadata, "extra-create-metadata", false, "If set, add pv/pvc metadata to plugin create requests as parameters.")
+	fs.StringVar(&o.defaultFSType, "default-fstype", "", "The default filesystem type of the volume to provision when fstype is unspecified in the StorageClass. If the default is not set and fstype is unset in the StorageClass, then no fstype will be set.")
+	fs.BoolVar(&o.strictTopology, "strict-topology", false, "Late binding: pass only selected node topology to CreateVolume Request, unlike default behavior of passing aggregated cluster topologies that match with topology keys of the selected node.")
+	fs.BoolVar(&o.immediateTopology, "immediate-topology", true, "Immediate binding: pass aggregated cluster topologies for all nodes where the CSI driver is available (enabled, the default) or no topology requirements (if disabled).")
+	fs.BoolVar(&o.controllerPublishReadOnly, "controller-publish-readonly", false, "This option enables PV to be marked as readonly at controller publish volume call if PVC accessmode has been set to ROX.")
+	fs.BoolVar(&o.preventVolumeModeConversion, "prevent-volume-mode-conversion", true, "Prevents an unauthorised user from modifying the volume mode when creating a PVC from an existing VolumeSnapshot.")
+	fs.UintVar(&o.cloningProtectionThreads, "cloning-protection-threads", 1, "Number of simultaneously running threads, handling cloning finalizer removal.")
+
+	fs.BoolVar(&o.nodeDeployment, "node-deployment", false, "Enables deploying the external-provisioner together with a CSI driver on nodes to manage node-local volumes.")
+	fs.BoolVar(&o.nodeDeploymentImmediateBinding, "node-deployment-immediate-binding", true, "Determines whether immediate binding is supported when deployed on each node.")
+	fs.DurationVar(&o.nodeDeploymentBaseDelay, "node-deployment-base-delay", 20*time.Second, "Determines how long the external-provisioner sleeps initially before trying to own a PVC with immediate binding.")
+	fs.DurationVar(&o.nodeDeploymentMaxDelay, "node-deployment-max-delay", 60*time.Second, "Determines how long the external-provisioner sleeps at most before trying to own a PVC with immediate binding.")
+
+	fs.BoolVar(&o.enableCapacity, "enable-capacity", false, "This enables producing CSIStorageCapacity objects with capacity information from the driver's GetCapacity call (accepted, not implemented yet).")
+	fs.UintVar(&o.capacityThreads, "capacity-threads", 1, "Number of simultaneously running threads, handling CSIStorageCapacity objects.")
+	fs.DurationVar(&o.capacityPollInterval, "capacity-poll-interval", time.Minute, "How long the external-provisioner waits before checking for storage capacity changes.")
+	fs.BoolVar(&o.capacityForImmediateBinding, "capacity-for-immediate-binding", false, "Enables producing capacity information for storage classes with immediate binding. Not needed for the Kubernetes scheduler, maybe useful for other consumers or for debugging.")
+	fs.IntVar(&o.capacityOwnerrefLevel, "capacity-ownerref-level", 1, "The level indicates the number of objects that need to be traversed starting from the pod identified by the POD_NAME and POD_NAMESPACE environment variables to reach the owning object for CSIStorageCapacity objects: -1 for no owner, 0 for the pod itself, 1 for a StatefulSet or DaemonSet, 2 for a Deployment, etc.")
+}
+
+// validate checks what parsing cannot; each error names its flag (exit code 2).
+func (o *options) validate(getenv func(string) string) error {
+	var errs []error
+	if o.volumeNamePrefix == "" {
+		errs = append(errs, errors.New("--volume-name-prefix must not be empty"))
+	}
+	// A UID without dashes has 32 characters; 0 would give every claim the same name.
+	if o.volumeNameUUIDLength != -1 && (o.volumeNameUUIDLength < 1 || o.volumeNameUUIDLength > 32) {
+		errs = append(errs, fmt.Errorf("--volume-name-uuid-length must be -1 (do not truncate) or between 1 and 32, got %d", o.volumeNameUUIDLength))
+	}
+	if o.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", o.timeout))
+	}
+	if o.workerThreads == 0 {
+		errs = append(errs, errors.New("--worker-threads must be positive"))
+	}
+	if o.retryIntervalStart <= 0 {
+		errs = append(errs, fmt.Errorf("--retry-interval-start must be positive, got %v", o.retryIntervalStart))
+	}
+	if o.retryIntervalMax < o.retryIntervalStart {
+		errs = append(errs, fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", o.retryIntervalMax, o.retryIntervalStart))
+	}
+	if o.nodeDeployment {
+		o.nodeName = getenv("NODE_NAME")
+		if o.nodeName == "" {
+			errs = append(errs, errors.New("--node-deployment needs the NODE_NAME environment variable"))
+		}
+		if o.nodeDeploymentBaseDelay <= 0 || o.nodeDeploymentMaxDelay < o.nodeDeploymentBaseDelay {
+			errs = append(errs, fmt.Errorf("--node-deployment-base-delay (%v) must be positive and not above --node-deployment-max-delay (%v)", o.nodeDeploymentBaseDelay, o.nodeDeploymentMaxDelay))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,170 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+)
+
+// plan is one claim's CreateVolume, made once and retried as it is: the same name and
+// arguments make the retry idempotent in the driver.
+type plan struct {
+	claim  *v1.PersistentVolumeClaim
+	class  *storagev1.StorageClass
+	pvName string
+	req    *csi.CreateVolumeRequest
+	// pv is the PersistentVolume to record, but for the volume CreateVolume returns.
+	pv pvInput
+	// mayReschedule: a node was selected and the driver has topology, so a final error
+	// can send the claim back to the scheduler.
+	mayReschedule bool
+}
+
+// rescheduleError is a failure the scheduler should hear about: the selected node cannot
+// get the volume (gone, or unknown to the driver).
+type rescheduleError struct{ err error }
+
+func (e rescheduleError) Error() string { return e.err.Error() }
+func (e rescheduleError) Unwrap() error { return e.err }
+
+func storageClassName(claim *v1.PersistentVolumeClaim) string {
+	return volumehelpers.GetPersistentVolumeClaimClass(claim)
+}
+
+// plan reads what CreateVolume needs (listers, the provisioner secret, the
+// VolumeAttributesClass) and builds the request. It returns no plan with an error the user
+// must hear about; it makes no CSI call.
+func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (*plan, error) {
+	if err := checkDataSource(claim); err != nil {
+		return nil, err
+	}
+	var vacName string
+	if c.vac && claim.Spec.VolumeAttributesClassName != nil {
+		vacName = *claim.Spec.VolumeAttributesClassName
+	}
+	if err := checkCapabilities(c.pluginCaps, c.controllerCaps, vacName != ""); err != nil {
+		return nil, err
+	}
+	if claim.Spec.Selector != nil {
+		return nil, fmt.Errorf("claim Selector is not supported")
+	}
+	pvName, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+	if err != nil {
+		return nil, err
+	}
+	fsType, err := fsTypeFor(class.Parameters, c.opts.defaultFSType)
+	if err != nil {
+		return nil, err
+	}
+	caps, err := volumeCapabilities(claim, fsType, class.MountOptions, c.controllerCaps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER])
+	if err != nil {
+		return nil, err
+	}
+	params, err := driverParameters(class.Parameters)
+	if err != nil {
+		return nil, fmt.Errorf("failed to strip CSI Parameters of prefixed keys: %w", err)
+	}
+	if c.opts.extraCreateMetadata {
+		addExtraMetadata(params, claim, pvName)
+	}
+	refs, err := resolveSecretRefs(class.Parameters, pvName, claim)
+	if err != nil {
+		return nil, err
+	}
+	req := &csi.CreateVolumeRequest{
+		Name:               pvName,
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: requestedBytes(claim)},
+		VolumeCapabilities: caps,
+		Parameters:         params,
+	}
+	selectedNode := claim.Annotations[volumehelpers.AnnSelectedNode]
+	if c.topology {
+		if req.AccessibilityRequirements, err = c.requirements(claim, class, selectedNode); err != nil {
+			return nil, err
+		}
+	}
+	// Reads are bounded by the CSI timeout; they run on Ops() like the rest of the
+	// operation they start.
+	ctx, cancel := context.WithTimeout(c.ops, c.opts.timeout)
+	defer cancel()
+	if vacName != "" {
+		vac, err := c.kube.StorageV1().VolumeAttributesClasses().Get(ctx, vacName, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("getting VolumeAttributesClass %s: %w", vacName, err)
+		}
+		if vac.DriverName != c.driver {
+			return nil, fmt.Errorf("VAC %s referenced in PVC is for driver %s which does not match driver name %s", vacName, vac.DriverName, c.driver)
+		}
+		req.MutableParameters = vac.Parameters
+	}
+	if req.Secrets, err = readSecret(ctx, c.kube, refs.provisioner); err != nil {
+		return nil, err
+	}
+	return &plan{
+		claim:  claim,
+		class:  class,
+		pvName: pvName,
+		req:    req,
+		pv: pvInput{
+			name:           pvName,
+			driver:         c.driver,
+			claim:          claim,
+			class:          class,
+			fsType:         fsType,
+			secrets:        refs,
+			readOnly:       readOnlyPV(caps, c.opts.controllerPublishReadOnly),
+			requestedBytes: req.CapacityRange.RequiredBytes,
+			identity:       c.identity,
+			topology:       c.topology,
+			vac:            vacName,
+		},
+		mayReschedule: c.topology && selectedNode != "",
+	}, nil
+}
+
+// requirements gathers the topology of the cluster from the listers and computes the
+// accessibility requirement. A selected node that is gone, or that the driver never
+// registered on, sends the claim back to the scheduler.
+func (c *controller) requirements(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, selectedNode string) (*csi.TopologyRequirement, error) {
+	in := topologyInput{
+		driver:    c.driver,
+		claimName: claim.Name,
+		allowed:   class.AllowedTopologies,
+		strict:    c.opts.strictTopology,
+		immediate: c.opts.immediateTopology,
+	}
+	if selectedNode != "" {
+		node, err := c.nodes.Get(selectedNode)
+		if apierrors.IsNotFound(err) {
+			return nil, rescheduleError{fmt.Errorf("selected node %q does not exist", selectedNode)}
+		} else if err != nil {
+			return nil, err
+		}
+		csiNode, err := c.csiNodes.Get(selectedNode)
+		if apierrors.IsNotFound(err) {
+			return nil, rescheduleError{fmt.Errorf("CSINode of selected node %q does not exist", selectedNode)}
+		} else if err != nil {
+			return nil, err
+		}
+		in.selectedNode, in.selectedCSINode = node, csiNode
+	}
+	var err error
+	if in.csiNodes, err = c.csiNodes.List(labels.Everything()); err != nil {
+		return nil, err
+	}
+	if in.nodes, err = c.nodes.List(labels.Everything()); err != nil {
+		return nil, err
+	}
+	req, err := accessibilityRequirements(in)
+	if err != nil {
+		return nil, fmt.Errorf("error generating accessibility requirements: %w", err)
+	}
+	return req, nil
+}

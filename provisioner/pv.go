@@ -1,0 +1,133 @@
+package provisioner
+
+import (
+	"fmt"
+	"maps"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+)
+
+// Annotations on the PersistentVolume naming the secret DeleteVolume needs, so deletion
+// works even when the StorageClass is gone (upstream's names).
+const (
+	annDeletionSecretName      = "volume.kubernetes.io/provisioner-deletion-secret-name"
+	annDeletionSecretNamespace = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+)
+
+// pvInput is what the PersistentVolume of a new volume is made from.
+type pvInput struct {
+	name     string
+	driver   string
+	claim    *v1.PersistentVolumeClaim
+	class    *storagev1.StorageClass
+	volume   *csi.Volume
+	fsType   string
+	secrets  secretRefs
+	readOnly bool
+	// requestedBytes is the capacity asked for; the PersistentVolume gets what the driver
+	// reports, or this when the driver reports 0 (unknown).
+	requestedBytes int64
+	// identity is this provisioner instance, recorded in the volume attributes.
+	identity string
+	// topology: the driver reports accessibility, so the PersistentVolume gets node
+	// affinity.
+	topology bool
+	// vac is the claim's VolumeAttributesClass name, "" for none.
+	vac string
+}
+
+// pvCapacity is the capacity to record: the driver's, or the request when the driver does
+// not know (0). Less than requested is an error: the volume does not fit the claim.
+func pvCapacity(reported, requested int64) (int64, error) {
+	switch {
+	case reported == 0:
+		return requested, nil
+	case reported < requested:
+		return 0, fmt.Errorf("created volume capacity %d less than requested capacity %d", reported, requested)
+	}
+	return reported, nil
+}
+
+// buildPV makes the PersistentVolume that records a created volume, as upstream: bound to
+// the claim by claimRef (the PV controller completes the binding), protected by the
+// provisioner's finalizer when the reclaim policy is Delete, and carrying everything later
+// calls need (secrets, node affinity, file system).
+func buildPV(in pvInput) (*v1.PersistentVolume, error) {
+	capacity, err := pvCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
+	if err != nil {
+		return nil, err
+	}
+	attributes := map[string]string{provisionerIDKey: in.identity}
+	maps.Copy(attributes, in.volume.GetVolumeContext())
+	source := &v1.CSIPersistentVolumeSource{
+		Driver:                     in.driver,
+		VolumeHandle:               in.volume.GetVolumeId(),
+		VolumeAttributes:           attributes,
+		ReadOnly:                   in.readOnly,
+		ControllerPublishSecretRef: in.secrets.controllerPublish,
+		NodeStageSecretRef:         in.secrets.nodeStage,
+		NodePublishSecretRef:       in.secrets.nodePublish,
+		ControllerExpandSecretRef:  in.secrets.controllerExpand,
+		NodeExpandSecretRef:        in.secrets.nodeExpand,
+	}
+	if !isBlock(in.claim) {
+		source.FSType = in.fsType
+	}
+	reclaim := v1.PersistentVolumeReclaimDelete
+	if in.class.ReclaimPolicy != nil {
+		reclaim = *in.class.ReclaimPolicy
+	}
+	pv := &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: in.name,
+			Annotations: map[string]string{
+				volumehelpers.AnnDynamicallyProvisioned: in.driver,
+				annDeletionSecretName:                   "",
+				annDeletionSecretNamespace:              "",
+			},
+		},
+		Spec: v1.PersistentVolumeSpec{
+			AccessModes:                   in.claim.Spec.AccessModes,
+			MountOptions:                  in.class.MountOptions,
+			Capacity:                      v1.ResourceList{v1.ResourceStorage: *resource.NewQuantity(capacity, resource.BinarySI)},
+			PersistentVolumeSource:        v1.PersistentVolumeSource{CSI: source},
+			PersistentVolumeReclaimPolicy: reclaim,
+			StorageClassName:              volumehelpers.GetPersistentVolumeClaimClass(in.claim),
+			VolumeMode:                    in.claim.Spec.VolumeMode,
+			ClaimRef: &v1.ObjectReference{
+				Kind:            "PersistentVolumeClaim",
+				APIVersion:      "v1",
+				Namespace:       in.claim.Namespace,
+				Name:            in.claim.Name,
+				UID:             in.claim.UID,
+				ResourceVersion: in.claim.ResourceVersion,
+			},
+		},
+	}
+	if ref := in.secrets.provisioner; ref != nil {
+		pv.Annotations[annDeletionSecretName] = ref.Name
+		pv.Annotations[annDeletionSecretNamespace] = ref.Namespace
+	}
+	if reclaim == v1.PersistentVolumeReclaimDelete {
+		pv.Finalizers = []string{volumehelpers.PVDeletionProtectionFinalizer}
+	}
+	if in.topology {
+		pv.Spec.NodeAffinity = nodeAffinity(in.volume.GetAccessibleTopology())
+	}
+	if in.vac != "" {
+		pv.Spec.VolumeAttributesClassName = &in.vac
+	}
+	return pv, nil
+}
+
+// readOnlyPV tells whether the PersistentVolume is marked read-only: with
+// --controller-publish-readonly, when the only access mode is ReadOnlyMany.
+func readOnlyPV(caps []*csi.VolumeCapability, controllerPublishReadOnly bool) bool {
+	return controllerPublishReadOnly && len(caps) == 1 &&
+		caps[0].GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+}

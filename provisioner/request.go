@@ -1,0 +1,139 @@
+package provisioner
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Keys of StorageClass parameters that are for the provisioner, not the driver.
+const (
+	csiParameterPrefix = "csi.storage.k8s.io/"
+	fsTypeKey          = csiParameterPrefix + "fstype"
+	// legacyFSTypeKey is matched case-insensitively and, not being prefixed, still passed
+	// to the driver, as upstream does.
+	legacyFSTypeKey = "fstype"
+
+	// Extra metadata keys added to the parameters with --extra-create-metadata.
+	pvcNameKey      = csiParameterPrefix + "pvc/name"
+	pvcNamespaceKey = csiParameterPrefix + "pvc/namespace"
+	pvNameKey       = csiParameterPrefix + "pv/name"
+
+	// provisionerIDKey is the volume attribute naming the provisioner instance that
+	// created a volume, as upstream.
+	provisionerIDKey = "storage.kubernetes.io/csiProvisionerIdentity"
+)
+
+// volumeName is the name of the volume and of its PersistentVolume: <prefix>-<claim UID>,
+// or with uuidLength > 0 the UID without dashes cut to that length, as upstream.
+func volumeName(prefix string, uid types.UID, uuidLength int) (string, error) {
+	if prefix == "" {
+		return "", fmt.Errorf("volume name prefix cannot be empty")
+	}
+	if uid == "" {
+		return "", fmt.Errorf("claim has no UID")
+	}
+	if uuidLength == -1 {
+		return prefix + "-" + string(uid), nil
+	}
+	compact := strings.ReplaceAll(string(uid), "-", "")
+	if uuidLength < 1 || uuidLength > len(compact) {
+		return "", fmt.Errorf("volume name UUID length %d is outside 1..%d", uuidLength, len(compact))
+	}
+	return prefix + "-" + compact[:uuidLength], nil
+}
+
+// requestedBytes is the claim's storage request in bytes, rounded up to a whole byte
+// (Quantity.Value), as upstream sends it in the capacity range.
+func requestedBytes(claim *v1.PersistentVolumeClaim) int64 {
+	q := claim.Spec.Resources.Requests[v1.ResourceStorage]
+	return q.Value()
+}
+
+// fsTypeFor picks the file system from the StorageClass parameters (the prefixed key or
+// the legacy "fstype" key, never both), else the default.
+func fsTypeFor(params map[string]string, defaultFSType string) (string, error) {
+	found := 0
+	fsType := ""
+	for k, v := range params {
+		if k == fsTypeKey || strings.EqualFold(k, legacyFSTypeKey) {
+			fsType = v
+			found++
+		}
+	}
+	if found > 1 {
+		return "", fmt.Errorf("fstype specified in parameters with both %q and %q keys", legacyFSTypeKey, fsTypeKey)
+	}
+	if fsType == "" {
+		fsType = defaultFSType
+	}
+	return fsType, nil
+}
+
+// isBlock tells whether the claim asks for a raw block volume.
+func isBlock(claim *v1.PersistentVolumeClaim) bool {
+	return claim.Spec.VolumeMode != nil && *claim.Spec.VolumeMode == v1.PersistentVolumeBlock
+}
+
+// volumeCapabilities makes one capability per access mode of the claim: block, or mount
+// with the file system and the StorageClass's mount options.
+func volumeCapabilities(claim *v1.PersistentVolumeClaim, fsType string, mountOptions []string, singleNodeMultiWriter bool) ([]*csi.VolumeCapability, error) {
+	caps := make([]*csi.VolumeCapability, 0, len(claim.Spec.AccessModes))
+	for _, m := range claim.Spec.AccessModes {
+		mode, err := accessmodes.ToCSIAccessMode([]v1.PersistentVolumeAccessMode{m}, singleNodeMultiWriter)
+		if err != nil {
+			return nil, err
+		}
+		c := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
+		if isBlock(claim) {
+			c.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+		} else {
+			c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: mountOptions}}
+		}
+		caps = append(caps, c)
+	}
+	return caps, nil
+}
+
+// isKnownPrefixedKey tells whether k is a csi.storage.k8s.io/ parameter the provisioner
+// understands.
+func isKnownPrefixedKey(k string) bool {
+	if k == fsTypeKey {
+		return true
+	}
+	for _, s := range append(allSecrets(), defaultSecret) {
+		if k == s.nameKey || k == s.namespaceKey {
+			return true
+		}
+	}
+	return false
+}
+
+// driverParameters are the StorageClass parameters the driver gets: the csi.storage.k8s.io/
+// keys are the provisioner's and are removed; an unknown key with that prefix is an error,
+// because it is most likely a typo the user should hear about.
+func driverParameters(params map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(params))
+	for k, v := range params {
+		if !strings.HasPrefix(k, csiParameterPrefix) {
+			out[k] = v
+			continue
+		}
+		if !isKnownPrefixedKey(k) {
+			return nil, fmt.Errorf("found unknown parameter key %q with reserved namespace %s", k, csiParameterPrefix)
+		}
+	}
+	return out, nil
+}
+
+// addExtraMetadata adds the claim's and the PersistentVolume's names to the parameters
+// (--extra-create-metadata).
+func addExtraMetadata(params map[string]string, claim *v1.PersistentVolumeClaim, pvName string) {
+	params[pvcNameKey] = claim.Name
+	params[pvcNamespaceKey] = claim.Namespace
+	params[pvNameKey] = pvName
+}

@@ -1,0 +1,235 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+)
+
+// secretParams names the StorageClass parameters of one kind of secret.
+type secretParams struct {
+	kind string
+	// deprecated keys (csiProvisionerSecretName, ...) are read but, not being prefixed,
+	// still passed to the driver, as upstream.
+	deprecatedNameKey, deprecatedNamespaceKey string
+	nameKey, namespaceKey                     string
+}
+
+var (
+	provisionerSecret = secretParams{kind: "Provisioner",
+		deprecatedNameKey: "csiProvisionerSecretName", deprecatedNamespaceKey: "csiProvisionerSecretNamespace",
+		nameKey: csiParameterPrefix + "provisioner-secret-name", namespaceKey: csiParameterPrefix + "provisioner-secret-namespace"}
+	controllerPublishSecret = secretParams{kind: "ControllerPublish",
+		deprecatedNameKey: "csiControllerPublishSecretName", deprecatedNamespaceKey: "csiControllerPublishSecretNamespace",
+		nameKey: csiParameterPrefix + "controller-publish-secret-name", namespaceKey: csiParameterPrefix + "controller-publish-secret-namespace"}
+	nodeStageSecret = secretParams{kind: "NodeStage",
+		deprecatedNameKey: "csiNodeStageSecretName", deprecatedNamespaceKey: "csiNodeStageSecretNamespace",
+		nameKey: csiParameterPrefix + "node-stage-secret-name", namespaceKey: csiParameterPrefix + "node-stage-secret-namespace"}
+	nodePublishSecret = secretParams{kind: "NodePublish",
+		deprecatedNameKey: "csiNodePublishSecretName", deprecatedNamespaceKey: "csiNodePublishSecretNamespace",
+		nameKey: csiParameterPrefix + "node-publish-secret-name", namespaceKey: csiParameterPrefix + "node-publish-secret-namespace"}
+	controllerExpandSecret = secretParams{kind: "ControllerExpand",
+		nameKey: csiParameterPrefix + "controller-expand-secret-name", namespaceKey: csiParameterPrefix + "controller-expand-secret-namespace"}
+	nodeExpandSecret = secretParams{kind: "NodeExpand",
+		nameKey: csiParameterPrefix + "node-expand-secret-name", namespaceKey: csiParameterPrefix + "node-expand-secret-namespace"}
+	// defaultSecret applies to every kind that names no secret of its own.
+	defaultSecret = secretParams{kind: "Default",
+		nameKey: csiParameterPrefix + "secret-name", namespaceKey: csiParameterPrefix + "secret-namespace"}
+)
+
+// allSecrets lists every kind of secret but the default.
+func allSecrets() []secretParams {
+	return []secretParams{provisionerSecret, controllerPublishSecret, nodeStageSecret, nodePublishSecret, controllerExpandSecret, nodeExpandSecret}
+}
+
+// secretRefs are the secrets of one volume, resolved from the StorageClass.
+type secretRefs struct {
+	provisioner, controllerPublish, nodeStage, nodePublish, controllerExpand, nodeExpand *v1.SecretReference
+}
+
+// resolveSecretRefs resolves every kind of secret for a volume.
+func resolveSecretRefs(params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (secretRefs, error) {
+	var refs secretRefs
+	for _, s := range []struct {
+		params secretParams
+		into   **v1.SecretReference
+	}{
+		{provisionerSecret, &refs.provisioner},
+		{controllerPublishSecret, &refs.controllerPublish},
+		{nodeStageSecret, &refs.nodeStage},
+		{nodePublishSecret, &refs.nodePublish},
+		{controllerExpandSecret, &refs.controllerExpand},
+		{nodeExpandSecret, &refs.nodeExpand},
+	} {
+		ref, err := secretReference(s.params, params, pvName, claim)
+		if err != nil {
+			return refs, err
+		}
+		*s.into = ref
+	}
+	return refs, nil
+}
+
+// secretTemplates reads the name and namespace templates of one kind of secret: both or
+// neither must be given, each by one key only.
+func secretTemplates(s secretParams, params map[string]string) (name, namespace string, err error) {
+	names, namespaces := 0, 0
+	for _, k := range []string{s.deprecatedNameKey, s.nameKey} {
+		if v, ok := params[k]; ok && k != "" {
+			name = v
+			names++
+		}
+	}
+	for _, k := range []string{s.deprecatedNamespaceKey, s.namespaceKey} {
+		if v, ok := params[k]; ok && k != "" {
+			namespace = v
+			namespaces++
+		}
+	}
+	switch {
+	case names > 1 || namespaces > 1:
+		return "", "", fmt.Errorf("%s secrets specified in parameters with both \"csi\" and %q keys", s.kind, csiParameterPrefix)
+	case names != namespaces:
+		return "", "", fmt.Errorf("either name and namespace for %s secrets specified, Both must be specified", s.kind)
+	case names == 1 && (name == "" || namespace == ""):
+		return "", "", fmt.Errorf("%s secrets specified in parameters but value of either namespace or name is empty", s.kind)
+	}
+	return name, namespace, nil
+}
+
+// Template tokens. The namespace may only use what the claim's user does not control
+// (the PersistentVolume's name, the claim's namespace); the name may also use the claim's
+// name and annotations.
+const (
+	tokenPVName       = "pv.name"
+	tokenPVCName      = "pvc.name"
+	tokenPVCNamespace = "pvc.namespace"
+)
+
+// namespaceTemplateValues are the tokens a secret namespace template may use.
+func namespaceTemplateValues(pvName string, claim *v1.PersistentVolumeClaim) map[string]string {
+	values := map[string]string{tokenPVName: pvName}
+	if claim != nil {
+		values[tokenPVCNamespace] = claim.Namespace
+	}
+	return values
+}
+
+// nameTemplateValues are the tokens a secret name template may use.
+func nameTemplateValues(pvName string, claim *v1.PersistentVolumeClaim) map[string]string {
+	values := namespaceTemplateValues(pvName, claim)
+	if claim != nil {
+		values[tokenPVCName] = claim.Name
+		for k, v := range claim.Annotations {
+			values["pvc.annotations['"+k+"']"] = v
+		}
+	}
+	return values
+}
+
+// secretReference resolves one kind of secret (or the default secret when the kind names
+// none) into a reference; nil when the StorageClass names no secret. The secret is not
+// read here.
+func secretReference(s secretParams, params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (*v1.SecretReference, error) {
+	nameTmpl, nsTmpl, err := secretTemplates(s, params)
+	if err != nil {
+		return nil, fmt.Errorf("failed to get name and namespace template from params: %w", err)
+	}
+	if nameTmpl == "" && nsTmpl == "" {
+		if nameTmpl, nsTmpl, err = secretTemplates(defaultSecret, params); err != nil {
+			return nil, fmt.Errorf("failed to get default name and namespace template from params: %w", err)
+		}
+	}
+	if nameTmpl == "" && nsTmpl == "" {
+		return nil, nil
+	}
+	namespace, err := resolveTemplate(nsTmpl, namespaceTemplateValues(pvName, claim))
+	if err != nil {
+		return nil, fmt.Errorf("error resolving value %q: %w", nsTmpl, err)
+	}
+	if len(validation.IsDNS1123Label(namespace)) > 0 {
+		return nil, fmt.Errorf("%q resolved to %q which is not a valid namespace name", nsTmpl, namespace)
+	}
+	name, err := resolveTemplate(nameTmpl, nameTemplateValues(pvName, claim))
+	if err != nil {
+		return nil, fmt.Errorf("error resolving value %q: %w", nameTmpl, err)
+	}
+	if len(validation.IsDNS1123Subdomain(name)) > 0 {
+		return nil, fmt.Errorf("%q resolved to %q which is not a valid secret name", nameTmpl, name)
+	}
+	return &v1.SecretReference{Name: name, Namespace: namespace}, nil
+}
+
+// resolveTemplate replaces each ${token} in template by its value. A token that is not in
+// values, an unterminated "${", or a "$" followed by a name (shell style, $pvc) is an error,
+// so a template can never reach anything but the tokens it was given. Any other "$" is
+// kept as it is.
+func resolveTemplate(template string, values map[string]string) (string, error) {
+	var out strings.Builder
+	var invalid []string
+	for i := 0; i < len(template); i++ {
+		c := template[i]
+		if c != '$' || i+1 == len(template) {
+			out.WriteByte(c)
+			continue
+		}
+		next := template[i+1]
+		switch {
+		case next == '{':
+			end := strings.IndexByte(template[i+2:], '}')
+			if end < 0 {
+				return "", fmt.Errorf("unterminated token in %q", template)
+			}
+			token := template[i+2 : i+2+end]
+			v, ok := values[token]
+			if !ok {
+				invalid = append(invalid, token)
+			}
+			out.WriteString(v)
+			i += 2 + end
+		case isShellNameByte(next):
+			// os.Expand, which upstream uses, would read this as a variable: refuse it
+			// rather than guess.
+			j := i + 1
+			for j < len(template) && isShellNameByte(template[j]) {
+				j++
+			}
+			invalid = append(invalid, template[i+1:j])
+			i = j - 1
+		default:
+			out.WriteByte(c)
+		}
+	}
+	if len(invalid) > 0 {
+		slices.Sort(invalid)
+		return "", fmt.Errorf("invalid tokens: %q", slices.Compact(invalid))
+	}
+	return out.String(), nil
+}
+
+func isShellNameByte(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// readSecret returns the data of a secret as the strings CSI calls take; nil for no
+// reference. Secret values are never logged.
+func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
+	if ref == nil {
+		return nil, nil
+	}
+	secret, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("error getting secret %s in namespace %s: %w", ref.Name, ref.Namespace, err)
+	}
+	data := make(map[string]string, len(secret.Data))
+	for k, v := range secret.Data {
+		data[k] = string(v)
+	}
+	return data, nil
+}

@@ -1,0 +1,99 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spf13/pflag"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/component-base/featuregate"
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// Sidecar is the provisioner, as the lifecycle core hosts it.
+type Sidecar struct {
+	opts   options
+	getenv func(string) string
+	ctrl   *controller
+}
+
+// New returns the provisioner sidecar.
+func New() *Sidecar { return &Sidecar{getenv: os.Getenv} }
+
+var (
+	_ lifecycle.Sidecar       = &Sidecar{}
+	_ lifecycle.FeatureGated  = &Sidecar{}
+	_ lifecycle.FlagValidator = &Sidecar{}
+)
+
+// Name implements lifecycle.Sidecar.
+func (*Sidecar) Name() string { return "provisioner" }
+
+// AddFlags implements lifecycle.Sidecar.
+func (s *Sidecar) AddFlags(fs *pflag.FlagSet) { s.opts.addFlags(fs) }
+
+// Features implements lifecycle.FeatureGated.
+func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec { return features() }
+
+// ValidateFlags implements lifecycle.FlagValidator.
+func (s *Sidecar) ValidateFlags() error { return s.opts.validate(s.getenv) }
+
+// LeaseName implements lifecycle.Sidecar: upstream's provisioner Lease is named after the
+// driver (the core sanitises it as upstream does, P9).
+func (*Sidecar) LeaseName(driver string) string { return driver }
+
+// Setup implements lifecycle.Sidecar: it builds the controller on every replica, so a
+// standby's caches and queues are warm when it takes over (P7).
+func (s *Sidecar) Setup(env *lifecycle.Env) error {
+	logger := klog.Background().WithValues("sidecar", s.Name())
+	m, err := newControllerMetrics(env.Metrics.GetRegistry())
+	if err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	// Upstream's per-instance identity, recorded in every volume's attributes.
+	identity := strconv.FormatInt(time.Now().UnixMilli(), 10) + "-" + strconv.Itoa(rand.IntN(10000)) + "-" + env.DriverName
+	cfg := config{
+		opts:           s.opts,
+		driver:         env.DriverName,
+		identity:       identity,
+		kube:           env.Kube,
+		csi:            csi.NewControllerClient(env.CSI),
+		ops:            env.Ops(),
+		recorder:       env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: env.DriverName + "_" + env.Identity}),
+		metrics:        m,
+		pluginCaps:     env.PluginCapabilities,
+		controllerCaps: env.ControllerCapabilities,
+		topology:       env.PluginCapabilities[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS] && env.Gates.Enabled(Topology),
+		vac:            env.Gates.Enabled(VolumeAttributesClass),
+	}
+	if s.opts.nodeDeployment {
+		if cfg.node, err = newNodeDeployment(env.Ops(), s.opts, csi.NewNodeClient(env.CSI)); err != nil {
+			return err
+		}
+		cfg.identity += "-" + s.opts.nodeName
+	}
+	if err := checkCapabilities(env.PluginCapabilities, env.ControllerCapabilities, false); err != nil {
+		// Upstream starts anyway and reports it on every claim; so do we.
+		logger.Error(err, "The driver cannot provision volumes; claims will get events saying so")
+	}
+	if s.opts.enableCapacity {
+		logger.Info("--enable-capacity is accepted but capacity tracking is not implemented yet: no CSIStorageCapacity objects are published")
+	}
+	s.ctrl, err = newController(cfg, env.Informers)
+	return err
+}
+
+// Run implements lifecycle.Sidecar: it works the claim and volume queues until intake
+// ends and every operation in flight has finished on Ops() (P1).
+func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
+	s.ctrl.run(intake)
+	return nil
+}

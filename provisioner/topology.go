@@ -1,0 +1,263 @@
+package provisioner
+
+import (
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+)
+
+// term is one topology segment: key/value pairs that hold together (AND).
+type term map[string]string
+
+// id is a canonical form of a term: "k1#v1,k2#v2" with keys sorted. It orders terms and
+// finds duplicates.
+func (t term) id() string {
+	parts := make([]string, 0, len(t))
+	for k, v := range t {
+		parts = append(parts, k+"#"+v)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+// contains tells whether every pair of t is also in other.
+func (t term) containedIn(other term) bool {
+	for k, v := range t {
+		if other[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// topologyInput is what the accessibility requirement of a new volume depends on, read
+// from the listers by the caller.
+type topologyInput struct {
+	driver    string
+	claimName string
+	// allowed are the StorageClass's allowedTopologies.
+	allowed []v1.TopologySelectorTerm
+	// selectedNode and selectedCSINode are set for delayed binding (the scheduler's
+	// choice); both nil for immediate binding.
+	selectedNode    *v1.Node
+	selectedCSINode *storagev1.CSINode
+	// csiNodes and nodes are the cluster's, to aggregate topologies from.
+	csiNodes []*storagev1.CSINode
+	nodes    []*v1.Node
+	// strict passes only the selected node's topology; immediate passes the aggregated
+	// topology of the cluster for immediate binding (else no requirement).
+	strict, immediate bool
+}
+
+// accessibilityRequirements computes the TopologyRequirement of CreateVolume as upstream:
+// requisite from allowedTopologies, else from the topology of every node that carries the
+// driver's topology keys (or only the selected node with strict topology); preferred is the
+// requisite list starting with the selected node's segment, or, with no node selected,
+// shifted by a hash of the claim name so that a StatefulSet's volumes spread. nil means no
+// requirement.
+func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, error) {
+	var selected term
+	var requisite []term
+	if in.selectedNode != nil {
+		keys := topologyKeys(in.selectedCSINode, in.driver)
+		if len(keys) == 0 {
+			// The driver has not registered on that node (yet): the scheduler should try
+			// again, perhaps elsewhere.
+			return nil, fmt.Errorf("no topology key found on CSINode %s", in.selectedNode.Name)
+		}
+		var ok bool
+		if selected, ok = nodeTerm(in.selectedNode, keys); !ok {
+			return nil, fmt.Errorf("topology labels from selected node %v does not match topology keys from CSINode %v", in.selectedNode.Labels, keys)
+		}
+		if in.strict {
+			if len(in.allowed) > 0 && !slices.ContainsFunc(flatten(in.allowed), func(t term) bool { return t.containedIn(selected) }) {
+				return nil, fmt.Errorf("selected node %q topology %v is not in allowed topologies: %v", in.selectedNode.Name, selected, flatten(in.allowed))
+			}
+			requisite = []term{selected}
+		}
+	}
+	if len(requisite) == 0 {
+		switch {
+		case len(in.allowed) > 0:
+			requisite = flatten(in.allowed)
+		case in.selectedNode == nil && !in.immediate:
+			return nil, nil
+		default:
+			var err error
+			if requisite, err = aggregate(in); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(requisite) == 0 {
+		return nil, nil
+	}
+	requisite = sortedUnique(requisite)
+
+	var preferred []term
+	switch {
+	case in.selectedNode == nil:
+		hash, index := claimNameHash(in.claimName)
+		preferred = rotate(requisite, int((hash+index)%uint32(len(requisite))))
+	case in.strict:
+		preferred = requisite
+	default:
+		i := slices.IndexFunc(requisite, func(t term) bool { return t.id() == selected.id() })
+		if i < 0 {
+			return nil, fmt.Errorf("topology %v from selected node %q is not in requisite: %v", selected, in.selectedNode.Name, requisite)
+		}
+		preferred = rotate(requisite, i)
+	}
+	return &csi.TopologyRequirement{Requisite: toCSI(requisite), Preferred: toCSI(preferred)}, nil
+}
+
+// aggregate collects the segments of every node that has the driver's topology keys: the
+// keys of the selected node, or with none selected those of the first CSINode (by name)
+// that lists the driver with keys.
+func aggregate(in topologyInput) ([]term, error) {
+	var keys []string
+	if in.selectedNode != nil {
+		keys = topologyKeys(in.selectedCSINode, in.driver)
+	} else {
+		csiNodes := slices.Clone(in.csiNodes)
+		slices.SortFunc(csiNodes, func(a, b *storagev1.CSINode) int { return strings.Compare(a.Name, b.Name) })
+		for _, n := range csiNodes {
+			if keys = topologyKeys(n, in.driver); len(keys) > 0 {
+				break
+			}
+		}
+		if len(keys) == 0 {
+			// No node reported topology for the driver: provision without.
+			return nil, nil
+		}
+	}
+	var terms []term
+	for _, n := range in.nodes {
+		if t, ok := nodeTerm(n, keys); ok {
+			terms = append(terms, t)
+		}
+	}
+	if len(terms) == 0 {
+		return nil, fmt.Errorf("topologyKeys %v were not found on any nodes", keys)
+	}
+	return terms, nil
+}
+
+// topologyKeys are the keys the driver registered on a node.
+func topologyKeys(n *storagev1.CSINode, driver string) []string {
+	if n == nil {
+		return nil
+	}
+	for _, d := range n.Spec.Drivers {
+		if d.Name == driver {
+			return d.TopologyKeys
+		}
+	}
+	return nil
+}
+
+// nodeTerm is the node's segment for keys; false if a label is missing.
+func nodeTerm(n *v1.Node, keys []string) (term, bool) {
+	t := term{}
+	for _, k := range keys {
+		v, ok := n.Labels[k]
+		if !ok {
+			return nil, false
+		}
+		t[k] = v
+	}
+	return t, true
+}
+
+// flatten turns allowedTopologies (an OR of terms, each an AND of keys, each an OR of
+// values) into an OR of segments by distributing the value ORs: {zone: [a, b], rack: [1]}
+// becomes {zone: a, rack: 1} OR {zone: b, rack: 1}.
+func flatten(allowed []v1.TopologySelectorTerm) []term {
+	var out []term
+	for _, st := range allowed {
+		terms := []term{{}}
+		for _, expr := range st.MatchLabelExpressions {
+			var next []term
+			for _, t := range terms {
+				for _, v := range expr.Values {
+					n := maps.Clone(t)
+					n[expr.Key] = v
+					next = append(next, n)
+				}
+			}
+			terms = next
+		}
+		for _, t := range terms {
+			if len(t) > 0 {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
+// sortedUnique sorts terms by id and removes duplicates.
+func sortedUnique(terms []term) []term {
+	out := slices.Clone(terms)
+	slices.SortFunc(out, func(a, b term) int { return strings.Compare(a.id(), b.id()) })
+	return slices.CompactFunc(out, func(a, b term) bool { return a.id() == b.id() })
+}
+
+// rotate returns terms starting at index i, wrapping around.
+func rotate(terms []term, i int) []term {
+	return append(slices.Clone(terms[i:]), terms[:i]...)
+}
+
+func toCSI(terms []term) []*csi.Topology {
+	out := make([]*csi.Topology, 0, len(terms))
+	for _, t := range terms {
+		out = append(out, &csi.Topology{Segments: maps.Clone(t)})
+	}
+	return out
+}
+
+// claimNameHash spreads the volumes of a StatefulSet over the requisite segments as the
+// in-tree provisioners do: claims named <claim>-<set>-<ordinal> hash only <set> and are
+// offset by the ordinal, so one pod's claims land together and the ordinals round-robin.
+func claimNameHash(name string) (hash, index uint32) {
+	base := name
+	if dash := strings.LastIndexByte(name, '-'); dash >= 0 {
+		if ordinal, err := strconv.ParseUint(name[dash+1:], 10, 32); err == nil {
+			index = uint32(ordinal)
+			base = name[:dash]
+			if dash := strings.LastIndexByte(base, '-'); dash >= 0 {
+				base = base[dash+1:]
+			}
+		}
+	}
+	h := fnv.New32()
+	h.Write([]byte(base))
+	return h.Sum32(), index
+}
+
+// nodeAffinity makes the PersistentVolume's node affinity from the topology CreateVolume
+// returned: one term per segment, nil for none.
+func nodeAffinity(accessible []*csi.Topology) *v1.VolumeNodeAffinity {
+	var terms []v1.NodeSelectorTerm
+	for _, t := range accessible {
+		if len(t.GetSegments()) == 0 {
+			continue
+		}
+		var exprs []v1.NodeSelectorRequirement
+		for _, k := range slices.Sorted(maps.Keys(t.GetSegments())) {
+			exprs = append(exprs, v1.NodeSelectorRequirement{Key: k, Operator: v1.NodeSelectorOpIn, Values: []string{t.GetSegments()[k]}})
+		}
+		terms = append(terms, v1.NodeSelectorTerm{MatchExpressions: exprs})
+	}
+	if len(terms) == 0 {
+		return nil
+	}
+	return &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: terms}}
+}

@@ -1,0 +1,210 @@
+package provisioner
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	zoneKey = "example.com/zone"
+	rackKey = "example.com/rack"
+	drv     = "drv.example.com"
+)
+
+func node(name string, labels map[string]string) *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+func csiNode(name string, keys ...string) *storagev1.CSINode {
+	return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{
+		Drivers: []storagev1.CSINodeDriver{{Name: "other"}, {Name: drv, NodeID: name, TopologyKeys: keys}},
+	}}
+}
+
+func topo(pairs ...string) *csi.Topology {
+	t := &csi.Topology{Segments: map[string]string{}}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		t.Segments[pairs[i]] = pairs[i+1]
+	}
+	return t
+}
+
+func TestAccessibilityRequirements(t *testing.T) {
+	n1 := node("n1", map[string]string{zoneKey: "z1"})
+	n2 := node("n2", map[string]string{zoneKey: "z2"})
+	n3 := node("n3", map[string]string{zoneKey: "z3"})
+	nUnlabelled := node("n4", map[string]string{})
+	cluster := topologyInput{
+		driver:    drv,
+		claimName: "data",
+		csiNodes:  []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3", zoneKey)},
+		nodes:     []*v1.Node{n1, n2, n3, nUnlabelled},
+		immediate: true,
+	}
+	with := func(change func(*topologyInput)) topologyInput {
+		in := cluster
+		change(&in)
+		return in
+	}
+	allowed := []v1.TopologySelectorTerm{{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{
+		{Key: zoneKey, Values: []string{"z2", "z1"}},
+	}}}
+	for _, tc := range []struct {
+		name    string
+		in      topologyInput
+		want    *csi.TopologyRequirement
+		wantErr string
+	}{
+		{
+			name: "delayed binding: every zone, selected first",
+			in:   with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = n2, csiNode("n2", zoneKey) }),
+			want: &csi.TopologyRequirement{
+				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z3")},
+				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z1")},
+			},
+		},
+		{
+			name: "delayed binding, strict: only the selected node",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.strict = n2, csiNode("n2", zoneKey), true
+			}),
+			want: &csi.TopologyRequirement{Requisite: []*csi.Topology{topo(zoneKey, "z2")}, Preferred: []*csi.Topology{topo(zoneKey, "z2")}},
+		},
+		{
+			name: "delayed binding, strict: selected node outside allowed topologies",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.strict, in.allowed = n3, csiNode("n3", zoneKey), true, allowed
+			}),
+			wantErr: "is not in allowed topologies",
+		},
+		{
+			name: "delayed binding with allowed topologies",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.allowed = n2, csiNode("n2", zoneKey), allowed
+			}),
+			want: &csi.TopologyRequirement{
+				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
+				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+			},
+		},
+		{
+			name:    "selected node without the driver's keys",
+			in:      with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = n2, csiNode("n2") }),
+			wantErr: "no topology key found",
+		},
+		{
+			name:    "selected node without the topology label",
+			in:      with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = nUnlabelled, csiNode("n4", zoneKey) }),
+			wantErr: "does not match topology keys",
+		},
+		{
+			name: "immediate binding: aggregated, preferred rotated by the claim name hash",
+			in:   cluster,
+			want: func() *csi.TopologyRequirement {
+				h, i := claimNameHash("data")
+				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z3")}
+				s := int((h + i) % 3)
+				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
+			}(),
+		},
+		{
+			name: "immediate binding without --immediate-topology: no requirement",
+			in:   with(func(in *topologyInput) { in.immediate = false }),
+			want: nil,
+		},
+		{
+			name: "immediate binding, allowed topologies even without --immediate-topology",
+			in:   with(func(in *topologyInput) { in.immediate, in.allowed, in.claimName = false, allowed, "" }),
+			want: func() *csi.TopologyRequirement {
+				h, i := claimNameHash("")
+				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")}
+				s := int((h + i) % 2)
+				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
+			}(),
+		},
+		{
+			name: "no node registered topology: no requirement",
+			in:   with(func(in *topologyInput) { in.csiNodes = []*storagev1.CSINode{csiNode("n1")} }),
+			want: nil,
+		},
+		{
+			name:    "keys registered but no node carries them",
+			in:      with(func(in *topologyInput) { in.nodes = []*v1.Node{nUnlabelled} }),
+			wantErr: "were not found on any nodes",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := accessibilityRequirements(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("requirement (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestFlattenDistributesValuesOverKeys(t *testing.T) {
+	got := sortedUnique(flatten([]v1.TopologySelectorTerm{
+		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{
+			{Key: zoneKey, Values: []string{"z1", "z2"}},
+			{Key: rackKey, Values: []string{"r1", "r2"}},
+		}},
+		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z1"}}}},
+		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z1"}}}},
+	}))
+	want := []term{
+		{rackKey: "r1", zoneKey: "z1"}, {rackKey: "r1", zoneKey: "z2"},
+		{rackKey: "r2", zoneKey: "z1"}, {rackKey: "r2", zoneKey: "z2"},
+		{zoneKey: "z1"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("terms (-want +got):\n%s", diff)
+	}
+}
+
+func TestClaimNameHashKeepsAStatefulSetPodsClaimsTogetherAndSpreadsOrdinals(t *testing.T) {
+	hData0, i0 := claimNameHash("data-web-0")
+	hLogs0, _ := claimNameHash("logs-web-0")
+	hData1, i1 := claimNameHash("data-web-1")
+	if hData0 != hLogs0 || hData0 != hData1 {
+		t.Errorf("claims of one StatefulSet hash differently: %d %d %d", hData0, hLogs0, hData1)
+	}
+	if i0 != 0 || i1 != 1 {
+		t.Errorf("ordinals %d %d, want 0 1", i0, i1)
+	}
+	if h, i := claimNameHash("plain"); i != 0 || h == hData0 {
+		t.Errorf("plain name: hash %d index %d", h, i)
+	}
+}
+
+func TestNodeAffinityHasOneTermPerAccessibleSegment(t *testing.T) {
+	got := nodeAffinity([]*csi.Topology{topo(zoneKey, "z1", rackKey, "r1"), topo(), topo(zoneKey, "z2")})
+	want := &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{
+			{Key: rackKey, Operator: v1.NodeSelectorOpIn, Values: []string{"r1"}},
+			{Key: zoneKey, Operator: v1.NodeSelectorOpIn, Values: []string{"z1"}},
+		}},
+		{MatchExpressions: []v1.NodeSelectorRequirement{{Key: zoneKey, Operator: v1.NodeSelectorOpIn, Values: []string{"z2"}}}},
+	}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("affinity (-want +got):\n%s", diff)
+	}
+	if nodeAffinity(nil) != nil {
+		t.Error("no topology must give no affinity")
+	}
+}
