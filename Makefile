@@ -7,10 +7,13 @@ BIN := _output/bin
 # a time on a 2-core machine.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help build image test test-unit test-e2e testenv lint clean
+.PHONY: help demo build image test test-unit test-e2e testenv lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+demo: build testenv ## the main job, live: 2 replicas per sidecar, SIGTERM each leader mid-flight, a summary table
+	$(GO) run ./test/demo --bin $(BIN)/csi-sidecars $(DEMO_FLAGS)
 
 build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/csi-sidecars ./cmd/csi-sidecars
