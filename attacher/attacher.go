@@ -1,43 +1,168 @@
-// Package attacher is the csi-sidecars attacher, the drop-in for upstream external-attacher, hosted by
-// the lifecycle core. It never handles signals, Leases or process exit.
+// Package attacher is the csi-sidecars attacher, the drop-in for upstream external-attacher
+// v4.13, hosted by the lifecycle core. It owns the VolumeAttachments of one CSI driver:
+// it publishes and unpublishes their volumes (ControllerPublishVolume and
+// ControllerUnpublishVolume), keeps the finalizers that make Kubernetes wait for that on
+// VolumeAttachments and PersistentVolumes, records the outcome in their status, and
+// reconciles them with the driver's ListVolumes. Flags, defaults, finalizer, annotation,
+// Lease and queue names are upstream's (P9).
 //
-// Not implemented yet: the subcommand exists so the binary's shape is final; it refuses
-// to start with a clear error until its own issue lands.
+// Every CSI call and the API writes that record its result run on the core's Ops()
+// context, never on intake (P1): a SIGTERM lets them finish and be recorded.
+//
+// It never handles signals, Leases or process exit, and keeps no package-level state.
+//
+// Where it differs from upstream, on purpose and invisibly to users of the API: every
+// write is a strategic merge patch of only what changed (none when nothing did), and a
+// detach whose finalizer removal deletes the VolumeAttachment skips the status write that
+// would be visible for an instant only; see patch.go.
 package attacher
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/pflag"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/component-base/featuregate"
+	csitrans "k8s.io/csi-translation-lib"
+	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
+// MutableCSINodeAllocatableCount records the gRPC code of a failed attach in
+// status.attachError.errorCode, as upstream's gate of the same name.
+const MutableCSINodeAllocatableCount featuregate.Feature = "MutableCSINodeAllocatableCount"
+
 // Sidecar is the attacher.
-type Sidecar struct{}
+type Sidecar struct {
+	opts options
+	ctrl *Controller
+}
+
+// options are the attacher's own flags.
+type options struct {
+	timeout            time.Duration
+	workerThreads      uint
+	resync             time.Duration
+	retryIntervalStart time.Duration
+	retryIntervalMax   time.Duration
+	maxEntries         int
+	reconcileSync      time.Duration
+	defaultFSType      string
+	maxGRPCLogLength   int
+}
 
 // New returns the attacher sidecar.
 func New() *Sidecar { return &Sidecar{} }
 
-var _ lifecycle.Sidecar = &Sidecar{}
+var (
+	_ lifecycle.Sidecar       = &Sidecar{}
+	_ lifecycle.FlagValidator = &Sidecar{}
+	_ lifecycle.FeatureGated  = &Sidecar{}
+)
 
 // Name implements lifecycle.Sidecar.
 func (*Sidecar) Name() string { return "attacher" }
 
-// AddFlags implements lifecycle.Sidecar.
-func (*Sidecar) AddFlags(*pflag.FlagSet) {}
-
-// LeaseName implements lifecycle.Sidecar with upstream's Lease name.
-func (*Sidecar) LeaseName(driver string) string { return "external-attacher-leader-" + driver }
-
-// ValidateFlags implements lifecycle.FlagValidator: it refuses to start.
-func (*Sidecar) ValidateFlags() error {
-	return errors.New("csi-sidecars attacher is not implemented yet")
+// AddFlags implements lifecycle.Sidecar with upstream's flags and defaults.
+func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
+	o := &s.opts
+	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Timeout for waiting for attaching or detaching the volume.")
+	fs.UintVar(&o.workerThreads, "worker-threads", 10, "Number of attacher worker threads")
+	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "Resync interval of the controller.")
+	fs.DurationVar(&o.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of failed create volume or deletion. It doubles with each failure, up to retry-interval-max.")
+	fs.DurationVar(&o.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of failed create volume or deletion.")
+	fs.IntVar(&o.maxEntries, "max-entries", 0, "Max entries per each page in volume lister call, 0 means no limit.")
+	fs.DurationVar(&o.reconcileSync, "reconcile-sync", time.Minute, "Resync interval of the VolumeAttachment reconciler.")
+	fs.StringVar(&o.defaultFSType, "default-fstype", "", "The default filesystem type of the volume to publish. Defaults to empty string")
+	fs.IntVar(&o.maxGRPCLogLength, "max-grpc-log-length", -1, "The maximum amount of characters logged for every grpc responses. Defaults to no limit")
 }
 
-// Setup implements lifecycle.Sidecar.
-func (*Sidecar) Setup(*lifecycle.Env) error { return errors.New("not implemented yet") }
+// ValidateFlags implements lifecycle.FlagValidator.
+func (s *Sidecar) ValidateFlags() error {
+	o := s.opts
+	switch {
+	case o.workerThreads == 0:
+		return errors.New("--worker-threads must be greater than zero")
+	case o.timeout <= 0:
+		return fmt.Errorf("--timeout must be positive, got %v", o.timeout)
+	case o.retryIntervalStart <= 0:
+		return fmt.Errorf("--retry-interval-start must be positive, got %v", o.retryIntervalStart)
+	case o.retryIntervalMax < o.retryIntervalStart:
+		return fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", o.retryIntervalMax, o.retryIntervalStart)
+	case o.maxEntries < 0:
+		return fmt.Errorf("--max-entries must not be negative, got %d", o.maxEntries)
+	case o.reconcileSync <= 0:
+		return fmt.Errorf("--reconcile-sync must be positive, got %v", o.reconcileSync)
+	case o.resync < 0:
+		return fmt.Errorf("--resync must not be negative, got %v", o.resync)
+	}
+	return nil
+}
 
-// Run implements lifecycle.Sidecar.
-func (*Sidecar) Run(context.Context, *lifecycle.Env) error { return errors.New("not implemented yet") }
+// Features implements lifecycle.FeatureGated.
+func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
+	return map[featuregate.Feature]featuregate.FeatureSpec{
+		MutableCSINodeAllocatableCount: {Default: true, PreRelease: featuregate.GA},
+	}
+}
+
+// LeaseName implements lifecycle.Sidecar with upstream's Lease name; the core sanitises it.
+func (*Sidecar) LeaseName(driver string) string { return "external-attacher-leader-" + driver }
+
+// Setup implements lifecycle.Sidecar: it picks the handler from the driver's capabilities
+// and registers the controller's informers, on every replica.
+func (s *Sidecar) Setup(env *lifecycle.Env) error {
+	cfg := s.config(env)
+	logger := klog.FromContext(env.Ops())
+	switch {
+	case cfg.trivial:
+		logger.Info("CSI driver cannot publish volumes: marking every VolumeAttachment attached (trivial handler)", "driver", env.DriverName)
+	case cfg.reconcile:
+		logger.Info("CSI driver lists published nodes: reconciling VolumeAttachments with it", "driver", env.DriverName, "reconcileSync", cfg.reconcileSync)
+	}
+	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "csi-attacher " + env.DriverName})
+	ctrl, err := newController(cfg, env.Kube, env.Informers, env.CSI, recorder, csitrans.New(), env.Ops())
+	if err != nil {
+		return err
+	}
+	s.ctrl = ctrl
+	return nil
+}
+
+// config is the controller's configuration from the flags and the driver's capabilities.
+func (s *Sidecar) config(env *lifecycle.Env) config {
+	caps := env.ControllerCapabilities
+	publish := env.PluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] &&
+		caps[csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME]
+	return config{
+		driver:                env.DriverName,
+		timeout:               s.opts.timeout,
+		workers:               int(s.opts.workerThreads),
+		resync:                s.opts.resync,
+		retryIntervalStart:    s.opts.retryIntervalStart,
+		retryIntervalMax:      s.opts.retryIntervalMax,
+		maxEntries:            s.opts.maxEntries,
+		reconcileSync:         s.opts.reconcileSync,
+		defaultFSType:         s.opts.defaultFSType,
+		maxGRPCLogLength:      s.opts.maxGRPCLogLength,
+		trivial:               !publish,
+		publishReadOnly:       caps[csi.ControllerServiceCapability_RPC_PUBLISH_READONLY],
+		singleNodeMultiWriter: caps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
+		reconcile: caps[csi.ControllerServiceCapability_RPC_LIST_VOLUMES] &&
+			caps[csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES],
+		errorCodes: env.Gates != nil && env.Gates.Enabled(MutableCSINodeAllocatableCount),
+	}
+}
+
+// Run implements lifecycle.Sidecar: it works while this replica leads and returns once
+// intake ended and every in-flight operation was recorded.
+func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
+	s.ctrl.run(intake)
+	return nil
+}

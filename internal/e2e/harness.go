@@ -67,7 +67,7 @@ func Main(m *testing.M, root string, kube *controlplane.Shared, binDir *string) 
 // Scenario is one test's world: its own namespace, a test CSI driver named after it (so
 // its own Leases), a socket on that driver per replica, and the processes it started.
 type Scenario struct {
-	T         *testing.T
+	T         testing.TB
 	CP        *controlplane.ControlPlane
 	Client    kubernetes.Interface
 	Namespace string
@@ -78,7 +78,7 @@ type Scenario struct {
 }
 
 // NewScenario creates the namespace (named after the test) and the driver.
-func NewScenario(t *testing.T, cp *controlplane.ControlPlane, binDir string, cfg testdriver.Config) *Scenario {
+func NewScenario(t testing.TB, cp *controlplane.ControlPlane, binDir string, cfg testdriver.Config) *Scenario {
 	t.Helper()
 	client := kubernetes.NewForConfigOrDie(cp.Config())
 	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
@@ -176,7 +176,7 @@ func (s *Scenario) Start(name string, command []string, extra ...string) *Replic
 }
 
 // Signal sends sig to the replica and returns when it was sent.
-func (r *Replica) Signal(t *testing.T, sig syscall.Signal) time.Time {
+func (r *Replica) Signal(t testing.TB, sig syscall.Signal) time.Time {
 	t.Helper()
 	at := time.Now()
 	if err := r.cmd.Process.Signal(sig); err != nil {
@@ -186,7 +186,7 @@ func (r *Replica) Signal(t *testing.T, sig syscall.Signal) time.Time {
 }
 
 // Wait waits for the replica to exit and returns its exit code.
-func (r *Replica) Wait(t *testing.T, timeout time.Duration) int {
+func (r *Replica) Wait(t testing.TB, timeout time.Duration) int {
 	t.Helper()
 	select {
 	case <-r.Done:
@@ -212,7 +212,7 @@ func (r *Replica) Stderr() string { return r.stderr.String() }
 
 // WaitReady waits until /readyz answers 200: the replica is connected, set up, and its
 // caches are synced.
-func (r *Replica) WaitReady(t *testing.T) {
+func (r *Replica) WaitReady(t testing.TB) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
 		if !r.Running() {
@@ -309,7 +309,7 @@ func Running(calls []testdriver.Call) int {
 }
 
 // FreePort returns a TCP port free on 127.0.0.1 a moment ago.
-func FreePort(t *testing.T) string {
+func FreePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -333,7 +333,7 @@ func ExitCode(err error) int {
 }
 
 // WriteKubeconfig writes a kubeconfig for server (which may not be there) into dir.
-func WriteKubeconfig(t *testing.T, dir, server string) string {
+func WriteKubeconfig(t testing.TB, dir, server string) string {
 	t.Helper()
 	path := filepath.Join(dir, "unreachable.kubeconfig")
 	content := fmt.Sprintf(`apiVersion: v1

@@ -1,0 +1,332 @@
+package attacher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/component-base/featuregate"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// The flags, their defaults and the Lease name are upstream external-attacher's (P9).
+func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
+	fs := pflag.NewFlagSet("attacher", pflag.ContinueOnError)
+	New().AddFlags(fs)
+	want := map[string]string{
+		"timeout":              "15s",
+		"worker-threads":       "10",
+		"resync":               "10m0s",
+		"retry-interval-start": "1s",
+		"retry-interval-max":   "5m0s",
+		"max-entries":          "0",
+		"reconcile-sync":       "1m0s",
+		"default-fstype":       "",
+		"max-grpc-log-length":  "-1",
+	}
+	for name, def := range want {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("flag --%s missing", name)
+			continue
+		}
+		if f.DefValue != def {
+			t.Errorf("--%s default %q, want %q", name, f.DefValue, def)
+		}
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := want[f.Name]; !ok {
+			t.Errorf("flag --%s is not upstream's", f.Name)
+		}
+	})
+	if got := lifecycle.SanitizeName(New().LeaseName("csi.example.com")); got != "external-attacher-leader-csi-example-com" {
+		t.Errorf("Lease name %q", got)
+	}
+	if got := finalizerName("csi.example.com"); got != "external-attacher/csi-example-com" {
+		t.Errorf("finalizer %q", got)
+	}
+	spec := New().Features()[MutableCSINodeAllocatableCount]
+	if !spec.Default || spec.PreRelease != featuregate.GA {
+		t.Errorf("MutableCSINodeAllocatableCount %+v, want GA and on", spec)
+	}
+}
+
+func TestValidateFlags(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{nil, ""},
+		{[]string{"--worker-threads=0"}, "--worker-threads"},
+		{[]string{"--timeout=0"}, "--timeout"},
+		{[]string{"--retry-interval-start=0"}, "--retry-interval-start"},
+		{[]string{"--retry-interval-start=10s", "--retry-interval-max=1s"}, "--retry-interval-max"},
+		{[]string{"--max-entries=-1"}, "--max-entries"},
+		{[]string{"--reconcile-sync=0"}, "--reconcile-sync"},
+		{[]string{"--resync=-1s"}, "--resync"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			s := New()
+			fs := pflag.NewFlagSet("attacher", pflag.ContinueOnError)
+			s.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := s.ValidateFlags()
+			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("error %v, want one naming %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// What the driver reports decides the handler, readonly, access modes and the reconciler.
+func TestConfigFromCapabilities(t *testing.T) {
+	controller := rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true}
+	caps := func(c ...csi.ControllerServiceCapability_RPC_Type) rpc.ControllerCapabilitySet {
+		set := rpc.ControllerCapabilitySet{}
+		for _, x := range c {
+			set[x] = true
+		}
+		return set
+	}
+	const (
+		publish  = csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME
+		readonly = csi.ControllerServiceCapability_RPC_PUBLISH_READONLY
+		snmw     = csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER
+		list     = csi.ControllerServiceCapability_RPC_LIST_VOLUMES
+		nodes    = csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES
+	)
+	tests := []struct {
+		name   string
+		plugin rpc.PluginCapabilitySet
+		caps   rpc.ControllerCapabilitySet
+		want   config
+	}{
+		{"no controller service: trivial", rpc.PluginCapabilitySet{}, caps(publish), config{trivial: true}},
+		{"no PUBLISH_UNPUBLISH_VOLUME: trivial", controller, caps(list, nodes), config{trivial: true, reconcile: true}},
+		{"publish only", controller, caps(publish), config{}},
+		{"readonly and single-node multi-writer", controller, caps(publish, readonly, snmw), config{publishReadOnly: true, singleNodeMultiWriter: true}},
+		{"LIST_VOLUMES without published nodes: no reconciler", controller, caps(publish, list), config{}},
+		{"LIST_VOLUMES with published nodes: reconciler", controller, caps(publish, list, nodes), config{reconcile: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := New().config(&lifecycle.Env{PluginCapabilities: tc.plugin, ControllerCapabilities: tc.caps})
+			if got.trivial != tc.want.trivial || got.publishReadOnly != tc.want.publishReadOnly ||
+				got.singleNodeMultiWriter != tc.want.singleNodeMultiWriter || got.reconcile != tc.want.reconcile {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestShouldEnqueueVAChange(t *testing.T) {
+	base := newVA("va", "pv")
+	base.ResourceVersion = "1"
+	change := func(mutate func(*storagev1.VolumeAttachment)) *storagev1.VolumeAttachment {
+		va := base.DeepCopy()
+		va.ResourceVersion = "2"
+		mutate(va)
+		return va
+	}
+	withAttachError := change(func(va *storagev1.VolumeAttachment) { va.Status.AttachError = &storagev1.VolumeError{Message: "x"} })
+	tests := []struct {
+		name     string
+		old, new *storagev1.VolumeAttachment
+		want     bool
+	}{
+		{"periodic resync", base, base.DeepCopy(), true},
+		{"spec or metadata change", base, change(func(va *storagev1.VolumeAttachment) { va.Finalizers = []string{"f"} }), true},
+		{"only our attachError was written", base, withAttachError, false},
+		{"only our detachError was written", base, change(func(va *storagev1.VolumeAttachment) { va.Status.DetachError = &storagev1.VolumeError{Message: "x"} }), false},
+		{"error and deletion at once", base, change(func(va *storagev1.VolumeAttachment) {
+			va.Status.AttachError = &storagev1.VolumeError{Message: "x"}
+			deleting(va)
+		}), true},
+		{"error cleared with attached", withAttachError, change(func(va *storagev1.VolumeAttachment) { va.ResourceVersion = "3"; va.Status.Attached = true }), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := shouldEnqueueVAChange(tc.old, tc.new); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodeIDFromNode(t *testing.T) {
+	tests := []struct {
+		annotation string
+		want       string
+		ok         bool
+	}{
+		{`{"` + testDriver + `":"id-1","other":"x"}`, "id-1", true},
+		{`{"other":"x"}`, "", false},
+		{`not json`, "", false},
+		{`{"` + testDriver + `":""}`, "", false},
+	}
+	for _, tc := range tests {
+		got, ok := nodeIDFromNode(testDriver, nodeWithIDs(tc.annotation))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: got %q %v, want %q %v", tc.annotation, got, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := nodeIDFromNode(testDriver, &corev1.Node{}); ok {
+		t.Error("found an ID without the annotation")
+	}
+}
+
+func TestIsFinalError(t *testing.T) {
+	for code, want := range map[codes.Code]bool{
+		codes.Canceled: false, codes.DeadlineExceeded: false, codes.Unavailable: false,
+		codes.ResourceExhausted: false, codes.Aborted: false,
+		codes.NotFound: true, codes.InvalidArgument: true, codes.Internal: true,
+		codes.FailedPrecondition: true, codes.AlreadyExists: true, codes.Unknown: true,
+	} {
+		if got := isFinalError(status.Error(code, "x")); got != want {
+			t.Errorf("%v: final %v, want %v", code, got, want)
+		}
+	}
+	if isFinalError(errors.New("not from the driver")) {
+		t.Error("a non-gRPC error counts as final")
+	}
+}
+
+func TestVolumeError(t *testing.T) {
+	now := metav1.Now()
+	if ve := volumeError(status.Error(codes.NotFound, "gone"), true, now); ve.ErrorCode == nil || *ve.ErrorCode != 5 || ve.Message != "rpc error: code = NotFound desc = gone" {
+		t.Errorf("%+v", ve)
+	}
+	if ve := volumeError(fmt.Errorf("plain"), true, now); ve.ErrorCode != nil && *ve.ErrorCode != int32(codes.Unknown) {
+		t.Errorf("non-gRPC error: %+v", ve)
+	}
+	if ve := volumeError(status.Error(codes.NotFound, "gone"), false, now); ve.ErrorCode != nil {
+		t.Errorf("gate off: %+v", ve)
+	}
+}
+
+// P1: intake ending does not cancel an in-flight publish; Run returns only after the
+// publish finished and its result was recorded, and nothing queued is started after.
+func TestRunFinishesInFlightPublishAfterIntakeEnds(t *testing.T) {
+	backend, err := testdriver.New(testdriver.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := csi.NewControllerClient(serve(t, backend))
+	id1, id2 := createVolume(t, client, "vol-1"), createVolume(t, client, "vol-2")
+	backend.SetMethodLatency(testdriver.MethodControllerPublishVolume, 500*time.Millisecond)
+	cfg := defaultConfig()
+	cfg.workers = 1
+	f := newFixture(t, cfg, backend, newPV("pv-1", id1), newPV("pv-2", id2), newVA("va-1", "pv-1"), newVA("va-2", "pv-2"), newCSINode(testNode, testNodeID))
+
+	intake, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.ctrl.run(intake); close(done) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := backend.WaitFor(ctx, func(c []testdriver.Call) bool {
+		return countCalls(c, testdriver.MethodControllerPublishVolume) == 1
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after intake ended")
+	}
+	var attached int
+	for _, name := range []string{"va-1", "va-2"} {
+		if f.va(name).Status.Attached {
+			attached++
+		}
+	}
+	calls := backend.Journal()
+	if n := countCalls(calls, testdriver.MethodControllerPublishVolume); n != 1 || attached != 1 {
+		t.Errorf("%d publishes, %d attached; want the one in flight finished and recorded, the other not started", n, attached)
+	}
+	for _, c := range calls {
+		if c.Method == testdriver.MethodControllerPublishVolume && (c.Canceled || !c.CallerGone.IsZero() || c.Code != "OK") {
+			t.Errorf("in-flight publish: %+v", c)
+		}
+	}
+}
+
+// The reconciler forces a sync of VolumeAttachments the driver disagrees with, paging
+// through ListVolumes by --max-entries; the forced sync publishes again.
+func TestReconcilerRepairsDisagreement(t *testing.T) {
+	backend, err := testdriver.New(testdriver.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := csi.NewControllerClient(serve(t, backend))
+	ids := []string{createVolume(t, client, "a"), createVolume(t, client, "b"), createVolume(t, client, "c")}
+	cfg := defaultConfig()
+	cfg.maxEntries = 1
+	objs := []runtime.Object{newCSINode(testNode, testNodeID)}
+	for i, id := range ids {
+		objs = append(objs, newPV(fmt.Sprintf("pv-%d", i), id), newVA(fmt.Sprintf("va-%d", i), fmt.Sprintf("pv-%d", i)))
+	}
+	// va-0 says attached but the driver lost it; va-1 is attached in both; va-2 is not
+	// attached in either.
+	for i := range 2 {
+		objs[1+2*i].(*corev1.PersistentVolume).Finalizers = []string{ourFinalizer}
+		attachedWith(ourFinalizer)(objs[2+2*i].(*storagev1.VolumeAttachment))
+		objs[2+2*i].(*storagev1.VolumeAttachment).Status.AttachmentMetadata = map[string]string{testdriver.PublishContextDevicePath: "/dev/testdriver/" + ids[i]}
+	}
+	f := newFixture(t, cfg, backend, objs...)
+	publishDirectly(t, f, ids[1], testNodeID)
+
+	if err := f.ctrl.reconcileOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countCalls(backend.Journal(), testdriver.MethodListVolumes); n != 3 {
+		t.Errorf("%d ListVolumes calls, want 3 pages of 1", n)
+	}
+	f.ctrl.mu.Lock()
+	forced := fmt.Sprint(f.ctrl.forceSync)
+	f.ctrl.mu.Unlock()
+	if forced != "map[va-0:true]" {
+		t.Fatalf("forced syncs %s, want va-0 only", forced)
+	}
+	key := "va-0"
+	if err := f.sync(key); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := backend.Volume(ids[0]); !v.Published[testNodeID] && len(v.Published) == 0 {
+		t.Errorf("va-0's volume not published again: %v", v.Published)
+	}
+	if len(f.writes()) != 0 {
+		// Upstream sends an empty patch here.
+		t.Errorf("writes %q, want none: the status was already right", f.writes())
+	}
+	if f.ctrl.consumeForceSync(key) {
+		t.Error("force sync not consumed")
+	}
+}
+
+func countCalls(calls []testdriver.Call, method string) int {
+	n := 0
+	for _, c := range calls {
+		if c.Method == method {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,563 @@
+package attacher
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/connection"
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// apiBudget is how long the API reads and writes of one sync may take on top of the CSI
+// call's --timeout.
+const apiBudget = time.Minute
+
+// Event reasons of failed CSI calls, recorded on the VolumeAttachment.
+const (
+	reasonAttachFailed = "AttachFailed"
+	reasonDetachFailed = "DetachFailed"
+)
+
+// config is what the controller is told: flags and what the driver can do.
+type config struct {
+	driver             string
+	timeout            time.Duration
+	workers            int
+	resync             time.Duration
+	retryIntervalStart time.Duration
+	retryIntervalMax   time.Duration
+	maxEntries         int
+	reconcileSync      time.Duration
+	defaultFSType      string
+	maxGRPCLogLength   int
+
+	// trivial: the driver cannot publish, so every VolumeAttachment is marked attached
+	// at once, with no finalizer and no CSI call.
+	trivial               bool
+	publishReadOnly       bool
+	singleNodeMultiWriter bool
+	// reconcile enables the ListVolumes reconciler (LIST_VOLUMES +
+	// LIST_VOLUMES_PUBLISHED_NODES).
+	reconcile bool
+	// errorCodes records the gRPC code in attachError (MutableCSINodeAllocatableCount).
+	errorCodes bool
+}
+
+// Controller attaches and detaches the VolumeAttachments of one driver.
+type Controller struct {
+	config
+	kube     kubernetes.Interface
+	csi      csi.ControllerClient
+	recorder record.EventRecorder
+	tr       translator
+	// ops is the parent of every sync's context: CSI call and the writes recording it (P1).
+	ops context.Context
+
+	vaLister      storagelisters.VolumeAttachmentLister
+	pvLister      corelisters.PersistentVolumeLister
+	csiNodeLister storagelisters.CSINodeLister
+	vaQueue       workqueue.TypedRateLimitingInterface[string]
+	pvQueue       workqueue.TypedRateLimitingInterface[string]
+
+	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
+	// their next sync calls the driver even though their status looks done.
+	mu        sync.Mutex
+	forceSync map[string]bool
+	// finished maps a VolumeAttachment to the resourceVersions its last completed attach
+	// or detach replaced. A cache still showing one of them is behind this controller's own
+	// write, which already settled the VolumeAttachment; syncing that stale copy would call
+	// the driver and write the status again for nothing (upstream does).
+	finished map[string]map[string]bool
+}
+
+// newController builds the controller and registers its handlers on factory. Handlers only
+// enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
+func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, recorder record.EventRecorder, tr translator, ops context.Context) (*Controller, error) {
+	c := &Controller{
+		config:    cfg,
+		kube:      kube,
+		csi:       csi.NewControllerClient(conn),
+		recorder:  recorder,
+		tr:        tr,
+		ops:       ops,
+		forceSync: map[string]bool{},
+		finished:  map[string]map[string]bool{},
+	}
+	// Queue names are upstream's: they label client-go's process-wide workqueue metrics,
+	// and no other sidecar uses them.
+	c.vaQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-va"})
+	vas := factory.Storage().V1().VolumeAttachments()
+	c.vaLister = vas.Lister()
+	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.vaAdded,
+		UpdateFunc: c.vaUpdated,
+		DeleteFunc: c.vaDeleted,
+	}, cfg.resync); err != nil {
+		return nil, fmt.Errorf("watching VolumeAttachments: %w", err)
+	}
+	if cfg.trivial {
+		return c, nil
+	}
+	c.pvQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-pv"})
+	pvs := factory.Core().V1().PersistentVolumes()
+	c.pvLister = pvs.Lister()
+	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.pvChanged,
+		UpdateFunc: func(_, obj any) { c.pvChanged(obj) },
+	}, cfg.resync); err != nil {
+		return nil, fmt.Errorf("watching PersistentVolumes: %w", err)
+	}
+	c.csiNodeLister = factory.Storage().V1().CSINodes().Lister()
+	return c, nil
+}
+
+// run works while intake lasts: VolumeAttachment and PV workers, and the reconciler. It
+// returns once every worker finished the item it holds.
+func (c *Controller) run(intake context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.vaQueue, c.workers, c.syncVA) })
+	if !c.trivial {
+		wg.Go(func() { lifecycle.RunWorkers(intake, c.pvQueue, c.workers, c.syncPV) })
+	}
+	if c.reconcile && !c.trivial {
+		wg.Go(func() { c.runReconciler(intake) })
+	}
+	wg.Wait()
+}
+
+func (c *Controller) vaAdded(obj any) {
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver {
+		c.vaQueue.Add(va.Name)
+	}
+}
+
+func (c *Controller) vaUpdated(old, obj any) {
+	oldVA, ok1 := old.(*storagev1.VolumeAttachment)
+	va, ok2 := obj.(*storagev1.VolumeAttachment)
+	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) {
+		c.vaQueue.Add(va.Name)
+	}
+}
+
+// vaDeleted lets the PV's finalizer go once no VolumeAttachment needs it.
+func (c *Controller) vaDeleted(obj any) {
+	if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = gone.Obj
+	}
+	va, ok := obj.(*storagev1.VolumeAttachment)
+	if ok {
+		c.mu.Lock()
+		delete(c.finished, va.Name)
+		c.mu.Unlock()
+	}
+	if ok && c.pvQueue != nil && va.Spec.Source.PersistentVolumeName != nil {
+		c.pvQueue.Add(*va.Spec.Source.PersistentVolumeName)
+	}
+}
+
+func (c *Controller) pvChanged(obj any) {
+	if pv, ok := obj.(*corev1.PersistentVolume); ok && c.pvFinalizerMayGo(pv) {
+		c.pvQueue.Add(pv.Name)
+	}
+}
+
+// pvFinalizerMayGo tells whether a PV carries our finalizer and no longer needs it unless
+// a VolumeAttachment uses it: the PV is being deleted, or it is an in-tree PV that is not
+// (or no longer) migrated to this driver, for example after a rollback of migration.
+func (c *Controller) pvFinalizerMayGo(pv *corev1.PersistentVolume) bool {
+	if !hasFinalizer(pv.Finalizers, finalizerName(c.driver)) {
+		return false
+	}
+	if pv.DeletionTimestamp != nil {
+		return true
+	}
+	return c.tr.IsPVMigratable(pv) && pv.Annotations[migratedToAnnotation] != c.driver
+}
+
+// syncVA brings one VolumeAttachment to what it asks for. An error requeues it with
+// per-item exponential backoff.
+func (c *Controller) syncVA(name string) error {
+	va, err := c.vaLister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
+	}
+	if va.Spec.Attacher != c.driver {
+		return nil
+	}
+	logger := klog.FromContext(c.ops).WithValues("VolumeAttachment", name)
+	// P1: the CSI call and the writes that record it run on Ops(), never on intake.
+	ctx, cancel := context.WithTimeout(klog.NewContext(c.ops, logger), c.timeout+apiBudget)
+	defer cancel()
+	forced := c.consumeForceSync(name)
+	if !forced && c.isBehindOwnWrite(va) {
+		logger.V(4).Info("Cache is behind this controller's last write, which settled it")
+		return nil
+	}
+	if c.trivial {
+		return c.syncTrivial(ctx, va)
+	}
+	if va.DeletionTimestamp == nil {
+		return c.syncAttach(ctx, va, forced)
+	}
+	return c.syncDetach(ctx, va, forced)
+}
+
+// syncTrivial marks a VolumeAttachment attached without a CSI call or a finalizer: the
+// driver has nothing to publish.
+func (c *Controller) syncTrivial(ctx context.Context, va *storagev1.VolumeAttachment) error {
+	if va.Status.Attached {
+		return nil
+	}
+	written, err := c.markAttached(ctx, va, nil)
+	if err != nil {
+		return fmt.Errorf("failed to mark as attached: %w", err)
+	}
+	c.settled(va.Name, written, va)
+	return nil
+}
+
+func (c *Controller) syncAttach(ctx context.Context, va *storagev1.VolumeAttachment, forced bool) error {
+	if va.Status.Attached && !forced {
+		return nil
+	}
+	original := va
+	logger := klog.FromContext(ctx)
+	logger.V(2).Info("Attaching")
+	va, metadata, err := c.attach(ctx, va)
+	if err != nil {
+		c.recordFailure(ctx, va, err, reasonAttachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+			s.AttachError = ve
+		})
+		return fmt.Errorf("failed to attach: %w", err)
+	}
+	logger.V(2).Info("Attached")
+	written, err := c.markAttached(ctx, va, metadata)
+	if err != nil {
+		return fmt.Errorf("failed to mark as attached: %w", err)
+	}
+	c.settled(va.Name, written, original, va)
+	return nil
+}
+
+// attach checks everything it can before it adds the finalizer (which would block the
+// VolumeAttachment's deletion), then publishes. It returns the VolumeAttachment as last
+// written.
+func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment) (*storagev1.VolumeAttachment, map[string]string, error) {
+	vol, err := c.volumeToAttach(ctx, va)
+	if err != nil {
+		return va, nil, err
+	}
+	readonly := vol.source.ReadOnly && c.publishReadOnly // the spec: false unless PUBLISH_READONLY
+	capability, err := volumeCapability(vol.spec, c.singleNodeMultiWriter, c.defaultFSType)
+	if err != nil {
+		return va, nil, err
+	}
+	secrets, err := c.secrets(ctx, vol.source.ControllerPublishSecretRef)
+	if err != nil {
+		return va, nil, err
+	}
+	nodeID, err := c.nodeID(ctx, va, false)
+	if err != nil {
+		return va, nil, err
+	}
+	clone := va.DeepCopy()
+	if !hasFinalizer(clone.Finalizers, finalizerName(c.driver)) {
+		clone.Finalizers = append(clone.Finalizers, finalizerName(c.driver))
+	}
+	if clone.Annotations[nodeIDAnnotation] != nodeID {
+		if clone.Annotations == nil {
+			clone.Annotations = map[string]string{}
+		}
+		clone.Annotations[nodeIDAnnotation] = nodeID
+	}
+	if va, err = c.patchVA(ctx, va, clone, false); err != nil {
+		return va, nil, fmt.Errorf("could not save VolumeAttachment: %w", err)
+	}
+	req := &csi.ControllerPublishVolumeRequest{
+		VolumeId:         vol.source.VolumeHandle,
+		NodeId:           nodeID,
+		VolumeCapability: capability,
+		Readonly:         readonly,
+		VolumeContext:    vol.source.VolumeAttributes,
+		Secrets:          secrets,
+	}
+	callCtx, cancel := context.WithTimeout(markMigrated(ctx, vol.migrated), c.timeout)
+	defer cancel()
+	c.logRequest(ctx, "ControllerPublishVolume", req)
+	rsp, err := c.csi.ControllerPublishVolume(callCtx, req)
+	c.logResponse(ctx, "ControllerPublishVolume", rsp, err)
+	if err != nil {
+		return va, nil, err
+	}
+	return va, rsp.GetPublishContext(), nil
+}
+
+// volumeToAttach resolves the volume and, for a PV, refuses one being deleted and adds our
+// finalizer to it, so the PV outlives the attachment.
+func (c *Controller) volumeToAttach(ctx context.Context, va *storagev1.VolumeAttachment) (*volume, error) {
+	if vol, inline, err := inlineVolume(va); inline {
+		return vol, err
+	}
+	pv, err := c.pvLister.Get(*va.Spec.Source.PersistentVolumeName)
+	if err != nil {
+		return nil, err
+	}
+	if pv.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("PersistentVolume %q is marked for deletion", pv.Name)
+	}
+	if !hasFinalizer(pv.Finalizers, finalizerName(c.driver)) {
+		clone := pv.DeepCopy()
+		clone.Finalizers = append(clone.Finalizers, finalizerName(c.driver))
+		if pv, err = c.patchPV(ctx, pv, clone); err != nil {
+			return nil, fmt.Errorf("could not add PersistentVolume finalizer: %w", err)
+		}
+	}
+	return pvVolume(klog.FromContext(ctx), c.tr, pv)
+}
+
+func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachment, forced bool) error {
+	if !hasFinalizer(va.Finalizers, finalizerName(c.driver)) && !forced {
+		return nil
+	}
+	logger := klog.FromContext(ctx)
+	logger.V(2).Info("Detaching")
+	if err := c.detach(ctx, va); err != nil {
+		c.recordFailure(ctx, va, err, reasonDetachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+			ve.ErrorCode = nil // upstream records the code of attach errors only
+			s.DetachError = ve
+		})
+		return fmt.Errorf("failed to detach: %w", err)
+	}
+	logger.V(2).Info("Detached")
+	written, err := c.markDetached(ctx, va)
+	if err != nil {
+		return err
+	}
+	if len(written) > 0 {
+		last := len(written) - 1
+		c.settled(va.Name, written[last], append(written[:last], va)...)
+	}
+	return nil
+}
+
+func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment) error {
+	vol, inline, err := inlineVolume(va)
+	if err != nil {
+		return err
+	}
+	if !inline {
+		pv, err := c.pvLister.Get(*va.Spec.Source.PersistentVolumeName)
+		if err != nil {
+			return err
+		}
+		if vol, err = pvVolume(klog.FromContext(ctx), c.tr, pv); err != nil {
+			return err
+		}
+	}
+	secrets, err := c.secrets(ctx, vol.source.ControllerPublishSecretRef)
+	if err != nil {
+		return err
+	}
+	nodeID, err := c.nodeID(ctx, va, true)
+	if err != nil {
+		return err
+	}
+	req := &csi.ControllerUnpublishVolumeRequest{VolumeId: vol.source.VolumeHandle, NodeId: nodeID, Secrets: secrets}
+	callCtx, cancel := context.WithTimeout(markMigrated(ctx, vol.migrated), c.timeout)
+	defer cancel()
+	c.logRequest(ctx, "ControllerUnpublishVolume", req)
+	rsp, err := c.csi.ControllerUnpublishVolume(callCtx, req)
+	c.logResponse(ctx, "ControllerUnpublishVolume", rsp, err)
+	return err
+}
+
+// recordFailure writes the error into the status (set puts it in place) and, when the
+// driver certainly stopped working on it, records an Event. A failed write is only
+// logged: the error is retried anyway.
+func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, reason string, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
+	clone := va.DeepCopy()
+	set(&clone.Status, volumeError(err, c.errorCodes, metav1.Now()))
+	if _, saveErr := c.patchVA(ctx, va, clone, true); saveErr != nil {
+		klog.FromContext(ctx).V(2).Info("Failed to save the error", "err", saveErr.Error())
+	}
+	if isFinalError(err) {
+		c.recorder.Event(va, corev1.EventTypeWarning, reason, err.Error())
+	}
+}
+
+// secrets reads the ControllerPublishSecretRef secret; nil without one.
+func (c *Controller) secrets(ctx context.Context, ref *corev1.SecretReference) (map[string]string, error) {
+	if ref == nil {
+		return nil, nil
+	}
+	secret, err := c.kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("failed to load secret \"%s/%s\": %w", ref.Namespace, ref.Name, err)
+	}
+	out := make(map[string]string, len(secret.Data))
+	for k, v := range secret.Data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+// nodeID finds the driver's ID of the VolumeAttachment's node: from the CSINode, else
+// (detaching) from the ID recorded on the VolumeAttachment when it was published, else from
+// the Node's older csi.volume.kubernetes.io/nodeid annotation.
+func (c *Controller) nodeID(ctx context.Context, va *storagev1.VolumeAttachment, detaching bool) (string, error) {
+	nodeName := va.Spec.NodeName
+	csiNode, err := c.csiNodeLister.Get(nodeName)
+	if err == nil {
+		if id, ok := nodeIDFromCSINode(c.driver, csiNode); ok {
+			return id, nil
+		}
+		// A CSINode without the driver is what a node whose driver pod is gone looks like;
+		// unpublish must still be possible then.
+		err = fmt.Errorf("CSINode %s does not contain driver %s", nodeName, c.driver)
+	}
+	if detaching {
+		if id, ok := va.Annotations[nodeIDAnnotation]; ok {
+			return id, nil
+		}
+	}
+	node, getErr := c.kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if getErr == nil {
+		if id, ok := nodeIDFromNode(c.driver, node); ok {
+			return id, nil
+		}
+	}
+	return "", err
+}
+
+// settled records that the sync of name ended by writing last, and that the copies
+// replaced on the way are behind it.
+func (c *Controller) settled(name string, last *storagev1.VolumeAttachment, replaced ...*storagev1.VolumeAttachment) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rvs := map[string]bool{}
+	for _, va := range replaced {
+		if va.ResourceVersion != last.ResourceVersion {
+			rvs[va.ResourceVersion] = true
+		}
+	}
+	c.finished[name] = rvs
+}
+
+// isBehindOwnWrite tells whether the cached va is a copy this controller's last completed
+// sync of it replaced. Once the cache has caught up the record is dropped.
+func (c *Controller) isBehindOwnWrite(va *storagev1.VolumeAttachment) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rvs, ok := c.finished[va.Name]
+	if !ok {
+		return false
+	}
+	if rvs[va.ResourceVersion] {
+		return true
+	}
+	delete(c.finished, va.Name)
+	return false
+}
+
+func (c *Controller) setForceSync(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forceSync[name] = true
+}
+
+func (c *Controller) consumeForceSync(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	forced := c.forceSync[name]
+	delete(c.forceSync, name)
+	return forced
+}
+
+// syncPV removes our finalizer from a PV that may let it go once no VolumeAttachment
+// references the PV any more.
+func (c *Controller) syncPV(name string) error {
+	pv, err := c.pvLister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("getting PersistentVolume %s from the cache: %w", name, err)
+	}
+	if !c.pvFinalizerMayGo(pv) {
+		return nil
+	}
+	vas, err := c.vaLister.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("listing VolumeAttachments: %w", err)
+	}
+	for _, va := range vas {
+		if pvName := va.Spec.Source.PersistentVolumeName; pvName != nil && *pvName == pv.Name {
+			return nil // its deletion enqueues the PV again
+		}
+	}
+	ctx, cancel := context.WithTimeout(c.ops, apiBudget)
+	defer cancel()
+	clone := pv.DeepCopy()
+	clone.Finalizers = withoutFinalizer(pv.Finalizers, finalizerName(c.driver))
+	if _, err := c.patchPV(ctx, pv, clone); err != nil {
+		return fmt.Errorf("removing the finalizer: %w", err)
+	}
+	klog.FromContext(ctx).V(2).Info("Removed finalizer from PersistentVolume", "PersistentVolume", name)
+	return nil
+}
+
+// markMigrated labels the CSI call's metrics of a migrated in-tree volume, as upstream.
+func markMigrated(ctx context.Context, migrated bool) context.Context {
+	value := "false"
+	if migrated {
+		value = "true"
+	}
+	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: value})
+}
+
+// logRequest logs a CSI request at -v=5 with its secrets stripped.
+func (c *Controller) logRequest(ctx context.Context, method string, req any) {
+	if logger := klog.FromContext(ctx).V(5); logger.Enabled() {
+		logger.Info("GRPC call", "method", method, "request", c.truncate(protosanitizer.StripSecrets(req).String()))
+	}
+}
+
+// logResponse logs a CSI response at -v=5, cut to --max-grpc-log-length.
+func (c *Controller) logResponse(ctx context.Context, method string, rsp any, err error) {
+	if logger := klog.FromContext(ctx).V(5); logger.Enabled() {
+		logger.Info("GRPC response", "method", method, "response", c.truncate(protosanitizer.StripSecrets(rsp).String()), "err", err)
+	}
+}
+
+func (c *Controller) truncate(s string) string {
+	if c.maxGRPCLogLength >= 0 && len(s) > c.maxGRPCLogLength {
+		return s[:c.maxGRPCLogLength] + "..."
+	}
+	return s
+}
