@@ -7,7 +7,7 @@ BIN := _output/bin
 # a time on a 2-core machine.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help demo build image test test-unit test-e2e testenv lint clean
+.PHONY: help demo bench build image test test-unit test-e2e testenv lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ image: ## build the container image (needs a container engine; not available on 
 
 testenv: ## build kube-apiserver and etcd once per machine into the cache (no-op when cached)
 	@hack/control-plane.sh
+
+bench: testenv ## benchmarks: failover figures (drain, takeover, writes per operation), printed, never asserted
+	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 1x ./test/...
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
