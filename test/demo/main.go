@@ -89,14 +89,17 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	if o.short {
 		o.volumes, o.latency = 4, time.Second
 	}
+	// Sockets live in the log folder; gRPC needs their paths absolute.
+	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.logDir, 0o755); err != nil {
 		return err
 	}
 	d := &demo{o: o, out: out, began: time.Now()}
 	defer func() {
 		d.cleanUp()
-		abs, _ := filepath.Abs(o.logDir)
-		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, driver-journal.jsonl)\n", abs)
+		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, driver-journal.jsonl)\n", o.logDir)
 	}()
 
 	d.say("starting kube-apiserver + etcd on loopback")
