@@ -3,8 +3,6 @@ package attacher
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -92,24 +89,7 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 
 // serve serves backend on a new UNIX socket and returns a connection to it.
 func serve(t *testing.T, backend *testdriver.Backend) *grpc.ClientConn {
-	t.Helper()
-	// Socket paths are limited to about 100 bytes; test names make TempDir too long.
-	dir, err := os.MkdirTemp("", "att")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	srv, err := backend.Serve(filepath.Join(dir, "csi.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return testdriver.Dial(t, backend)
 }
 
 // newBackendWithVolume is a test driver with one volume; it returns the volume's ID.

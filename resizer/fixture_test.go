@@ -2,15 +2,12 @@ package resizer
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -46,22 +43,7 @@ func newFixture(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *fi
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A short directory: UNIX socket paths are limited to about 100 bytes.
-	dir, err := os.MkdirTemp("", "rz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	srv, err := d.Serve(filepath.Join(dir, "csi.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := testdriver.Dial(t, d)
 	kube := fake.NewClientset(objs...)
 	f := &fixture{
 		t: t, kube: kube, driver: d, conn: conn,
