@@ -360,8 +360,12 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 		return err
 	}
 	if len(written) > 0 {
-		last := len(written) - 1
-		c.settled(va.Name, written[last], append(written[:last], va)...)
+		// The last write is the current copy; the object we started from and every earlier
+		// write are copies a stale cache may still hand us. (Built in a new slice: appending
+		// to written[:last] would overwrite the last write before it is read.)
+		latest := written[len(written)-1]
+		replaced := append([]*storagev1.VolumeAttachment{va}, written[:len(written)-1]...)
+		c.settled(va.Name, latest, replaced...)
 	}
 	return nil
 }
