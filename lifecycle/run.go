@@ -29,6 +29,11 @@ const (
 	ExitUsage = 2 // bad flags or a configuration the sidecar cannot run with
 )
 
+// informerResync is the shared factory's default resync. It must not be zero: client-go
+// then ignores every handler's own period (--resync, --resync-period); a handler that asks
+// for a shorter one before the factory starts lowers it for its informer.
+const informerResync = 10 * time.Minute
+
 // Run hosts the sidecars until the process should end and returns its exit code. It owns
 // the process's one signal handler: the first SIGTERM/SIGINT starts the drain, the second
 // exits at once with ExitError (P5). opts must have been validated.
@@ -121,7 +126,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	events := record.NewBroadcaster(record.WithContext(ctx))
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
 	defer events.Shutdown()
-	factory := informers.NewSharedInformerFactory(kube, 0)
+	factory := informers.NewSharedInformerFactory(kube, informerResync)
 	shared := Env{
 		Kube:                   kube,
 		RestConfig:             cfg,
