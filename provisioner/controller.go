@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -45,6 +46,9 @@ type config struct {
 	vac            bool // the VolumeAttributesClass gate is on
 	// node is set with --node-deployment.
 	node *nodeDeployment
+	// snapshotClient is set when the driver restores snapshots and the cluster serves
+	// the VolumeSnapshot API.
+	snapshotClient snapclientset.Interface
 }
 
 // controller provisions and deletes the driver's volumes: a claim queue and a volume queue,
@@ -61,6 +65,11 @@ type controller struct {
 
 	claimQueue  workqueue.TypedRateLimitingInterface[string]
 	volumeQueue workqueue.TypedRateLimitingInterface[string]
+	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
+	// keyed by sourceRef.key().
+	sourceQueue workqueue.TypedRateLimitingInterface[string]
+	// snapshots is nil without snapshot support.
+	snapshots *snapshotWatch
 
 	// intake is Run's: set before the workers start, it ends waits that start no work.
 	intake context.Context
@@ -82,6 +91,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	// client-go's workqueue metrics are per process: the names carry the sidecar's.
 	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-claims"})
 	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-volumes"})
+	c.sourceQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-sources"})
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -99,6 +109,18 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
 	}); err != nil {
 		return nil, err
+	}
+	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueClaimSources,
+		UpdateFunc: func(_, obj any) { c.enqueueClaimSources(obj) },
+		DeleteFunc: c.enqueueClaimSources,
+	}); err != nil {
+		return nil, err
+	}
+	if cfg.snapshotClient != nil {
+		if err := c.watchSnapshots(cfg.snapshotClient); err != nil {
+			return nil, err
+		}
 	}
 
 	c.classes = factory.Storage().V1().StorageClasses().Lister()
@@ -161,10 +183,20 @@ func (c *controller) run(intake context.Context) {
 	c.intake = intake
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
+	if c.snapshots != nil && !cache.WaitForCacheSync(intake.Done(), c.snapshots.informer.HasSynced) {
+		c.claimQueue.ShutDown()
+		c.volumeQueue.ShutDown()
+		c.sourceQueue.ShutDown()
+		return
+	}
 	var wg sync.WaitGroup
 	n := int(c.opts.workerThreads)
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.volumeQueue, n, c.syncVolume) })
+	wg.Go(func() {
+		lifecycle.RunWorkers(intake, c.sourceQueue, int(c.opts.cloningProtectionThreads), c.syncSourceProtection)
+	})
+	wg.Go(func() { c.sweepSnapshots(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
 }
@@ -233,6 +265,12 @@ func (c *controller) syncClaim(uid string) error {
 		if c.pvExists(p.pvName) {
 			logger.V(4).Info("PersistentVolume exists already", "pv", p.pvName)
 			return nil
+		}
+		// The source must stay until CreateVolume is done with it (the finalizer is part
+		// of the operation, on Ops(), P1).
+		if err := c.protectSource(klog.NewContext(c.ops, logger), p.source); err != nil {
+			c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+			return err
 		}
 		c.recorder.Eventf(claim, v1.EventTypeNormal, "Provisioning", "External provisioner is provisioning volume for claim %q", klog.KObj(claim))
 	} else if c.pvExists(p.pvName) {
@@ -313,6 +351,10 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		return err
 	}
 	c.setPending(uid, nil)
+	if p.source.kind != sourceNone {
+		// The source may be free now.
+		c.sourceQueue.Add(p.source.key())
+	}
 	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
 	return nil

@@ -94,6 +94,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 	}
 	stopInformers := make(chan struct{})
 	factory.Start(stopInformers)
+	w.ctrl.startSnapshots(stopInformers)
 	factory.WaitForCacheSync(stopInformers)
 	intake, stopIntake := context.WithCancel(context.Background())
 	w.stopIntake = stopIntake

@@ -69,18 +69,6 @@ func dataSourceKind(claim *v1.PersistentVolumeClaim) string {
 // provisioner leaves it alone, as upstream.
 var errExternalPopulator = errors.New("data source is not handled by the provisioner, assuming an external populator will provision it")
 
-// checkDataSource accepts claims without a data source. Cloning and restoring snapshots
-// come in a later issue; they fail with a clear error until then.
-func checkDataSource(claim *v1.PersistentVolumeClaim) error {
-	switch dataSourceKind(claim) {
-	case "":
-		return nil
-	case "PersistentVolumeClaim", "VolumeSnapshot":
-		return fmt.Errorf("provisioning from a %s data source is not supported yet by csi-sidecars", dataSourceKind(claim))
-	}
-	return errExternalPopulator
-}
-
 // checkCapabilities says why the driver cannot provision this claim, as upstream words it.
 func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.ControllerCapabilitySet, needsModify bool) error {
 	switch {

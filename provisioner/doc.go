@@ -28,7 +28,13 @@
 // idempotent, until the driver answers for good, even if the claim is deleted meanwhile; the
 // volume then gets its PersistentVolume like any other and is reclaimed from there.
 //
-// Designed for what comes next: data sources (clone, snapshot) plug into buildRequest and
-// the capability check; capacity tracking has its flags already and runs beside the
-// controllers in Run.
+// Data sources: a claim cloning a claim or restoring a VolumeSnapshot gets its source
+// checked as upstream checks it (datasource.go, pure) and protected by upstream's finalizer
+// from before CreateVolume until no claim still needs it (sources.go: a third queue, and
+// a periodic sweep for snapshot finalizers left behind). Other kinds are left to their
+// populators. Cross-namespace sources are not implemented: enabling the gate is a usage
+// error.
+//
+// Designed for what comes next: capacity tracking has its flags already and runs beside
+// the controllers in Run.
 package provisioner

@@ -47,6 +47,7 @@ type options struct {
 	controllerPublishReadOnly   bool
 	preventVolumeModeConversion bool
 	cloningProtectionThreads    uint
+	snapshotOrphanSweepInterval time.Duration
 
 	nodeDeployment                 bool
 	nodeDeploymentImmediateBinding bool
@@ -62,6 +63,8 @@ type options struct {
 	capacityPollInterval        time.Duration
 	capacityForImmediateBinding bool
 	capacityOwnerrefLevel       int
+	kubeAPICapacityQPS          float32
+	kubeAPICapacityBurst        int
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -78,6 +81,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.controllerPublishReadOnly, "controller-publish-readonly", false, "This option enables PV to be marked as readonly at controller publish volume call if PVC accessmode has been set to ROX.")
 	fs.BoolVar(&o.preventVolumeModeConversion, "prevent-volume-mode-conversion", true, "Prevents an unauthorised user from modifying the volume mode when creating a PVC from an existing VolumeSnapshot.")
 	fs.UintVar(&o.cloningProtectionThreads, "cloning-protection-threads", 1, "Number of simultaneously running threads, handling cloning finalizer removal.")
+	fs.DurationVar(&o.snapshotOrphanSweepInterval, "snapshot-orphan-sweep-interval", time.Minute, "How often VolumeSnapshots carrying the provisioner's source-protection finalizer are checked, so that a finalizer left behind (crash, claim deleted meanwhile) is removed.")
 
 	fs.BoolVar(&o.nodeDeployment, "node-deployment", false, "Enables deploying the external-provisioner together with a CSI driver on nodes to manage node-local volumes.")
 	fs.BoolVar(&o.nodeDeploymentImmediateBinding, "node-deployment-immediate-binding", true, "Determines whether immediate binding is supported when deployed on each node.")
@@ -88,6 +92,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.UintVar(&o.capacityThreads, "capacity-threads", 1, "Number of simultaneously running threads, handling CSIStorageCapacity objects.")
 	fs.DurationVar(&o.capacityPollInterval, "capacity-poll-interval", time.Minute, "How long the external-provisioner waits before checking for storage capacity changes.")
 	fs.BoolVar(&o.capacityForImmediateBinding, "capacity-for-immediate-binding", false, "Enables producing capacity information for storage classes with immediate binding. Not needed for the Kubernetes scheduler, maybe useful for other consumers or for debugging.")
+	fs.Float32Var(&o.kubeAPICapacityQPS, "kube-api-capacity-qps", 1, "QPS to use for storage capacity updates while communicating with the kubernetes apiserver (accepted, not implemented yet).")
+	fs.IntVar(&o.kubeAPICapacityBurst, "kube-api-capacity-burst", 5, "Burst to use for storage capacity updates while communicating with the kubernetes apiserver (accepted, not implemented yet).")
 	fs.IntVar(&o.capacityOwnerrefLevel, "capacity-ownerref-level", 1, "The level indicates the number of objects that need to be traversed starting from the pod identified by the POD_NAME and POD_NAMESPACE environment variables to reach the owning object for CSIStorageCapacity objects: -1 for no owner, 0 for the pod itself, 1 for a StatefulSet or DaemonSet, 2 for a Deployment, etc.")
 }
 
@@ -106,6 +112,12 @@ func (o *options) validate(getenv func(string) string) error {
 	}
 	if o.workerThreads == 0 {
 		errs = append(errs, errors.New("--worker-threads must be positive"))
+	}
+	if o.cloningProtectionThreads == 0 {
+		errs = append(errs, errors.New("--cloning-protection-threads must be positive"))
+	}
+	if o.snapshotOrphanSweepInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--snapshot-orphan-sweep-interval must be positive, got %v", o.snapshotOrphanSweepInterval))
 	}
 	if o.retryIntervalStart <= 0 {
 		errs = append(errs, fmt.Errorf("--retry-interval-start must be positive, got %v", o.retryIntervalStart))

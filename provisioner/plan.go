@@ -25,6 +25,9 @@ type plan struct {
 	// mayReschedule: a node was selected and the driver has topology, so a final error
 	// can send the claim back to the scheduler.
 	mayReschedule bool
+	// source is the claim or snapshot the volume is made from, protected by a finalizer
+	// while the volume is in creation.
+	source sourceRef
 }
 
 // rescheduleError is a failure the scheduler should hear about: the selected node cannot
@@ -42,7 +45,11 @@ func storageClassName(claim *v1.PersistentVolumeClaim) string {
 // VolumeAttributesClass) and builds the request. It returns no plan with an error the user
 // must hear about; it makes no CSI call.
 func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (*plan, error) {
-	if err := checkDataSource(claim); err != nil {
+	source, err := claimSource(claim)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSourceCapability(c.controllerCaps, source.kind); err != nil {
 		return nil, err
 	}
 	var vacName string
@@ -55,7 +62,8 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 	if claim.Spec.Selector != nil {
 		return nil, fmt.Errorf("claim Selector is not supported")
 	}
-	pvName, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+	var pvName string
+	pvName, err = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +112,9 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 		}
 		req.MutableParameters = vac.Parameters
 	}
+	if req.VolumeContentSource, err = c.contentSource(ctx, claim, class, source); err != nil {
+		return nil, err
+	}
 	if req.Secrets, err = readSecret(ctx, c.kube, refs.provisioner); err != nil {
 		return nil, err
 	}
@@ -124,8 +135,10 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 			identity:       c.identity,
 			topology:       c.topology,
 			vac:            vacName,
+			fromSource:     req.VolumeContentSource != nil,
 		},
 		mayReschedule: c.topology && selectedNode != "",
+		source:        source,
 	}, nil
 }
 

@@ -39,6 +39,9 @@ type pvInput struct {
 	topology bool
 	// vac is the claim's VolumeAttributesClass name, "" for none.
 	vac string
+	// fromSource: CreateVolume was asked to clone or restore, so the volume must say it
+	// was made from a source.
+	fromSource bool
 }
 
 // pvCapacity is the capacity to record: the driver's, or the request when the driver does
@@ -61,6 +64,10 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	capacity, err := pvCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
 	if err != nil {
 		return nil, err
+	}
+	if in.fromSource && in.volume.GetContentSource() == nil {
+		// The driver made an empty volume where the user asked for data.
+		return nil, fmt.Errorf("volume content source missing")
 	}
 	attributes := map[string]string{provisionerIDKey: in.identity}
 	maps.Copy(attributes, in.volume.GetVolumeContext())

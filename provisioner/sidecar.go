@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -84,11 +85,45 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		// Upstream starts anyway and reports it on every claim; so do we.
 		logger.Error(err, "The driver cannot provision volumes; claims will get events saying so")
 	}
+	if env.Gates.Enabled(CrossNamespaceVolumeDataSource) {
+		return lifecycle.UsageError{Err: fmt.Errorf("--feature-gates=%s=true is not supported by csi-sidecars: cross-namespace data sources are not implemented", CrossNamespaceVolumeDataSource)}
+	}
+	if cfg.snapshotClient, err = snapshotClientFor(env); err != nil {
+		return err
+	}
 	if s.opts.enableCapacity {
 		logger.Info("--enable-capacity is accepted but capacity tracking is not implemented yet: no CSIStorageCapacity objects are published")
 	}
-	s.ctrl, err = newController(cfg, env.Informers)
-	return err
+	if s.ctrl, err = newController(cfg, env.Informers); err != nil {
+		return err
+	}
+	// The snapshot informer is not on the core's factory: it starts here, on every
+	// replica (P7), and stops with the process.
+	s.ctrl.startSnapshots(env.Ops().Done())
+	return nil
+}
+
+// snapshotClientFor returns a VolumeSnapshot client when the driver restores snapshots
+// and the cluster serves the API; nil otherwise: claims restoring a snapshot then get an
+// event saying why.
+func snapshotClientFor(env *lifecycle.Env) (snapclientset.Interface, error) {
+	logger := klog.Background().WithValues("sidecar", "provisioner")
+	if !env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT] {
+		return nil, nil
+	}
+	served, err := snapshotAPIAvailable(env.Kube.Discovery())
+	if err != nil {
+		return nil, err
+	}
+	if !served {
+		logger.Info("The driver can restore snapshots but the cluster does not serve the VolumeSnapshot API; restoring is off")
+		return nil, nil
+	}
+	client, err := snapclientset.NewForConfig(env.RestConfig)
+	if err != nil {
+		return nil, fmt.Errorf("creating the VolumeSnapshot client: %w", err)
+	}
+	return client, nil
 }
 
 // Run implements lifecycle.Sidecar: it works the claim and volume queues until intake

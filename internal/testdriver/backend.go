@@ -38,6 +38,11 @@ type Backend struct {
 	changed chan struct{}
 	// nodeExpansion overrides Config.NodeExpansionRequired per volume id.
 	nodeExpansion map[string]bool
+	// snapshots by id, and the last id handed out.
+	snapshots      map[string]*Snapshot
+	lastSnapshotID int
+	// capacityRules are what GetCapacity answers from.
+	capacityRules []CapacityRule
 }
 
 // Volume is the backend's record of one volume. Values returned by Backend
@@ -72,6 +77,8 @@ func New(cfg Config) (*Backend, error) {
 		runningKeys:   map[int][]string{},
 		changed:       make(chan struct{}),
 		nodeExpansion: map[string]bool{},
+		snapshots:     map[string]*Snapshot{},
+		capacityRules: cloneRules(cfg.CapacityRules),
 	}, nil
 }
 

@@ -65,6 +65,10 @@ type Config struct {
 	// TotalCapacity is the size of the storage pool GetCapacity reports from
 	// and CreateVolume allocates from; default DefaultTotalCapacity.
 	TotalCapacity int64
+	// CapacityRules are GetCapacity's answers per topology segment and
+	// parameters (see CapacityRule); SetCapacityRules changes them at run
+	// time. With no matching rule GetCapacity reports the pool's free space.
+	CapacityRules []CapacityRule
 	// MutableParameters are the keys accepted in mutable_parameters; nil
 	// means DefaultMutableParameters().
 	MutableParameters []string
@@ -110,7 +114,7 @@ func DefaultControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type 
 }
 
 // ImplementedControllerCapabilities lists every controller capability whose RPCs the
-// driver implements; advertising any other (snapshots, volume health) would promise RPCs
+// driver implements; advertising any other (volume health, group snapshots) would promise RPCs
 // that answer Unimplemented.
 func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type {
 	return []csi.ControllerServiceCapability_RPC_Type{
@@ -125,6 +129,8 @@ func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_T
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
 		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 	}
 }
 

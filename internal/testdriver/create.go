@@ -66,8 +66,12 @@ func (b *Backend) parseCreate(req *csi.CreateVolumeRequest) (createArgs, error) 
 			a.source = proto.Clone(src).(*csi.VolumeContentSource)
 		case src.GetVolume() != nil:
 			return a, status.Error(codes.InvalidArgument, "cloning volumes needs capability CLONE_VOLUME, which is not advertised")
+		case src.GetSnapshot() != nil && b.hasCapability(csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT):
+			a.source = proto.Clone(src).(*csi.VolumeContentSource)
+		case src.GetSnapshot() != nil:
+			return a, status.Error(codes.InvalidArgument, "restoring snapshots needs capability CREATE_DELETE_SNAPSHOT, which is not advertised")
 		default:
-			return a, status.Error(codes.InvalidArgument, "the test driver has no snapshots to restore from")
+			return a, status.Error(codes.InvalidArgument, "volume_content_source names neither a volume nor a snapshot")
 		}
 	}
 	a.topology = b.volumeTopology(req.GetAccessibilityRequirements())
@@ -97,18 +101,9 @@ func (b *Backend) createLocked(a createArgs) (*Volume, error) {
 		}
 		return v, nil
 	}
-	size := a.size
-	if src := a.source.GetVolume(); src != nil {
-		from, ok := b.volumes[src.GetVolumeId()]
-		if !ok {
-			return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", src.GetVolumeId())
-		}
-		if from.CapacityBytes > size {
-			if a.limit > 0 && from.CapacityBytes > a.limit {
-				return nil, status.Errorf(codes.OutOfRange, "source volume %s has %d bytes, more than limit %d", from.ID, from.CapacityBytes, a.limit)
-			}
-			size = from.CapacityBytes
-		}
+	size, err := b.sizeFromSourceLocked(a)
+	if err != nil {
+		return nil, err
 	}
 	if free := b.cfg.TotalCapacity - b.usedCapacityLocked(); size > free {
 		return nil, status.Errorf(codes.ResourceExhausted, "volume of %d bytes requested, only %d free", size, free)
@@ -140,4 +135,37 @@ func (a createArgs) conflict(v *Volume) error {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists as %s with another content source", a.name, v.ID)
 	}
 	return nil
+}
+
+// sizeFromSourceLocked is the size of a new volume: what was asked for, or
+// the size of the volume or snapshot it is made from when that is larger. The
+// source must exist. The caller holds b.mu.
+func (b *Backend) sizeFromSourceLocked(a createArgs) (int64, error) {
+	var what, id string
+	var sourceSize int64
+	switch {
+	case a.source.GetVolume() != nil:
+		what, id = "volume", a.source.GetVolume().GetVolumeId()
+		from, ok := b.volumes[id]
+		if !ok {
+			return 0, status.Errorf(codes.NotFound, "source volume %s does not exist", id)
+		}
+		sourceSize = from.CapacityBytes
+	case a.source.GetSnapshot() != nil:
+		what, id = "snapshot", a.source.GetSnapshot().GetSnapshotId()
+		from, ok := b.snapshots[id]
+		if !ok {
+			return 0, status.Errorf(codes.NotFound, "source snapshot %s does not exist", id)
+		}
+		sourceSize = from.SizeBytes
+	default:
+		return a.size, nil
+	}
+	if sourceSize <= a.size {
+		return a.size, nil
+	}
+	if a.limit > 0 && sourceSize > a.limit {
+		return 0, status.Errorf(codes.OutOfRange, "source %s %s has %d bytes, more than limit %d", what, id, sourceSize, a.limit)
+	}
+	return sourceSize, nil
 }

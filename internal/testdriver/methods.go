@@ -18,6 +18,9 @@ const (
 	MethodGetCapacity                = "GetCapacity"
 	MethodControllerGetVolume        = "ControllerGetVolume"
 	MethodControllerGetCapabilities  = "ControllerGetCapabilities"
+	MethodCreateSnapshot             = "CreateSnapshot"
+	MethodDeleteSnapshot             = "DeleteSnapshot"
+	MethodListSnapshots              = "ListSnapshots"
 
 	MethodNodeGetInfo         = "NodeGetInfo"
 	MethodNodeGetCapabilities = "NodeGetCapabilities"
@@ -36,7 +39,8 @@ func usesBackendLatency(method string) bool {
 		MethodControllerPublishVolume, MethodControllerUnpublishVolume,
 		MethodControllerExpandVolume, MethodControllerModifyVolume,
 		MethodValidateVolumeCapabilities, MethodListVolumes,
-		MethodGetCapacity, MethodControllerGetVolume:
+		MethodGetCapacity, MethodControllerGetVolume,
+		MethodCreateSnapshot, MethodDeleteSnapshot, MethodListSnapshots:
 		return true
 	}
 	return false

@@ -133,14 +133,3 @@ func (s *controllerServer) ControllerGetVolume(ctx context.Context, req *csi.Con
 		}, nil
 	})
 }
-
-func (s *controllerServer) GetCapacity(ctx context.Context, _ *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	spec := s.spec(MethodGetCapacity)
-	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_GET_CAPACITY); err != nil {
-		return nil, err
-	}
-	return runOp(ctx, s.b, spec, func(*Call) (*csi.GetCapacityResponse, error) {
-		// One pool serves every topology segment and parameter set.
-		return &csi.GetCapacityResponse{AvailableCapacity: s.b.cfg.TotalCapacity - s.b.usedCapacityLocked()}, nil
-	})
-}

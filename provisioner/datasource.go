@@ -1,0 +1,228 @@
+package provisioner
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+)
+
+// Data source kinds, finalizers and annotations, with upstream's names (P9).
+const (
+	pvcKind          = "PersistentVolumeClaim"
+	snapshotKind     = "VolumeSnapshot"
+	snapshotAPIGroup = "snapshot.storage.k8s.io"
+
+	// cloneProtectionFinalizer keeps a source claim while a clone of it is provisioned.
+	cloneProtectionFinalizer = "provisioner.storage.kubernetes.io/cloning-protection"
+	// snapshotProtectionFinalizer keeps a VolumeSnapshot while a volume is restored from it.
+	snapshotProtectionFinalizer = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection"
+	// annAllowVolumeModeChange on a VolumeSnapshotContent lets volumes restored from it
+	// have another volume mode than the snapshotted volume.
+	annAllowVolumeModeChange = "snapshot.storage.kubernetes.io/allow-volume-mode-change"
+)
+
+// sourceKind is what the provisioner does with a claim's data source.
+type sourceKind int
+
+const (
+	sourceNone     sourceKind = iota
+	sourceClone               // a PersistentVolumeClaim: CreateVolume clones its volume
+	sourceSnapshot            // a VolumeSnapshot: CreateVolume restores it
+)
+
+// sourceRef names the object a claim's volume is made from.
+type sourceRef struct {
+	kind            sourceKind
+	namespace, name string
+}
+
+// key is the source-protection queue's key of the object.
+func (r sourceRef) key() string {
+	prefix := "pvc"
+	if r.kind == sourceSnapshot {
+		prefix = "snapshot"
+	}
+	return prefix + "/" + r.namespace + "/" + r.name
+}
+
+func (r sourceRef) String() string { return r.key() }
+
+// claimSource reads the claim's data source (dataSourceRef, else dataSource) as upstream
+// does: a PersistentVolumeClaim is cloned, a VolumeSnapshot restored; anything else
+// (populators) is errExternalPopulator. Cross-namespace sources are not supported.
+func claimSource(claim *v1.PersistentVolumeClaim) (sourceRef, error) {
+	var group, kind, name, namespace string
+	switch {
+	case claim.Spec.DataSourceRef != nil:
+		ds := claim.Spec.DataSourceRef
+		kind, name = ds.Kind, ds.Name
+		if ds.APIGroup != nil {
+			group = *ds.APIGroup
+		}
+		if ds.Namespace != nil {
+			namespace = *ds.Namespace
+		}
+	case claim.Spec.DataSource != nil:
+		ds := claim.Spec.DataSource
+		kind, name = ds.Kind, ds.Name
+		if ds.APIGroup != nil {
+			group = *ds.APIGroup
+		}
+	default:
+		return sourceRef{}, nil
+	}
+	ref := sourceRef{namespace: claim.Namespace, name: name}
+	switch {
+	case kind == pvcKind && group == "":
+		ref.kind = sourceClone
+	case kind == snapshotKind:
+		if group != snapshotAPIGroup {
+			return sourceRef{}, fmt.Errorf("the PVC source does not belong to the right APIGroup. Expected %s, Got %s", snapshotAPIGroup, group)
+		}
+		ref.kind = sourceSnapshot
+	default:
+		return sourceRef{}, errExternalPopulator
+	}
+	if name == "" {
+		return sourceRef{}, fmt.Errorf("the PVC source not found for PVC %s", claim.Name)
+	}
+	if namespace != "" && namespace != claim.Namespace {
+		return sourceRef{}, fmt.Errorf("data source %s %s/%s is in another namespace than the claim: cross-namespace data sources (CrossNamespaceVolumeDataSource) are not supported by csi-sidecars", kind, namespace, name)
+	}
+	return ref, nil
+}
+
+// checkSourceCapability says why the driver cannot make a volume from this kind of source,
+// as upstream words it.
+func checkSourceCapability(controller rpc.ControllerCapabilitySet, kind sourceKind) error {
+	switch {
+	case kind == sourceClone && !controller[csi.ControllerServiceCapability_RPC_CLONE_VOLUME]:
+		return errors.New("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported")
+	case kind == sourceSnapshot && !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT]:
+		return errors.New("CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported")
+	}
+	return nil
+}
+
+// cloneSource checks that the source claim can be cloned into claim and returns the
+// content source: same namespace and class, bound to a volume of the same driver, not
+// smaller than the source's request, same volume mode. sourcePV is nil when the source's
+// PersistentVolume is not found.
+func cloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, source *v1.PersistentVolumeClaim, sourcePV *v1.PersistentVolume) (*csi.VolumeContentSource, error) {
+	if source == nil {
+		return nil, fmt.Errorf("the PVC DataSource %s/%s does not exist", claim.Namespace, dataSourceName(claim))
+	}
+	switch {
+	case source.Status.Phase != v1.ClaimBound:
+		return nil, fmt.Errorf("the PVC DataSource %s must have a status of Bound.  Got %v", source.Name, source.Status.Phase)
+	case source.DeletionTimestamp != nil:
+		return nil, fmt.Errorf("the PVC DataSource %s is currently being deleted", source.Name)
+	case source.Spec.StorageClassName == nil:
+		return nil, fmt.Errorf("the source PVC (%s) storageclass cannot be empty", source.Name)
+	case storageClassName(claim) == "":
+		return nil, fmt.Errorf("the requested PVC (%s) storageclass cannot be empty", claim.Name)
+	case *source.Spec.StorageClassName != storageClassName(claim):
+		return nil, fmt.Errorf("the source PVC and destination PVCs must be in the same storage class for cloning.  Source is in %v, but new PVC is in %v", *source.Spec.StorageClassName, storageClassName(claim))
+	}
+	if requested, sourceSize := requestedBytes(claim), requestedBytes(source); requested < sourceSize {
+		return nil, fmt.Errorf("error, new PVC request must be greater than or equal in size to the specified PVC data source, requested %v but source is %v", requested, sourceSize)
+	}
+	if source.Spec.VolumeName == "" {
+		return nil, fmt.Errorf("volume name is empty in source PVC %s", source.Name)
+	}
+	notBound := fmt.Errorf("claim in dataSource not bound or invalid")
+	switch {
+	case sourcePV == nil, sourcePV.Spec.CSI == nil, sourcePV.Spec.CSI.Driver != class.Provisioner,
+		sourcePV.Spec.ClaimRef == nil, sourcePV.Spec.ClaimRef.UID != source.UID,
+		sourcePV.Spec.ClaimRef.Namespace != source.Namespace, sourcePV.Spec.ClaimRef.Name != source.Name,
+		sourcePV.Status.Phase != v1.VolumeBound:
+		return nil, notBound
+	}
+	if want, got := volumeMode(claim.Spec.VolumeMode), volumeMode(sourcePV.Spec.VolumeMode); want != got {
+		return nil, fmt.Errorf("the source PVC and destination PVCs must have the same volume mode for cloning.  Source is %s, but new PVC requested %s", got, want)
+	}
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+		Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: sourcePV.Spec.CSI.VolumeHandle},
+	}}, nil
+}
+
+// volumeMode is the mode, Filesystem when unset (the API's default).
+func volumeMode(m *v1.PersistentVolumeMode) v1.PersistentVolumeMode {
+	if m == nil {
+		return v1.PersistentVolumeFilesystem
+	}
+	return *m
+}
+
+func dataSourceName(claim *v1.PersistentVolumeClaim) string {
+	if claim.Spec.DataSourceRef != nil {
+		return claim.Spec.DataSourceRef.Name
+	}
+	if claim.Spec.DataSource != nil {
+		return claim.Spec.DataSource.Name
+	}
+	return ""
+}
+
+// snapshotSource checks that the snapshot can be restored into claim and returns the
+// content source: bound to a content of the same driver that points back to it, ready,
+// with a snapshot handle, a restore size that fits the request and, with
+// preventModeConversion, the same volume mode unless the content allows a change.
+func snapshotSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent, preventModeConversion bool) (*csi.VolumeContentSource, error) {
+	name := snap.Name
+	notBound := fmt.Errorf("snapshot %s not bound", name)
+	if snap.DeletionTimestamp != nil && !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
+		// With the finalizer, a restore started before the deletion: finish it rather than
+		// leak what the driver may have created.
+		return nil, fmt.Errorf("snapshot %s is being deleted", name)
+	}
+	if snap.Status == nil || snap.Status.BoundVolumeSnapshotContentName == nil || content == nil {
+		return nil, notBound
+	}
+	ref := content.Spec.VolumeSnapshotRef
+	if ref.UID != snap.UID || ref.Namespace != snap.Namespace || ref.Name != snap.Name || content.Spec.Driver != class.Provisioner {
+		return nil, notBound
+	}
+	if snap.Status.ReadyToUse == nil || !*snap.Status.ReadyToUse {
+		return nil, fmt.Errorf("snapshot %s is not Ready", name)
+	}
+	if content.Status == nil || content.Status.SnapshotHandle == nil {
+		return nil, fmt.Errorf("snapshot handle %s is not available", name)
+	}
+	if size := snap.Status.RestoreSize; size != nil && requestedBytes(claim) < size.Value() {
+		return nil, fmt.Errorf("requested volume size %d is less than the size %d for the source snapshot %s", requestedBytes(claim), size.Value(), name)
+	}
+	if preventModeConversion && content.Spec.SourceVolumeMode != nil && claim.Spec.VolumeMode != nil && *content.Spec.SourceVolumeMode != *claim.Spec.VolumeMode {
+		if err := modeChangeAllowed(claim, content); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: *content.Status.SnapshotHandle},
+	}}, nil
+}
+
+// modeChangeAllowed tells why a claim may not change the volume mode of the snapshotted
+// volume: only the content's annotation, set by an administrator, allows it.
+func modeChangeAllowed(claim *v1.PersistentVolumeClaim, content *snapshotv1.VolumeSnapshotContent) error {
+	prefix := fmt.Sprintf("requested volume %s/%s modifies the mode of the source volume but does not have permission to do so. ", claim.Namespace, claim.Name)
+	value, ok := content.Annotations[annAllowVolumeModeChange]
+	if !ok {
+		return fmt.Errorf("%s%s annotation is not present on snapshotcontent %s", prefix, annAllowVolumeModeChange, content.Name)
+	}
+	allowed, err := strconv.ParseBool(value)
+	if err != nil {
+		return fmt.Errorf("%sfailed to convert %s annotation value to boolean with error: %v", prefix, annAllowVolumeModeChange, err)
+	}
+	if !allowed {
+		return fmt.Errorf("%s%s is set to false on snapshotcontent %s", prefix, annAllowVolumeModeChange, content.Name)
+	}
+	return nil
+}

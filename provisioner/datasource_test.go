@@ -1,0 +1,264 @@
+package provisioner
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+)
+
+func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		claim   func(*v1.PersistentVolumeClaim)
+		want    sourceRef
+		wantErr string
+		popul   bool
+	}{
+		{name: "no data source", claim: func(*v1.PersistentVolumeClaim) {}},
+		{name: "clone by dataSource", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+		}, want: sourceRef{kind: sourceClone, namespace: "ns", name: "src"}},
+		{name: "snapshot by dataSourceRef", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
+		}, want: sourceRef{kind: sourceSnapshot, namespace: "ns", name: "snap"}},
+		{name: "snapshot of another group", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To("example.com"), Kind: snapshotKind, Name: "snap"}
+		}, wantErr: "right APIGroup"},
+		{name: "populator", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("hello.example.com"), Kind: "Hello", Name: "h"}
+		}, popul: true},
+		{name: "claim kind of another group is a populator", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("example.com"), Kind: pvcKind, Name: "x"}
+		}, popul: true},
+		{name: "cross-namespace", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{Kind: pvcKind, Name: "src", Namespace: ptr.To("other")}
+		}, wantErr: "cross-namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claim := claimFor("dst", "uid-dst", "fast")
+			claim.Namespace = "ns"
+			tc.claim(claim)
+			got, err := claimSource(claim)
+			switch {
+			case tc.popul:
+				if !errors.Is(err, errExternalPopulator) {
+					t.Fatalf("got %v, %v; want the populator error", got, err)
+				}
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)
+				}
+			case err != nil || got != tc.want:
+				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSourceKindsNeedTheirCapability(t *testing.T) {
+	none := rpc.ControllerCapabilitySet{}
+	all := rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CLONE_VOLUME: true, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT: true}
+	if err := checkSourceCapability(none, sourceClone); err == nil || !strings.Contains(err.Error(), "CLONE_VOLUME") {
+		t.Errorf("clone without CLONE_VOLUME: %v", err)
+	}
+	if err := checkSourceCapability(none, sourceSnapshot); err == nil || !strings.Contains(err.Error(), "CREATE_DELETE_SNAPSHOT") {
+		t.Errorf("restore without CREATE_DELETE_SNAPSHOT: %v", err)
+	}
+	for _, k := range []sourceKind{sourceNone, sourceClone, sourceSnapshot} {
+		if err := checkSourceCapability(all, k); err != nil {
+			t.Errorf("kind %d with every capability: %v", k, err)
+		}
+	}
+}
+
+// boundSource is a source claim "src" of class fast, bound to PV "pv-src" of drv.
+func boundSource() (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+	src := claimFor("src", "uid-src", "fast")
+	src.Namespace = "ns"
+	src.Spec.VolumeName = "pv-src"
+	src.Status.Phase = v1.ClaimBound
+	pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-src"}, Spec: v1.PersistentVolumeSpec{
+		PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv, VolumeHandle: "vol-src"}},
+		ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "src", UID: "uid-src"},
+	}, Status: v1.PersistentVolumeStatus{Phase: v1.VolumeBound}}
+	return src, pv
+}
+
+func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
+	block := v1.PersistentVolumeBlock
+	for _, tc := range []struct {
+		name    string
+		change  func(dst, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume)
+		wantErr string
+	}{
+		{name: "valid clone"},
+		{name: "source missing", change: func(_, _ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			return nil, pv
+		}, wantErr: "does not exist"},
+		{name: "source not bound", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			src.Status.Phase = v1.ClaimPending
+			return src, pv
+		}, wantErr: "must have a status of Bound"},
+		{name: "source being deleted", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			src.DeletionTimestamp = &metav1.Time{}
+			return src, pv
+		}, wantErr: "currently being deleted"},
+		{name: "other class", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			src.Spec.StorageClassName = ptr.To("slow")
+			return src, pv
+		}, wantErr: "same storage class"},
+		{name: "smaller than the source", change: func(dst, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			src.Spec.Resources.Requests[v1.ResourceStorage] = resource.MustParse("2Gi")
+			return src, pv
+		}, wantErr: "greater than or equal in size"},
+		{name: "source PV missing", change: func(_, src *v1.PersistentVolumeClaim, _ *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			return src, nil
+		}, wantErr: "not bound or invalid"},
+		{name: "source PV of another driver", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			pv.Spec.CSI.Driver = "other.example.com"
+			return src, pv
+		}, wantErr: "not bound or invalid"},
+		{name: "source PV bound to another claim", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			pv.Spec.ClaimRef.UID = types.UID("someone-else")
+			return src, pv
+		}, wantErr: "not bound or invalid"},
+		{name: "volume mode differs", change: func(dst, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			dst.Spec.VolumeMode = &block
+			return src, pv
+		}, wantErr: "same volume mode"},
+		{name: "both block", change: func(dst, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			dst.Spec.VolumeMode, pv.Spec.VolumeMode = &block, &block
+			return src, pv
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := claimFor("dst", "uid-dst", "fast")
+			dst.Namespace = "ns"
+			src, pv := boundSource()
+			if tc.change != nil {
+				src, pv = tc.change(dst, src, pv)
+			}
+			got, err := cloneSource(dst, class("fast", nil), src, pv)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got.GetVolume().GetVolumeId() != "vol-src" {
+				t.Fatalf("got %v, %v; want a clone of vol-src", got, err)
+			}
+		})
+	}
+}
+
+// readySnapshot is snapshot "snap" of 1Gi bound to content "content" of drv, handle "h".
+func readySnapshot() (*snapshotv1.VolumeSnapshot, *snapshotv1.VolumeSnapshotContent) {
+	snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "snap", Namespace: "ns", UID: "uid-snap"},
+		Status: &snapshotv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr.To("content"), ReadyToUse: ptr.To(true), RestoreSize: ptr.To(resource.MustParse("1Gi"))}}
+	content := &snapshotv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: "content"},
+		Spec: snapshotv1.VolumeSnapshotContentSpec{Driver: drv, VolumeSnapshotRef: v1.ObjectReference{Namespace: "ns", Name: "snap", UID: "uid-snap"},
+			SourceVolumeMode: ptr.To(v1.PersistentVolumeFilesystem)},
+		Status: &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To("h")}}
+	return snap, content
+}
+
+func TestSnapshotSourceChecksReadinessBindingSizeAndVolumeMode(t *testing.T) {
+	block := v1.PersistentVolumeBlock
+	for _, tc := range []struct {
+		name      string
+		change    func(dst *v1.PersistentVolumeClaim, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent
+		noPrevent bool
+		wantErr   string
+	}{
+		{name: "valid restore"},
+		{name: "not bound", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			s.Status.BoundVolumeSnapshotContentName = nil
+			return c
+		}, wantErr: "not bound"},
+		{name: "content missing", change: func(*v1.PersistentVolumeClaim, *snapshotv1.VolumeSnapshot, *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			return nil
+		}, wantErr: "not bound"},
+		{name: "content of another snapshot", change: func(_ *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			c.Spec.VolumeSnapshotRef.UID = "other"
+			return c
+		}, wantErr: "not bound"},
+		{name: "content of another driver", change: func(_ *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			c.Spec.Driver = "other.example.com"
+			return c
+		}, wantErr: "not bound"},
+		{name: "not ready", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			s.Status.ReadyToUse = ptr.To(false)
+			return c
+		}, wantErr: "not Ready"},
+		{name: "no handle", change: func(_ *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			c.Status.SnapshotHandle = nil
+			return c
+		}, wantErr: "handle snap is not available"},
+		{name: "request below restore size", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			s.Status.RestoreSize = ptr.To(resource.MustParse("2Gi"))
+			return c
+		}, wantErr: "less than the size"},
+		{name: "being deleted without our finalizer", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			s.DeletionTimestamp = &metav1.Time{}
+			return c
+		}, wantErr: "being deleted"},
+		{name: "being deleted with our finalizer: the restore goes on", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			s.DeletionTimestamp = &metav1.Time{}
+			s.Finalizers = []string{snapshotProtectionFinalizer}
+			return c
+		}},
+		{name: "mode change without annotation", change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			d.Spec.VolumeMode = &block
+			return c
+		}, wantErr: "annotation is not present"},
+		{name: "mode change with annotation false", change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			d.Spec.VolumeMode = &block
+			c.Annotations = map[string]string{annAllowVolumeModeChange: "false"}
+			return c
+		}, wantErr: "is set to false"},
+		{name: "mode change with annotation garbage", change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			d.Spec.VolumeMode = &block
+			c.Annotations = map[string]string{annAllowVolumeModeChange: "maybe"}
+			return c
+		}, wantErr: "failed to convert"},
+		{name: "mode change allowed by annotation", change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			d.Spec.VolumeMode = &block
+			c.Annotations = map[string]string{annAllowVolumeModeChange: "true"}
+			return c
+		}},
+		{name: "mode change allowed when not prevented", noPrevent: true, change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
+			d.Spec.VolumeMode = &block
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := claimFor("dst", "uid-dst", "fast")
+			dst.Namespace = "ns"
+			dst.Spec.VolumeMode = ptr.To(v1.PersistentVolumeFilesystem)
+			snap, content := readySnapshot()
+			if tc.change != nil {
+				content = tc.change(dst, snap, content)
+			}
+			got, err := snapshotSource(dst, class("fast", nil), snap, content, !tc.noPrevent)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got.GetSnapshot().GetSnapshotId() != "h" {
+				t.Fatalf("got %v, %v; want a restore of h", got, err)
+			}
+		})
+	}
+}
