@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
@@ -53,7 +55,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o, os.Stdout); err != nil {
+	if _, err := run(ctx, o, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)
 		os.Exit(1)
 	}
@@ -82,19 +84,21 @@ type handover struct {
 	exitCode            int
 	firstCallAfterExit  time.Duration
 	overlaps, done, all int
+	standbyPeakRSS      int64 // bytes, VmHWM of the standby after it finished the work
 }
 
-func run(ctx context.Context, o options, out io.Writer) (err error) {
+// run is the whole demo; it returns each sidecar's handover, for the benchmark.
+func run(ctx context.Context, o options, out io.Writer) (results []handover, err error) {
 	o.volumes, o.latency = 8, 3*time.Second
 	if o.short {
 		o.volumes, o.latency = 4, time.Second
 	}
 	// Sockets live in the log folder; gRPC needs their paths absolute.
 	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
-		return err
+		return results, err
 	}
 	if err := os.MkdirAll(o.logDir, 0o755); err != nil {
-		return err
+		return results, err
 	}
 	d := &demo{o: o, out: out, began: time.Now()}
 	defer func() {
@@ -104,25 +108,25 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 
 	d.say("starting kube-apiserver + etcd on loopback")
 	if d.cp, err = controlplane.Start(ctx, controlplane.Options{LogDir: o.logDir}); err != nil {
-		return err
+		return results, err
 	}
 	d.kube = kubernetes.NewForConfigOrDie(d.cp.Config())
 	journal, err := os.Create(filepath.Join(o.logDir, "driver-journal.jsonl"))
 	if err != nil {
-		return err
+		return results, err
 	}
 	defer journal.Close()
 	d.driver, err = testdriver.New(testdriver.Config{DriverName: driverName, Latency: o.latency, JournalWriter: journal})
 	if err != nil {
-		return err
+		return results, err
 	}
 	d.say("test CSI driver %s: every controller call takes %v", driverName, o.latency)
 	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace}}, metav1.CreateOptions{}); err != nil {
-		return err
+		return results, err
 	}
 	d.store = e2e.Storage{Kube: d.kube, Namespace: demoNamespace, Class: "demo-fast", Node: "demo-node", Driver: driverName}
 	if err := d.store.SetUp(ctx, d.driver.NodeID()); err != nil {
-		return err
+		return results, err
 	}
 
 	sanitized := lifecycle.SanitizeName(driverName)
@@ -138,30 +142,29 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	}
 	for _, p := range phases {
 		if err := d.startPair(ctx, p.sidecar, p.lease, p.flags); err != nil {
-			return err
+			return results, err
 		}
 	}
-	var results []handover
 	for _, p := range phases {
 		h, err := d.handover(ctx, p.sidecar, p.lease, p.method, p.work, p.done)
 		results = append(results, h)
 		if err != nil {
 			d.summary(results)
-			return fmt.Errorf("%s: %w", p.sidecar, err)
+			return results, fmt.Errorf("%s: %w", p.sidecar, err)
 		}
 		if p.sidecar == "provisioner" {
 			if err := d.bindAll(ctx); err != nil {
-				return err
+				return results, err
 			}
 		}
 	}
 	d.summary(results)
 	for _, h := range results {
 		if h.exitCode != 0 || h.overlaps != 0 || h.done != h.all {
-			return errors.New("a handover was not clean (see the table)")
+			return results, errors.New("a handover was not clean (see the table)")
 		}
 	}
-	return nil
+	return results, nil
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -250,6 +253,7 @@ func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work
 			h.overlaps++
 		}
 	}
+	h.standbyPeakRSS = peakRSS(standby.cmd.Process.Pid)
 	d.say("%s: %d/%d done, %d overlapping operations in the driver", sidecar, h.done, h.all, h.overlaps)
 	return h, err
 }
@@ -257,12 +261,15 @@ func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work
 func (d *demo) summary(results []handover) {
 	fmt.Fprintln(d.out, "\nSummary (one SIGTERM per sidecar, calls in flight)")
 	tw := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight at SIGTERM\tdrain\texit\tstandby's first call after exit\toverlaps\tdone")
+	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight at SIGTERM\tdrain\texit\tstandby's first call after exit\toverlaps\tdone\tstandby peak RSS")
 	for _, h := range results {
-		fmt.Fprintf(tw, "%s\t%s -> %s\t%d\t%v\t%d\t%v\t%d\t%d/%d\n", h.sidecar, h.leader, h.standby, h.inFlight,
-			h.drain.Round(time.Millisecond), h.exitCode, h.firstCallAfterExit.Round(time.Millisecond), h.overlaps, h.done, h.all)
+		fmt.Fprintf(tw, "%s\t%s -> %s\t%d\t%v\t%d\t%v\t%d\t%d/%d\t%.0f MiB\n", h.sidecar, h.leader, h.standby, h.inFlight,
+			h.drain.Round(time.Millisecond), h.exitCode, h.firstCallAfterExit.Round(time.Millisecond), h.overlaps, h.done, h.all,
+			float64(h.standbyPeakRSS)/(1<<20))
 	}
 	tw.Flush()
+	fmt.Fprintln(d.out, "(drain: SIGTERM to exit. The standby may start a few ms before the old process has exited: it")
+	fmt.Fprintln(d.out, " takes over when the Lease is released, which is the old leader's last step; that shows as a negative time.)")
 }
 
 func (d *demo) pair(sidecar, leader string) (*replica, *replica) {
@@ -397,4 +404,19 @@ func running(cs []testdriver.Call) int {
 		}
 	}
 	return n
+}
+
+// peakRSS is a process's peak resident memory (VmHWM), 0 if unknown.
+func peakRSS(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
