@@ -24,6 +24,13 @@
 // uses it (offline-only driver) is retried when that Pod goes away instead of on a backoff
 // timer that writes an event on every attempt.
 //
+// Both controllers read PVCs and PVs through their own writes (a client-go mutation cache
+// over the shared informers' stores): a sync that comes before the informer shows what the
+// last sync wrote starts from the written object, so a stale copy never calls the driver
+// again. The shared informer stores are never written to. A periodic resync re-runs a PVC
+// whose work is due, never one waiting for its backoff, and costs no call, write or event
+// when there is nothing to do.
+//
 // The package never handles signals, Leases or process exit, and holds no package-level
 // mutable state.
 package resizer

@@ -101,8 +101,8 @@ func (m *modifier) modify(ctx context.Context, pv *v1.PersistentVolume, params m
 	return err
 }
 
-// volumeCapability is the CSI capability of a PV: block or mount (with its file system
-// type and mount options) and the access mode its access modes map to.
+// volumeCapability is the CSI capability of a CSI PV (spec.CSI set): block or mount (with
+// its file system type and mount options) and the access mode its access modes map to.
 func volumeCapability(spec *v1.PersistentVolumeSpec, singleNodeMultiWriter bool) (*csi.VolumeCapability, error) {
 	mode, err := accessmodes.ToCSIAccessMode(spec.AccessModes, singleNodeMultiWriter)
 	if err != nil {
@@ -113,11 +113,7 @@ func volumeCapability(spec *v1.PersistentVolumeSpec, singleNodeMultiWriter bool)
 		c.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 		return c, nil
 	}
-	fsType := ""
-	if spec.CSI != nil {
-		fsType = spec.CSI.FSType
-	}
-	c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: spec.MountOptions}}
+	c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: spec.CSI.FSType, MountFlags: spec.MountOptions}}
 	return c, nil
 }
 

@@ -3,14 +3,11 @@ package resizer
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/informers"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -37,21 +34,14 @@ type expansionController struct {
 	expander        expander
 	annotateFs      bool
 	recoverFailures bool
-	retryMax        time.Duration
 
-	pvcs  corelisters.PersistentVolumeClaimLister
-	pvs   corelisters.PersistentVolumeLister
 	queue workqueue.TypedRateLimitingInterface[string]
 	// inUse is nil without --handle-volume-inuse-error.
 	inUse *inUseTracker
-
-	mu sync.Mutex
-	// finalError holds the PVCs whose last controller call ended with a final error, so
-	// the next attempt may take a changed request (planExpansion).
-	finalError map[string]bool
-	// infeasibleAt holds when a PVC's size was last refused as infeasible: the same size is
-	// tried again only after --retry-interval-max (upstream's slow set).
-	infeasibleAt map[string]time.Time
+	// attempts says whether the last controller call ended with a final error, so the next
+	// attempt may take a changed request (planExpansion), and holds back a size refused as
+	// infeasible for --retry-interval-max (upstream's slow set).
+	attempts *attempts
 }
 
 // newExpansionController registers the PVC and PV informers (and the Pod informer, only
@@ -62,19 +52,13 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 		expander:        cfg.expander,
 		annotateFs:      cfg.annotateFs,
 		recoverFailures: cfg.recoverFailures,
-		retryMax:        cfg.retryMax,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-pvc"}),
-		finalError:   map[string]bool{},
-		infeasibleAt: map[string]time.Time{},
+		attempts: newAttempts(cfg.retryMax),
 	}
+	// The writer reads PVCs and PVs through these informers (newWriter registered them).
 	pvcInformer := cfg.informers.Core().V1().PersistentVolumeClaims()
-	c.pvcs = pvcInformer.Lister()
-	c.claims = pvcInformer.Informer().GetStore()
-	c.pvs = cfg.informers.Core().V1().PersistentVolumes().Lister()
-	// Registering the PV informer's lister makes the factory start it.
-	cfg.informers.Core().V1().PersistentVolumes().Informer()
 	if _, err := pvcInformer.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: c.claimUpdated,
@@ -98,20 +82,25 @@ func (c *expansionController) enqueue(obj any) {
 	}
 }
 
-// claimUpdated enqueues a PVC whose request, resizer annotation or capacity changed, or on
-// a resync; other updates (labels, our own status writes) cannot start a resize.
+// claimUpdated enqueues a PVC whose request, resizer annotation, capacity or phase changed;
+// other updates (labels, our own status writes) cannot start a resize, so they must not
+// requeue a failed PVC ahead of its backoff. A resync (same resourceVersion) enqueues too,
+// to retry what is due, unless a failure's rate-limited retry is already pending.
 func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
 	if !ok1 || !ok2 {
 		return
 	}
+	if old.ResourceVersion == pvc.ResourceVersion {
+		resync(c.queue, pvc)
+		return
+	}
 	oldReq, newReq := old.Spec.Resources.Requests[v1.ResourceStorage], pvc.Spec.Resources.Requests[v1.ResourceStorage]
 	oldCap, newCap := old.Status.Capacity[v1.ResourceStorage], pvc.Status.Capacity[v1.ResourceStorage]
 	if newReq.Cmp(oldReq) != 0 || newCap.Cmp(oldCap) != 0 ||
 		old.Annotations[annResizer] != pvc.Annotations[annResizer] ||
-		old.Status.Phase != pvc.Status.Phase ||
-		old.ResourceVersion == pvc.ResourceVersion {
+		old.Status.Phase != pvc.Status.Phase {
 		c.enqueue(pvc)
 	}
 }
@@ -122,10 +111,7 @@ func (c *expansionController) claimDeleted(obj any) {
 		return
 	}
 	c.queue.Forget(key)
-	c.mu.Lock()
-	delete(c.finalError, key)
-	delete(c.infeasibleAt, key)
-	c.mu.Unlock()
+	c.attempts.forget(key)
 	if c.inUse != nil {
 		c.inUse.forget(key)
 	}
@@ -142,22 +128,16 @@ func (c *expansionController) sync(key string) error {
 	if err != nil {
 		return nil
 	}
-	logger := klog.Background().WithValues("pvc", key)
-	pvc, err := c.pvcs.PersistentVolumeClaims(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	logger := klog.FromContext(c.ops()).WithValues("pvc", key)
+	pvc, ok, err := c.claim(ns, name)
+	if err != nil || !ok {
 		return err
 	}
 	if pvc.Spec.VolumeName == "" {
 		return nil
 	}
-	pv, err := c.pvs.Get(pvc.Spec.VolumeName)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	pv, ok, err := c.volume(pvc.Spec.VolumeName)
+	if err != nil || !ok {
 		return err
 	}
 	if !ofDriver(pv, c.driver) {
@@ -178,7 +158,7 @@ func (c *expansionController) sync(key string) error {
 
 	var plan expansion
 	if c.recoverFailures {
-		plan = planExpansion(pvc, pv, c.expander.controllerExpands(), c.hadFinalError(key))
+		plan = planExpansion(pvc, pv, c.expander.controllerExpands(), c.attempts.finalError(key))
 	} else {
 		plan = planLegacyExpansion(pvc, pv)
 	}
@@ -186,7 +166,7 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 	if plan.sameAsAllocated && pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage] == v1.PersistentVolumeClaimControllerResizeInfeasible {
-		if wait := c.infeasibleWait(key); wait > 0 {
+		if wait := c.attempts.infeasibleWait(key); wait > 0 {
 			// The same size was refused moments ago: only a changed request retries sooner.
 			logger.V(4).Info("Expansion was infeasible, retrying later", "after", wait)
 			c.queue.AddAfter(key, wait)
@@ -195,9 +175,11 @@ func (c *expansionController) sync(key string) error {
 	}
 	if c.inUse != nil && c.inUse.blocked(pvc) {
 		// An offline-only driver refused while a Pod uses the PVC, and one still does: the
-		// Pod going away enqueues the PVC again.
-		c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonResizeFailed,
-			"Unable to expand %s/%s because CSI driver %s only supports offline expansion and volume is currently in-use", pvc.Namespace, pvc.Name, c.driver)
+		// Pod going away enqueues the PVC again. Each version of the PVC is told once.
+		if c.inUse.news(pvc) {
+			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonResizeFailed,
+				"Unable to expand %s/%s because CSI driver %s only supports offline expansion and volume is currently in-use", pvc.Namespace, pvc.Name, c.driver)
+		}
 		return nil
 	}
 	return c.expand(logger, key, pvc, pv, plan)
@@ -211,7 +193,8 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 	}
 	c.recorder.Eventf(pvc, v1.EventTypeNormal, reasonResizing, "External resizer is resizing volume %s", pv.Name)
 	if c.inUse != nil {
-		c.inUse.clear(key)
+		// A new attempt: the driver will refuse again if a Pod still uses the volume.
+		c.inUse.forget(key)
 	}
 
 	ctx, cancel := c.opContext()
@@ -221,10 +204,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 	if callErr != nil {
 		return c.recordFailure(key, pvc, pv, callErr)
 	}
-	c.mu.Lock()
-	delete(c.finalError, key)
-	delete(c.infeasibleAt, key)
-	c.mu.Unlock()
+	c.attempts.forget(key)
 
 	size := *resource.NewQuantity(reached, resource.BinarySI)
 	if reached == plan.size.Value() {
@@ -256,18 +236,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 // in-use refusal waits for the Pod to go away.
 func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, callErr error) error {
 	final, infeasible := isFinal(callErr), isInfeasible(callErr)
-	c.mu.Lock()
-	if final {
-		c.finalError[key] = true
-	} else {
-		delete(c.finalError, key)
-	}
-	if infeasible {
-		c.infeasibleAt[key] = time.Now()
-	} else {
-		delete(c.infeasibleAt, key)
-	}
-	c.mu.Unlock()
+	c.attempts.failed(key, final, infeasible)
 	if c.inUse != nil && isInUse(callErr) {
 		c.inUse.record(key)
 	}
@@ -281,27 +250,10 @@ func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolume
 	switch {
 	case infeasible && c.recoverFailures:
 		// Retried slowly, or at once when the user changes the request.
-		c.queue.AddAfter(key, c.retryMax)
+		c.queue.AddAfter(key, c.attempts.retryMax)
 		return nil
 	case c.inUse != nil && isInUse(callErr) && c.inUse.blocked(pvc):
 		return nil
 	}
 	return err
-}
-
-func (c *expansionController) hadFinalError(key string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.finalError[key]
-}
-
-// infeasibleWait is how long the same size must still wait after being refused as infeasible.
-func (c *expansionController) infeasibleWait(key string) time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	at, ok := c.infeasibleAt[key]
-	if !ok {
-		return 0
-	}
-	return max(0, c.retryMax-time.Since(at))
 }

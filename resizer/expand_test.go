@@ -16,7 +16,8 @@ import (
 type expansionOpts struct {
 	trivial     bool
 	handleInUse bool
-	legacy      bool // RecoverVolumeExpansionFailure off
+	legacy      bool          // RecoverVolumeExpansionFailure off
+	retryStart  time.Duration // default 1ms
 }
 
 // A PVC asking for more gets ControllerExpandVolume and every field upstream records.
@@ -99,18 +100,17 @@ func TestExpansionSucceeds(t *testing.T) {
 
 func newExpansionFixtureWith(t *testing.T, f *fixture, o expansionOpts, objs ...runtime.Object) (*fixture, *expansionController) {
 	t.Helper()
-	for _, o := range objs {
-		if err := f.kube.Tracker().Add(o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.add(objs...)
 	var exp expander = &csiExpander{client: f.controllerClient(), kube: f.kube}
 	if o.trivial {
 		exp = trivialExpander{}
 	}
+	if o.retryStart == 0 {
+		o.retryStart = time.Millisecond
+	}
 	c, err := newExpansionController(expansionConfig{
 		writer: f.w, expander: exp, informers: f.factory,
-		retryStart: time.Millisecond, retryMax: time.Minute,
+		retryStart: o.retryStart, retryMax: time.Minute,
 		handleInUse: o.handleInUse, annotateFs: true, recoverFailures: !o.legacy,
 	})
 	if err != nil {

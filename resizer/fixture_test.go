@@ -2,7 +2,10 @@ package resizer
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,9 +13,12 @@ import (
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -29,6 +35,7 @@ const testDriver = "unit.csi.test"
 type fixture struct {
 	t        *testing.T
 	kube     *fake.Clientset
+	versions *versionedTracker
 	factory  informers.SharedInformerFactory
 	driver   *testdriver.Backend
 	conn     *grpc.ClientConn
@@ -44,14 +51,104 @@ func newFixture(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *fi
 		t.Fatal(err)
 	}
 	conn := testdriver.Dial(t, d)
-	kube := fake.NewClientset(objs...)
+	kube := fake.NewClientset()
+	versions := &versionedTracker{ObjectTracker: kube.Tracker()}
+	kube.PrependReactor("*", "*", k8stesting.ObjectReaction(versions))
 	f := &fixture{
-		t: t, kube: kube, driver: d, conn: conn,
+		t: t, kube: kube, versions: versions, driver: d, conn: conn,
 		factory:  informers.NewSharedInformerFactory(kube, 0),
 		recorder: record.NewFakeRecorder(100),
 	}
-	f.w = writer{kube: kube, ops: context.Background, timeout: 5 * time.Second, recorder: f.recorder, driver: testDriver}
+	f.w = newWriter(kube, context.Background, 5*time.Second, f.recorder, testDriver, f.factory)
+	f.add(objs...)
 	return f
+}
+
+// add puts objects in the fake API server, with resourceVersions.
+func (f *fixture) add(objs ...runtime.Object) {
+	f.t.Helper()
+	for _, o := range objs {
+		if err := f.versions.Add(o); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// versionedTracker gives the fake API server what the resizer relies on and the fake
+// tracker leaves out: every write sets a new, increasing resourceVersion on the object, and
+// an update or patch that carries a resourceVersion other than the stored one fails with a
+// conflict.
+type versionedTracker struct {
+	k8stesting.ObjectTracker
+	mu      sync.Mutex
+	version int
+}
+
+func (t *versionedTracker) stamp(obj runtime.Object) error {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	t.version++
+	m.SetResourceVersion(strconv.Itoa(t.version))
+	return nil
+}
+
+func (t *versionedTracker) Add(obj runtime.Object) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	obj = obj.DeepCopyObject()
+	if err := t.stamp(obj); err != nil {
+		return err
+	}
+	return t.ObjectTracker.Add(obj)
+}
+
+func (t *versionedTracker) Create(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.CreateOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.stamp(obj); err != nil {
+		return err
+	}
+	return t.ObjectTracker.Create(gvr, obj, ns, opts...)
+}
+
+func (t *versionedTracker) Update(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.UpdateOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.checkVersion(gvr, obj, ns); err != nil {
+		return err
+	}
+	return t.ObjectTracker.Update(gvr, obj, ns, opts...)
+}
+
+func (t *versionedTracker) Patch(gvr schema.GroupVersionResource, obj runtime.Object, ns string, opts ...metav1.PatchOptions) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.checkVersion(gvr, obj, ns); err != nil {
+		return err
+	}
+	return t.ObjectTracker.Patch(gvr, obj, ns, opts...)
+}
+
+// checkVersion fails a write whose object carries a stale resourceVersion, and stamps it.
+func (t *versionedTracker) checkVersion(gvr schema.GroupVersionResource, obj runtime.Object, ns string) error {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	stored, err := t.ObjectTracker.Get(gvr, ns, m.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	sm, err := meta.Accessor(stored)
+	if err != nil {
+		return err
+	}
+	if rv := m.GetResourceVersion(); rv != "" && rv != sm.GetResourceVersion() {
+		return apierrors.NewConflict(gvr.GroupResource(), m.GetName(), fmt.Errorf("resourceVersion %s is not the stored %s", rv, sm.GetResourceVersion()))
+	}
+	return t.stamp(obj)
 }
 
 // start starts the informers and waits for their caches.

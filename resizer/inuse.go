@@ -17,12 +17,14 @@ type inUseTracker struct {
 	pods    corelisters.PodLister
 	enqueue func(key string)
 
-	mu     sync.Mutex
-	failed map[string]bool // PVC keys refused as in use
+	mu sync.Mutex
+	// failed holds the PVC keys refused as in use, each with the resourceVersion of the PVC
+	// last reported as waiting for its Pods ("" before any).
+	failed map[string]string
 }
 
 func newInUseTracker(pods corelisters.PodLister, enqueue func(string)) *inUseTracker {
-	return &inUseTracker{pods: pods, enqueue: enqueue, failed: map[string]bool{}}
+	return &inUseTracker{pods: pods, enqueue: enqueue, failed: map[string]string{}}
 }
 
 // handler enqueues refused PVCs of Pods that end or go away; it does nothing else.
@@ -48,7 +50,7 @@ func (t *inUseTracker) podGone(pod *v1.Pod) {
 	for _, claim := range claimsOf(pod) {
 		key := pod.Namespace + "/" + claim
 		t.mu.Lock()
-		failed := t.failed[key]
+		_, failed := t.failed[key]
 		t.mu.Unlock()
 		if failed {
 			t.enqueue(key)
@@ -60,12 +62,11 @@ func (t *inUseTracker) podGone(pod *v1.Pod) {
 func (t *inUseTracker) record(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.failed[key] = true
+	t.failed[key] = ""
 }
 
-// clear forgets the refusal before a new attempt; the driver will say again if it must.
-func (t *inUseTracker) clear(key string) { t.forget(key) }
-
+// forget drops the refusal: before a new attempt (the driver will refuse again if it must)
+// and when the PVC is gone.
 func (t *inUseTracker) forget(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -75,7 +76,7 @@ func (t *inUseTracker) forget(key string) {
 // blocked tells whether the PVC was refused as in use and a running Pod still uses it.
 func (t *inUseTracker) blocked(pvc *v1.PersistentVolumeClaim) bool {
 	t.mu.Lock()
-	failed := t.failed[pvc.Namespace+"/"+pvc.Name]
+	_, failed := t.failed[pvc.Namespace+"/"+pvc.Name]
 	t.mu.Unlock()
 	if !failed {
 		return false
@@ -95,6 +96,19 @@ func (t *inUseTracker) blocked(pvc *v1.PersistentVolumeClaim) bool {
 		}
 	}
 	return false
+}
+
+// news tells whether the blocked pvc is a version not yet reported as waiting, and notes
+// it as reported: a resync of the same version has nothing new to tell the user.
+func (t *inUseTracker) news(pvc *v1.PersistentVolumeClaim) bool {
+	key := pvc.Namespace + "/" + pvc.Name
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed[key] == pvc.ResourceVersion {
+		return false
+	}
+	t.failed[key] = pvc.ResourceVersion
+	return true
 }
 
 func claimsOf(pod *v1.Pod) []string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -46,19 +45,14 @@ type modifyController struct {
 	writer
 	modifier      *modifier
 	extraMetadata bool
-	retryMax      time.Duration
 
 	pvcs  corelisters.PersistentVolumeClaimLister
-	pvs   corelisters.PersistentVolumeLister
 	vacs  storagelisters.VolumeAttributesClassLister
 	queue workqueue.TypedRateLimitingInterface[string]
-
-	mu sync.Mutex
-	// uncertain holds PVCs whose last ControllerModifyVolume ended without a final answer:
-	// the driver may still be applying that class, so a rollback must call it again.
-	uncertain map[string]bool
-	// infeasibleAt holds when a PVC's target class was refused as infeasible.
-	infeasibleAt map[string]time.Time
+	// attempts says whether the last ControllerModifyVolume ended without a final answer
+	// (the driver may still be applying that class, so a rollback must call it again), and
+	// holds back a class refused as infeasible for --retry-interval-max.
+	attempts *attempts
 }
 
 func newModifyController(cfg modifyConfig) (*modifyController, error) {
@@ -66,33 +60,20 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		writer:        cfg.writer,
 		modifier:      cfg.modifier,
 		extraMetadata: cfg.extraMetadata,
-		retryMax:      cfg.retryMax,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-modify-pvc"}),
-		uncertain:    map[string]bool{},
-		infeasibleAt: map[string]time.Time{},
+		attempts: newAttempts(cfg.retryMax),
 	}
+	// The writer reads PVCs and PVs through these informers (newWriter registered them);
+	// the lister only serves classAdded's scan.
 	pvcInformer := cfg.informers.Core().V1().PersistentVolumeClaims()
 	c.pvcs = pvcInformer.Lister()
-	c.claims = pvcInformer.Informer().GetStore()
-	c.pvs = cfg.informers.Core().V1().PersistentVolumes().Lister()
-	cfg.informers.Core().V1().PersistentVolumes().Informer()
 	vacInformer := cfg.informers.Storage().V1().VolumeAttributesClasses()
 	c.vacs = vacInformer.Lister()
 	if _, err := pvcInformer.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueue,
-		UpdateFunc: func(oldObj, newObj any) {
-			old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
-			pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
-			// Only a user's change, a binding or a resync can start work; the
-			// controller's own status writes must not requeue a failure at once.
-			if ok1 && ok2 && (!equalClass(old.Spec.VolumeAttributesClassName, pvc.Spec.VolumeAttributesClassName) ||
-				!equalClass(old.Status.CurrentVolumeAttributesClassName, pvc.Status.CurrentVolumeAttributesClassName) ||
-				old.Status.Phase != pvc.Status.Phase || old.ResourceVersion == pvc.ResourceVersion) {
-				c.enqueue(pvc)
-			}
-		},
+		AddFunc:    c.enqueue,
+		UpdateFunc: c.claimUpdated,
 		DeleteFunc: c.claimDeleted,
 	}, cfg.resync); err != nil {
 		return nil, fmt.Errorf("registering the PVC handler: %w", err)
@@ -102,6 +83,27 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		return nil, fmt.Errorf("registering the VolumeAttributesClass handler: %w", err)
 	}
 	return c, nil
+}
+
+// claimUpdated enqueues a PVC whose class (asked for or current) or phase changed: only a
+// user's change or a binding can start work, and the controller's own status writes must
+// not requeue a failure ahead of its backoff. A resync (same resourceVersion) enqueues too,
+// to retry what is due, unless a failure's rate-limited retry is already pending.
+func (c *modifyController) claimUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
+	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
+	if !ok1 || !ok2 {
+		return
+	}
+	if old.ResourceVersion == pvc.ResourceVersion {
+		resync(c.queue, pvc)
+		return
+	}
+	if !equalClass(old.Spec.VolumeAttributesClassName, pvc.Spec.VolumeAttributesClassName) ||
+		!equalClass(old.Status.CurrentVolumeAttributesClassName, pvc.Status.CurrentVolumeAttributesClassName) ||
+		old.Status.Phase != pvc.Status.Phase {
+		c.enqueue(pvc)
+	}
 }
 
 func equalClass(a, b *string) bool {
@@ -137,10 +139,7 @@ func (c *modifyController) claimDeleted(obj any) {
 		return
 	}
 	c.queue.Forget(key)
-	c.mu.Lock()
-	delete(c.uncertain, key)
-	delete(c.infeasibleAt, key)
-	c.mu.Unlock()
+	c.attempts.forget(key)
 }
 
 func (c *modifyController) run(intake context.Context, workers int) {
@@ -153,21 +152,15 @@ func (c *modifyController) sync(key string) error {
 	if err != nil {
 		return nil
 	}
-	pvc, err := c.pvcs.PersistentVolumeClaims(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	pvc, ok, err := c.claim(ns, name)
+	if err != nil || !ok {
 		return err
 	}
 	if pvc.Status.Phase != v1.ClaimBound || pvc.Spec.VolumeName == "" {
 		return nil
 	}
-	pv, err := c.pvs.Get(pvc.Spec.VolumeName)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	pv, ok, err := c.volume(pvc.Spec.VolumeName)
+	if err != nil || !ok {
 		return err
 	}
 	if !ofDriver(pv, c.driver) || !boundTo(pv, pvc) {
@@ -186,20 +179,24 @@ func (c *modifyController) sync(key string) error {
 // modifyTo applies class to the volume: InProgress, ControllerModifyVolume, recorded.
 func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class string) error {
 	if s := pvc.Status.ModifyVolumeStatus; s != nil && s.Status == v1.PersistentVolumeClaimModifyVolumeInfeasible && s.TargetVolumeAttributesClassName == class {
-		if wait := c.infeasibleWait(key); wait > 0 {
+		if wait := c.attempts.infeasibleWait(key); wait > 0 {
 			c.queue.AddAfter(key, wait)
 			return nil
 		}
 	}
 	vac, err := c.vacs.Get(class)
 	if apierrors.IsNotFound(err) {
-		c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %s does not exist.", class)
-		if c.isUncertain(key) {
+		if c.attempts.uncertain(key) {
 			// The last class may still be applied by the driver: keep it InProgress.
+			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %s does not exist.", class)
 			return err
 		}
-		// Pending until the class exists: its creation enqueues the PVC.
-		_, err := c.patchClaim(pvc, markModifyPending(pvc, class), true)
+		// Pending until the class exists: its creation enqueues the PVC. A PVC already
+		// Pending for it (a resync) gets neither a write nor another event.
+		updated, err := c.patchClaim(pvc, markModifyPending(pvc, class), true)
+		if err == nil && updated != pvc {
+			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %s does not exist.", class)
+		}
 		return err
 	}
 	if err != nil {
@@ -219,7 +216,7 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 // driver may still be applying the other class, the current one is applied again;
 // otherwise only the status is cleared.
 func (c *modifyController) rollBack(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class string) error {
-	if !c.isUncertain(key) {
+	if !c.attempts.uncertain(key) {
 		_, err := c.patchClaim(pvc, markModifyCompleted(pvc, class), true)
 		return err
 	}
@@ -240,16 +237,13 @@ func (c *modifyController) apply(key string, pvc *v1.PersistentVolumeClaim, pv *
 		params[paramPVCName], params[paramPVCNamespace], params[paramPVName] = pvc.Name, pvc.Namespace, pv.Name
 	}
 	ctx, cancel := c.opContext()
-	ctx = klog.NewContext(ctx, klog.Background().WithValues("pvc", key))
+	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("pvc", key))
 	callErr := c.modifier.modify(ctx, pv, params)
 	cancel()
 	if callErr != nil {
 		return c.recordFailure(key, pvc, vac.Name, callErr)
 	}
-	c.mu.Lock()
-	delete(c.uncertain, key)
-	delete(c.infeasibleAt, key)
-	c.mu.Unlock()
+	c.attempts.forget(key)
 	updatedPV := pv.DeepCopy()
 	updatedPV.Spec.VolumeAttributesClassName = &vac.Name
 	if _, err := c.patchVolume(pv, updatedPV); err != nil {
@@ -271,16 +265,7 @@ func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeCla
 	}
 	final := isFinal(callErr)
 	infeasible := final && status.Code(callErr) == codes.InvalidArgument
-	c.mu.Lock()
-	if final {
-		delete(c.uncertain, key)
-	} else {
-		c.uncertain[key] = true
-	}
-	if infeasible {
-		c.infeasibleAt[key] = time.Now()
-	}
-	c.mu.Unlock()
+	c.attempts.failed(key, final, infeasible)
 	err := callErr
 	if _, werr := c.patchClaim(pvc, markModifyFailed(pvc, class, callErr, infeasible), true); werr != nil {
 		err = fmt.Errorf("modifying failed with %w and recording it failed: %v", callErr, werr)
@@ -288,26 +273,10 @@ func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeCla
 	c.recorder.Event(pvc, v1.EventTypeWarning, reasonModifyFailed, callErr.Error())
 	if infeasible && err == callErr {
 		// Retried slowly, or at once when the user changes the class.
-		c.queue.AddAfter(key, c.retryMax)
+		c.queue.AddAfter(key, c.attempts.retryMax)
 		return nil
 	}
 	return err
-}
-
-func (c *modifyController) isUncertain(key string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.uncertain[key]
-}
-
-func (c *modifyController) infeasibleWait(key string) time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	at, ok := c.infeasibleAt[key]
-	if !ok {
-		return 0
-	}
-	return max(0, c.retryMax-time.Since(at))
 }
 
 func isModifyCondition(t v1.PersistentVolumeClaimConditionType) bool {

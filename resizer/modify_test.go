@@ -32,11 +32,7 @@ func (f *fixture) modifyPair(current, target string) (*v1.PersistentVolumeClaim,
 
 func newModifyFixtureWith(t *testing.T, f *fixture, extra bool, objs ...runtime.Object) *modifyController {
 	t.Helper()
-	for _, o := range objs {
-		if err := f.kube.Tracker().Add(o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.add(objs...)
 	c, err := newModifyController(modifyConfig{
 		writer: f.w, modifier: &modifier{client: f.controllerClient(), kube: f.kube}, informers: f.factory,
 		retryStart: time.Millisecond, retryMax: time.Minute, extraMetadata: extra,

@@ -114,13 +114,15 @@ func (*Sidecar) LeaseName(driver string) string { return "external-resizer-" + d
 // Setup implements lifecycle.Sidecar: it decides from the driver's capabilities which
 // controllers run, and registers their informers on every replica (P7).
 func (s *Sidecar) Setup(env *lifecycle.Env) error {
-	logger := klog.Background().WithValues("sidecar", s.Name(), "driver", env.DriverName)
-	caps, err := s.capabilities(env, env.Ops)
+	logger := klog.FromContext(env.Ops()).WithValues("sidecar", s.Name(), "driver", env.DriverName)
+	caps, err := s.capabilities(env.Ops(), env)
 	if err != nil {
 		return err
 	}
 	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "external-resizer " + env.DriverName})
-	base := writer{kube: env.Kube, ops: env.Ops, timeout: s.timeout, recorder: recorder, driver: env.DriverName}
+	// One writer for both controllers: each reads the PVCs and PVs through the other's
+	// writes as well as its own.
+	base := newWriter(env.Kube, env.Ops, s.timeout, recorder, env.DriverName, env.Informers)
 
 	if caps.expand != nil {
 		logger.Info("Volume expansion enabled", "mode", caps.expand.mode())
@@ -166,8 +168,10 @@ type driverCapabilities struct {
 // capabilities picks the expander and modifier the driver supports, as upstream does: the
 // controller service is required; controller EXPAND_VOLUME means CSI expansion, else node
 // EXPAND_VOLUME means the trivial resizer; MODIFY_VOLUME (with the VolumeAttributesClass
-// gate) means modification. A driver with neither is a configuration error (exit 2).
-func (s *Sidecar) capabilities(env *lifecycle.Env, ops func() context.Context) (driverCapabilities, error) {
+// gate) means modification. A driver with neither is a configuration error (exit 2). The
+// node probe runs on ops, which is env.Ops() (P1); it is a parameter only because an Env
+// built outside the core has no Ops() context, so tests pass their own.
+func (s *Sidecar) capabilities(ops context.Context, env *lifecycle.Env) (driverCapabilities, error) {
 	var caps driverCapabilities
 	if !env.PluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
 		return caps, lifecycle.UsageError{Err: fmt.Errorf("CSI driver %s does not provide the CONTROLLER_SERVICE plugin capability the resizer needs", env.DriverName)}
@@ -181,7 +185,7 @@ func (s *Sidecar) capabilities(env *lifecycle.Env, ops func() context.Context) (
 			singleNodeMultiWr: env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
 		}
 	default:
-		node, err := nodeExpands(ops(), env, s.timeout)
+		node, err := nodeExpands(ops, env, s.timeout)
 		if err != nil {
 			return caps, err
 		}

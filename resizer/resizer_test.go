@@ -115,7 +115,7 @@ func TestCapabilities(t *testing.T) {
 				}
 			}
 			env := &lifecycle.Env{Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates}
-			caps, err := New().capabilities(env, context.Background)
+			caps, err := New().capabilities(context.Background(), env)
 			if tc.wantUsage {
 				if !lifecycle.IsUsageError(err) {
 					t.Fatalf("got %v, want a usage error (exit 2)", err)

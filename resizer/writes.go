@@ -10,9 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 )
 
 // Annotations and event reasons, as upstream spells them (P9).
@@ -42,10 +45,55 @@ type writer struct {
 	timeout  time.Duration
 	recorder record.EventRecorder
 	driver   string
-	// claims is the PVC informer's store: a written PVC is put there at once, so the next
-	// sync of that PVC does not start from the version it has just replaced (which would
-	// only earn a conflict).
-	claims cache.Store
+	// claims and volumes read the PVC and PV informer caches through this sidecar's own
+	// writes: each read returns the newer, by resourceVersion, of the informer's copy and
+	// the object a write of ours returned. A sync that follows our write before its watch
+	// event arrived therefore starts from what we wrote, not from the copy it replaced
+	// (which would call the driver again, or only earn a conflict). The informer's stores
+	// themselves are never written: they are shared with every sidecar of the process, a
+	// newer watch event may already be in them, and the handlers must see our own write's
+	// event as the update it is.
+	claims  cache.MutationCache
+	volumes cache.MutationCache
+}
+
+// ownWrites bounds the mutation caches. An entry matters only until the informer shows
+// the write (normally milliseconds) and is dropped then; the bound is far above the
+// writes in flight at once (two controllers' workers, a few writes each).
+const (
+	ownWritesMax = 1024
+	ownWritesTTL = 5 * time.Minute
+)
+
+// newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
+func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout time.Duration, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) writer {
+	logger := klog.FromContext(ops())
+	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax}
+	return writer{
+		kube: kube, ops: ops, timeout: timeout, recorder: recorder, driver: driver,
+		claims:  cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, factory.Core().V1().PersistentVolumeClaims().Informer().GetStore(), opts),
+		volumes: cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, factory.Core().V1().PersistentVolumes().Informer().GetStore(), opts),
+	}
+}
+
+// claim is the PVC ns/name as the informer or our last write of it knows it, the newer.
+func (w *writer) claim(ns, name string) (*v1.PersistentVolumeClaim, bool, error) {
+	obj, ok, err := w.claims.GetByKey(ns + "/" + name)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	pvc, ok := obj.(*v1.PersistentVolumeClaim)
+	return pvc, ok, nil
+}
+
+// volume is the PV name as the informer or our last write of it knows it, the newer.
+func (w *writer) volume(name string) (*v1.PersistentVolume, bool, error) {
+	obj, ok, err := w.volumes.GetByKey(name)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	pv, ok := obj.(*v1.PersistentVolume)
+	return pv, ok, nil
 }
 
 // opContext bounds one CSI call or one write, on Ops() (P1).
@@ -69,9 +117,7 @@ func (w *writer) patchClaim(old, updated *v1.PersistentVolumeClaim, checkVersion
 	if err != nil {
 		return old, fmt.Errorf("patching PVC %s/%s: %w", old.Namespace, old.Name, err)
 	}
-	if w.claims != nil {
-		_ = w.claims.Update(out)
-	}
+	w.claims.Mutation(out)
 	return out, nil
 }
 
@@ -87,6 +133,7 @@ func (w *writer) patchVolume(old, updated *v1.PersistentVolume) (*v1.PersistentV
 	if err != nil {
 		return old, fmt.Errorf("patching PV %s: %w", old.Name, err)
 	}
+	w.volumes.Mutation(out)
 	return out, nil
 }
 
@@ -167,6 +214,15 @@ func newCondition(t v1.PersistentVolumeClaimConditionType, message string) v1.Pe
 func claimKey(obj any) (string, bool) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	return key, err == nil
+}
+
+// resync enqueues a PVC that a periodic resync delivered, unless a failure's rate-limited
+// retry of it is pending: a resync retries what is due, it must not cut a backoff short
+// (the queue's backoff, not the resync period, paces a failing driver).
+func resync(queue workqueue.TypedRateLimitingInterface[string], obj any) {
+	if key, ok := claimKey(obj); ok && queue.NumRequeues(key) == 0 {
+		queue.Add(key)
+	}
 }
 
 // ofDriver tells whether pv is a CSI volume of driver.

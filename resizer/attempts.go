@@ -1,0 +1,77 @@
+package resizer
+
+import (
+	"sync"
+	"time"
+)
+
+// attempts remembers, per PVC key, how the last driver call (ControllerExpandVolume or
+// ControllerModifyVolume) failed, for the decisions the PVC's status cannot carry: whether
+// the driver may still be working on it, and when an infeasible request may be tried again.
+// It is held in memory like upstream's: a new leader starts without it.
+type attempts struct {
+	// retryMax is how long an infeasible request waits before it is tried again unchanged.
+	retryMax time.Duration
+
+	mu   sync.Mutex
+	last map[string]attempt
+}
+
+// attempt is how a PVC's last driver call failed.
+type attempt struct {
+	// final: the call certainly ended in the driver (isFinal); otherwise it may still run.
+	final bool
+	// infeasibleAt is when the driver refused the request itself; zero otherwise.
+	infeasibleAt time.Time
+}
+
+func newAttempts(retryMax time.Duration) *attempts {
+	return &attempts{retryMax: retryMax, last: map[string]attempt{}}
+}
+
+// failed records a failed call of key.
+func (a *attempts) failed(key string, final, infeasible bool) {
+	at := attempt{final: final}
+	if infeasible {
+		at.infeasibleAt = time.Now()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.last[key] = at
+}
+
+// forget drops what is known of key: its call succeeded, or the PVC is gone.
+func (a *attempts) forget(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.last, key)
+}
+
+// finalError tells whether key's last call failed and certainly ended in the driver.
+func (a *attempts) finalError(key string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.last[key]
+	return ok && at.final
+}
+
+// uncertain tells whether key's last call failed without a final answer: the driver may
+// still be carrying it out.
+func (a *attempts) uncertain(key string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.last[key]
+	return ok && !at.final
+}
+
+// infeasibleWait is how long an unchanged request of key must still wait after the driver
+// refused it as infeasible; zero when it may be tried now.
+func (a *attempts) infeasibleWait(key string) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	at, ok := a.last[key]
+	if !ok || at.infeasibleAt.IsZero() {
+		return 0
+	}
+	return max(0, a.retryMax-time.Since(at.infeasibleAt))
+}
