@@ -48,10 +48,8 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	p.metrics.leader.WithLabelValues(s.Name()).Set(0)
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
-	env := shared
-	env.CSI = m.csi
-	env.ops = m.ops
-	m.env = &env
+	shared.CSI = m.csi
+	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
 		leKube, err := kubernetes.NewForConfig(p.opts.leaderElectionConfig(cfg))

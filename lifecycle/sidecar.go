@@ -70,6 +70,13 @@ type Env struct {
 	ops context.Context
 }
 
+// WithOps returns a copy of e whose Ops() is ops. The core gives each hosted sidecar its
+// own; a sidecar's unit tests use it to build an Env.
+func (e Env) WithOps(ops context.Context) *Env {
+	e.ops = ops
+	return &e
+}
+
 // Ops is the parent context of in-flight operations: a CSI call and the API writes that
 // record its result. The first signal does not cancel it; the drain deadline and losing the
 // Lease do (P1, P3, P6).
