@@ -29,6 +29,13 @@ import (
 // a claim deleted and re-created under the same name is another piece of work.
 const claimUIDIndex = "csi-sidecars-provisioner-uid"
 
+// Upstream's queue names (sig-storage-lib-external-provisioner), the label of the
+// workqueue metrics.
+const (
+	claimQueueName  = "claims"
+	volumeQueueName = "volumes"
+)
+
 // config is what the controller needs from the outside world; Setup fills it from the
 // core's Env, tests fill it themselves.
 type config struct {
@@ -49,6 +56,8 @@ type config struct {
 	// snapshotClient is set when the driver restores snapshots and the cluster serves
 	// the VolumeSnapshot API.
 	snapshotClient snapclientset.Interface
+	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
+	queueMetrics workqueue.MetricsProvider
 }
 
 // controller provisions and deletes the driver's volumes: a claim queue and a volume queue,
@@ -88,10 +97,12 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	limiter := func() workqueue.TypedRateLimiter[string] {
 		return workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.opts.retryIntervalStart, cfg.opts.retryIntervalMax)
 	}
-	// client-go's workqueue metrics are per process: the names carry the sidecar's.
-	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-claims"})
-	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-volumes"})
-	c.sourceQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-sources"})
+	// client-go's workqueue metrics are per process, labelled by queue name: the claim and
+	// volume queues keep upstream's names (dashboards keep working, P9), which no other
+	// sidecar of the process uses; the source queue has no upstream twin.
+	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: claimQueueName, MetricsProvider: cfg.queueMetrics})
+	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: volumeQueueName, MetricsProvider: cfg.queueMetrics})
+	c.sourceQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-sources", MetricsProvider: cfg.queueMetrics})
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -251,6 +262,13 @@ func (c *controller) syncClaim(uid string) error {
 			logger.V(4).Info("Not provisioning", "reason", why)
 			return nil
 		}
+		// A claim provisioned already but not bound yet comes back on every update and
+		// resync: it must not cost API reads nor report a plan's error (a VAC or secret
+		// deleted since) about a volume that exists. (A bad name is the plan's to report.)
+		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+			logger.V(4).Info("PersistentVolume exists already", "pv", name)
+			return nil
+		}
 		if c.node != nil {
 			if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
 				return err
@@ -261,10 +279,6 @@ func (c *controller) syncClaim(uid string) error {
 		if p == nil {
 			c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 			return c.planFailed(claim, err)
-		}
-		if c.pvExists(p.pvName) {
-			logger.V(4).Info("PersistentVolume exists already", "pv", p.pvName)
-			return nil
 		}
 		// The source must stay until CreateVolume is done with it (the finalizer is part
 		// of the operation, on Ops(), P1).
@@ -342,8 +356,12 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		// The volume does not fit the claim: delete it and start over.
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
 		if cleanupErr := c.deleteBackendVolume(ctx, resp.GetVolume().GetVolumeId(), p.req.GetSecrets()); cleanupErr != nil {
+			// Still pending: the retry creates (idempotent) and cleans up again.
 			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
 		}
+		// Nothing is left in the driver: the next attempt is planned from the claim, if
+		// there still is one.
+		c.setPending(uid, nil)
 		return err
 	}
 	if err := c.savePV(ctx, pv); err != nil {

@@ -82,25 +82,33 @@ func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.Controller
 	return nil
 }
 
-// isDriverVolume tells whether the driver is responsible for the PersistentVolume: it
-// provisioned it, or, for a volume without that annotation (static), it is the volume's
-// CSI driver.
+// isDriverVolume tells whether the driver is responsible for the PersistentVolume: it is
+// a CSI volume and the driver provisioned it, or, for a volume without that annotation
+// (static), it is the volume's CSI driver.
+//
+// In-tree volumes migrated to the driver (pv.kubernetes.io/migrated-to) are not: the
+// provisioner does not translate them (CSI migration is not implemented), so it could
+// never delete them, and a finalizer it put on them would never go.
 func isDriverVolume(pv *v1.PersistentVolume, driver string) bool {
-	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
-		return by == driver || pv.Annotations[volumehelpers.AnnMigratedTo] == driver
+	if pv.Spec.CSI == nil {
+		return false
 	}
-	return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver
+	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
+		return by == driver
+	}
+	return pv.Spec.CSI.Driver == driver
 }
 
 // desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
 // provisioner's finalizer on bound volumes with reclaim policy Delete (so the volume is
 // deleted before its PersistentVolume goes), none with Retain or Recycle. changed tells
-// whether they differ from the current ones.
+// whether they differ from the current ones. A volume without a CSI source gets none:
+// shouldDelete never deletes it, so nothing would remove the finalizer.
 func desiredFinalizers(pv *v1.PersistentVolume) (finalizers []string, changed bool) {
 	has := slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
 	switch pv.Spec.PersistentVolumeReclaimPolicy {
 	case v1.PersistentVolumeReclaimDelete:
-		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound {
+		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound && pv.Spec.CSI != nil {
 			return append(slices.Clone(pv.Finalizers), volumehelpers.PVDeletionProtectionFinalizer), true
 		}
 	case v1.PersistentVolumeReclaimRetain, v1.PersistentVolumeReclaimRecycle:

@@ -132,6 +132,11 @@ func TestFinalizerAndDeletionDecisions(t *testing.T) {
 		{"Retain loses the finalizer, never deleted", pv(ret, v1.VolumeReleased, false, "other", fin), []string{"other"}, true, false},
 		{"Retain without finalizer: nothing", pv(ret, v1.VolumeReleased, false), nil, false, false},
 		{"pending Delete gets no finalizer yet", pv(del, v1.VolumePending, false), nil, false, false},
+		{"bound Delete without a CSI source (in-tree) gets no finalizer", func() *v1.PersistentVolume {
+			p := pv(del, v1.VolumeBound, false)
+			p.Spec.CSI = nil
+			return p
+		}(), nil, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, changed := desiredFinalizers(tc.pv)
@@ -154,7 +159,12 @@ func TestDriverVolumes(t *testing.T) {
 		pv   v1.PersistentVolume
 		want bool
 	}{
-		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}}}, true},
+		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
+		// Migration is not implemented: the provisioner could never delete it.
+		{"in-tree volume migrated to the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			volumehelpers.AnnDynamicallyProvisioned: "kubernetes.io/gce-pd", volumehelpers.AnnMigratedTo: drv}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{GCEPersistentDisk: &v1.GCEPersistentDiskVolumeSource{PDName: "disk"}}}}, false},
 		{"provisioned by another", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: "other"}},
 			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, false},
 		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},

@@ -35,6 +35,13 @@
 // populators. Cross-namespace sources are not implemented: enabling the gate is a usage
 // error.
 //
-// Designed for what comes next: capacity tracking has its flags already and runs beside
-// the controllers in Run.
+// Storage capacity tracking (--enable-capacity, capacity.go): one CSIStorageCapacity per
+// (topology segment of the driver, StorageClass of the driver) from GetCapacity, in the
+// namespace of NAMESPACE, owned per --capacity-ownerref-level, recognised by upstream's
+// labels; its own queue, client and informer of the objects, and the same rule as the
+// controllers: the GetCapacity and the write recording its answer run on Env.Ops() (P1).
+//
+// Not implemented: CSI migration of in-tree volumes (claims and volumes of an in-tree
+// plugin migrated to the driver are left alone: no finalizer is put on such a volume, as
+// nothing here could delete it), and cross-namespace data sources.
 package provisioner

@@ -56,8 +56,7 @@ type options struct {
 	// nodeName comes from the NODE_NAME environment variable, as upstream.
 	nodeName string
 
-	// Capacity tracking comes in a later issue; its flags are accepted now so that
-	// upstream manifests run unchanged.
+	// Storage capacity tracking (capacity.go).
 	enableCapacity              bool
 	capacityThreads             uint
 	capacityPollInterval        time.Duration
@@ -65,6 +64,10 @@ type options struct {
 	capacityOwnerrefLevel       int
 	kubeAPICapacityQPS          float32
 	kubeAPICapacityBurst        int
+	// capacityNamespace and podName come from the NAMESPACE (or POD_NAMESPACE) and
+	// POD_NAME environment variables, as upstream.
+	capacityNamespace string
+	podName           string
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -88,13 +91,13 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.nodeDeploymentBaseDelay, "node-deployment-base-delay", 20*time.Second, "Determines how long the external-provisioner sleeps initially before trying to own a PVC with immediate binding.")
 	fs.DurationVar(&o.nodeDeploymentMaxDelay, "node-deployment-max-delay", 60*time.Second, "Determines how long the external-provisioner sleeps at most before trying to own a PVC with immediate binding.")
 
-	fs.BoolVar(&o.enableCapacity, "enable-capacity", false, "This enables producing CSIStorageCapacity objects with capacity information from the driver's GetCapacity call (accepted, not implemented yet).")
+	fs.BoolVar(&o.enableCapacity, "enable-capacity", false, "This enables producing CSIStorageCapacity objects with capacity information from the driver's GetCapacity call.")
 	fs.UintVar(&o.capacityThreads, "capacity-threads", 1, "Number of simultaneously running threads, handling CSIStorageCapacity objects.")
 	fs.DurationVar(&o.capacityPollInterval, "capacity-poll-interval", time.Minute, "How long the external-provisioner waits before checking for storage capacity changes.")
 	fs.BoolVar(&o.capacityForImmediateBinding, "capacity-for-immediate-binding", false, "Enables producing capacity information for storage classes with immediate binding. Not needed for the Kubernetes scheduler, maybe useful for other consumers or for debugging.")
-	fs.Float32Var(&o.kubeAPICapacityQPS, "kube-api-capacity-qps", 1, "QPS to use for storage capacity updates while communicating with the kubernetes apiserver (accepted, not implemented yet).")
-	fs.IntVar(&o.kubeAPICapacityBurst, "kube-api-capacity-burst", 5, "Burst to use for storage capacity updates while communicating with the kubernetes apiserver (accepted, not implemented yet).")
-	fs.IntVar(&o.capacityOwnerrefLevel, "capacity-ownerref-level", 1, "The level indicates the number of objects that need to be traversed starting from the pod identified by the POD_NAME and POD_NAMESPACE environment variables to reach the owning object for CSIStorageCapacity objects: -1 for no owner, 0 for the pod itself, 1 for a StatefulSet or DaemonSet, 2 for a Deployment, etc.")
+	fs.Float32Var(&o.kubeAPICapacityQPS, "kube-api-capacity-qps", 1, "QPS to use for storage capacity updates while communicating with the kubernetes apiserver.")
+	fs.IntVar(&o.kubeAPICapacityBurst, "kube-api-capacity-burst", 5, "Burst to use for storage capacity updates while communicating with the kubernetes apiserver.")
+	fs.IntVar(&o.capacityOwnerrefLevel, "capacity-ownerref-level", 1, "The level indicates the number of objects that need to be traversed starting from the pod identified by the POD_NAME and NAMESPACE environment variables to reach the owning object for CSIStorageCapacity objects: -1 for no owner, 0 for the pod itself, 1 for a StatefulSet or DaemonSet, 2 for a Deployment, etc.")
 }
 
 // validate checks what parsing cannot; each error names its flag (exit code 2).
@@ -125,6 +128,9 @@ func (o *options) validate(getenv func(string) string) error {
 	if o.retryIntervalMax < o.retryIntervalStart {
 		errs = append(errs, fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", o.retryIntervalMax, o.retryIntervalStart))
 	}
+	if o.enableCapacity {
+		errs = append(errs, o.validateCapacity(getenv)...)
+	}
 	if o.nodeDeployment {
 		o.nodeName = getenv("NODE_NAME")
 		if o.nodeName == "" {
@@ -135,4 +141,32 @@ func (o *options) validate(getenv func(string) string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateCapacity checks the capacity flags and reads the environment they need: the
+// namespace of the objects (NAMESPACE as upstream, POD_NAMESPACE as older upstream
+// releases) and, for an owner, the pod (POD_NAME).
+func (o *options) validateCapacity(getenv func(string) string) []error {
+	var errs []error
+	if o.capacityThreads == 0 {
+		errs = append(errs, errors.New("--capacity-threads must be positive"))
+	}
+	if o.capacityPollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--capacity-poll-interval must be positive, got %v", o.capacityPollInterval))
+	}
+	if o.kubeAPICapacityQPS <= 0 || o.kubeAPICapacityBurst <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-capacity-qps (%v) and --kube-api-capacity-burst (%d) must be positive", o.kubeAPICapacityQPS, o.kubeAPICapacityBurst))
+	}
+	if o.capacityNamespace = getenv("NAMESPACE"); o.capacityNamespace == "" {
+		o.capacityNamespace = getenv("POD_NAMESPACE")
+	}
+	if o.capacityNamespace == "" {
+		errs = append(errs, errors.New("--enable-capacity needs the NAMESPACE environment variable: the namespace of the CSIStorageCapacity objects"))
+	}
+	if o.capacityOwnerrefLevel >= 0 {
+		if o.podName = getenv("POD_NAME"); o.podName == "" {
+			errs = append(errs, fmt.Errorf("--capacity-ownerref-level=%d needs the POD_NAME environment variable (-1: objects without owner)", o.capacityOwnerrefLevel))
+		}
+	}
+	return errs
 }

@@ -2,17 +2,22 @@ package provisioner
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
@@ -24,6 +29,8 @@ type Sidecar struct {
 	opts   options
 	getenv func(string) string
 	ctrl   *controller
+	// capacity is set with --enable-capacity.
+	capacity *capacityTracker
 }
 
 // New returns the provisioner sidecar.
@@ -91,16 +98,69 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if cfg.snapshotClient, err = snapshotClientFor(env); err != nil {
 		return err
 	}
-	if s.opts.enableCapacity {
-		logger.Info("--enable-capacity is accepted but capacity tracking is not implemented yet: no CSIStorageCapacity objects are published")
-	}
 	if s.ctrl, err = newController(cfg, env.Informers); err != nil {
 		return err
 	}
 	// The snapshot informer is not on the core's factory: it starts here, on every
 	// replica (P7), and stops with the process.
 	s.ctrl.startSnapshots(env.Ops().Done())
+	if s.opts.enableCapacity {
+		if s.capacity, err = newCapacityFor(env, s.opts, cfg.node); err != nil {
+			return err
+		}
+		// Like the snapshot informer, the informer of the capacity objects is its own.
+		s.capacity.start(env.Ops().Done())
+	}
 	return nil
+}
+
+// newCapacityFor builds capacity tracking from the Env: its own rate-limited client, the
+// owner the flags ask for, and in a node deployment the node's one segment.
+func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*capacityTracker, error) {
+	if !env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_GET_CAPACITY] {
+		return nil, lifecycle.UsageError{Err: errors.New("--enable-capacity: the driver does not report the GET_CAPACITY controller capability")}
+	}
+	rc := rest.CopyConfig(env.RestConfig)
+	rc.QPS, rc.Burst = opts.kubeAPICapacityQPS, opts.kubeAPICapacityBurst
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating the client for storage capacity: %w", err)
+	}
+	cfg := capacityConfig{
+		driver:       env.DriverName,
+		namespace:    opts.capacityNamespace,
+		managedBy:    capacityManagedByFor(""),
+		immediate:    opts.capacityForImmediateBinding,
+		pollInterval: opts.capacityPollInterval,
+		timeout:      opts.timeout,
+		threads:      int(opts.capacityThreads),
+		csi:          csi.NewControllerClient(env.CSI),
+		kube:         client,
+		ops:          env.Ops(),
+	}
+	if node != nil {
+		cfg.managedBy = capacityManagedByFor(node.name)
+		// Not nil even for a driver without topology: the node's one (empty) segment.
+		cfg.nodeSegment = maps.Clone(node.info.GetAccessibleTopology().GetSegments())
+		if cfg.nodeSegment == nil {
+			cfg.nodeSegment = map[string]string{}
+		}
+	}
+	if opts.capacityOwnerrefLevel >= 0 {
+		ctx, cancel := context.WithTimeout(env.Ops(), opts.timeout)
+		defer cancel()
+		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
+			return nil, err
+		}
+	}
+	t, err := newCapacityTracker(cfg, env.Informers, opts.retryIntervalStart, opts.retryIntervalMax)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.Metrics.GetRegistry().CustomRegister(newCapacityCollector(t)); err != nil {
+		return nil, fmt.Errorf("registering the storage capacity metrics: %w", err)
+	}
+	return t, nil
 }
 
 // snapshotClientFor returns a VolumeSnapshot client when the driver restores snapshots
@@ -129,6 +189,11 @@ func snapshotClientFor(env *lifecycle.Env) (snapclientset.Interface, error) {
 // Run implements lifecycle.Sidecar: it works the claim and volume queues until intake
 // ends and every operation in flight has finished on Ops() (P1).
 func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
+	var wg sync.WaitGroup
+	if s.capacity != nil {
+		wg.Go(func() { s.capacity.run(intake) })
+	}
 	s.ctrl.run(intake)
+	wg.Wait()
 	return nil
 }

@@ -192,28 +192,83 @@ func (c *controller) syncSourceProtection(key string) error {
 		klog.Background().Error(err, "Dropping a malformed source key")
 		return nil
 	}
+	ctx := klog.NewContext(c.ops, klog.Background().WithValues("source", ref.String()))
 	var protected bool
 	switch ref.kind {
 	case sourceClone:
 		claim := c.claimByName(ref.namespace, ref.name)
-		protected = claim != nil && slices.Contains(claim.Finalizers, cloneProtectionFinalizer)
+		protected = claim != nil && slices.Contains(claim.Finalizers, cloneProtectionFinalizer) && c.isDriverClaim(claim)
 	case sourceSnapshot:
 		if c.snapshots != nil {
 			snap, err := c.snapshots.lister.VolumeSnapshots(ref.namespace).Get(ref.name)
-			protected = err == nil && slices.Contains(snap.Finalizers, snapshotProtectionFinalizer)
+			if err != nil || !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
+				return nil
+			}
+			if protected, err = c.isDriverSnapshot(ctx, snap); err != nil {
+				return err
+			}
 		}
 	}
+	// The finalizer names are shared by every provisioner of the cluster: a source of
+	// another driver is its provisioner's to release, whatever this one's claims say.
 	if !protected {
 		return nil
 	}
 	if user := c.sourceUser(ref); user != "" {
 		return fmt.Errorf("%s is still the source of claim %s", ref, user)
 	}
-	ctx := klog.NewContext(c.ops, klog.Background().WithValues("source", ref.String()))
 	if ref.kind == sourceClone {
 		return c.setClaimFinalizer(ctx, ref, false)
 	}
 	return c.setSnapshotFinalizer(ctx, ref, false)
+}
+
+// isDriverClaim tells, from the caches, whether the claim's volume is the driver's: its
+// PersistentVolume's CSI driver once bound, else the provisioner it names or its
+// StorageClass names.
+func (c *controller) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
+	var pv *v1.PersistentVolume
+	if claim.Spec.VolumeName != "" {
+		pv, _ = c.volumes.Get(claim.Spec.VolumeName)
+	}
+	var class *storagev1.StorageClass
+	if name := storageClassName(claim); name != "" {
+		class, _ = c.classes.Get(name)
+	}
+	return claimOfDriver(claim, pv, class, c.driver)
+}
+
+// claimOfDriver decides isDriverClaim; pv and class are nil when unknown.
+func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class *storagev1.StorageClass, driver string) bool {
+	switch {
+	case pv != nil:
+		return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver
+	case claimProvisioner(claim) != "":
+		return claimProvisioner(claim) == driver
+	case class != nil:
+		return class.Provisioner == driver
+	}
+	return false
+}
+
+// isDriverSnapshot tells whether the snapshot's content was made by the driver. The
+// content is read from the API server on ctx (Ops()): there is no content informer, and
+// only snapshots carrying the finalizer get here. A snapshot without a content is left
+// alone: no driver restored it (restoring needs the content), and it may be another's.
+func (c *controller) isDriverSnapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) (bool, error) {
+	if snap.Status == nil || snap.Status.BoundVolumeSnapshotContentName == nil {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	name := *snap.Status.BoundVolumeSnapshotContentName
+	content, err := c.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("reading VolumeSnapshotContent %s of snapshot %s: %w", name, klog.KObj(snap), err)
+	}
+	return content.Spec.Driver == c.driver, nil
 }
 
 // sourceUser names a claim of the driver whose volume is still being made from ref: an

@@ -11,8 +11,10 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stesting "k8s.io/client-go/testing"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -112,13 +114,16 @@ func (w *world) create(objs ...any) {
 
 func TestTheOrphanSweepRemovesASnapshotFinalizerNoClaimNeedsAndKeepsOneThatIsNeeded(t *testing.T) {
 	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
-	orphan := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: "ns", Finalizers: []string{snapshotProtectionFinalizer, "other"}}}
-	needed := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "needed", Namespace: "ns", Finalizers: []string{snapshotProtectionFinalizer}}}
-	// A claim of the driver still waiting for its restore (not ready: no content yet).
+	orphan, orphanContent := snapshotOf("orphan", drv, snapshotProtectionFinalizer, "other")
+	needed, neededContent := snapshotOf("needed", drv, snapshotProtectionFinalizer)
+	// Another driver's snapshot, protected by its provisioner (the finalizer name is
+	// shared): this provisioner must leave it alone even though none of its claims uses it.
+	foreign, foreignContent := snapshotOf("foreign", "other.csi.test", snapshotProtectionFinalizer)
+	// A claim of the driver still waiting for its restore.
 	waiting := claimFor("waiting", "uid-waiting", "fast")
 	waiting.Namespace = "ns"
 	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "needed"}
-	snaps := snapfake.NewSimpleClientset(orphan, needed)
+	snaps := snapfake.NewSimpleClientset(orphan, orphanContent, needed, neededContent, foreign, foreignContent)
 	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
 		c.snapshotClient = noWatchList{snaps}
 		c.opts.snapshotOrphanSweepInterval = 50 * time.Millisecond
@@ -137,8 +142,107 @@ func TestTheOrphanSweepRemovesASnapshotFinalizerNoClaimNeedsAndKeepsOneThatIsNee
 	if got := finalizers("orphan"); !slices.Equal(got, []string{"other"}) {
 		t.Errorf("orphan's finalizers %v, want only the other one", got)
 	}
+	// The sweep runs every 50ms: a later orphan removed means the foreign one was seen.
+	late, lateContent := snapshotOf("late", drv, snapshotProtectionFinalizer)
+	if _, err := snaps.SnapshotV1().VolumeSnapshotContents().Create(context.Background(), lateContent, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snaps.SnapshotV1().VolumeSnapshots("ns").Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the later orphan's finalizer removed", func() bool {
+		return !slices.Contains(finalizers("late"), snapshotProtectionFinalizer)
+	})
 	if !slices.Contains(finalizers("needed"), snapshotProtectionFinalizer) {
 		t.Errorf("the finalizer of a snapshot a pending claim restores was removed")
+	}
+	if !slices.Contains(finalizers("foreign"), snapshotProtectionFinalizer) {
+		t.Errorf("the finalizer of another driver's snapshot was removed")
+	}
+}
+
+// snapshotOf is a ready snapshot in namespace ns bound to a content of driver.
+func snapshotOf(name, driver string, finalizers ...string) (*snapshotv1.VolumeSnapshot, *snapshotv1.VolumeSnapshotContent) {
+	contentName := "content-" + name
+	snap := &snapshotv1.VolumeSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Finalizers: finalizers},
+		Status:     &snapshotv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr.To(contentName), ReadyToUse: ptr.To(true)},
+	}
+	content := &snapshotv1.VolumeSnapshotContent{
+		ObjectMeta: metav1.ObjectMeta{Name: contentName},
+		Spec: snapshotv1.VolumeSnapshotContentSpec{Driver: driver, Source: snapshotv1.VolumeSnapshotContentSource{SnapshotHandle: ptr.To("snap-" + name)},
+			VolumeSnapshotRef: v1.ObjectReference{Name: name, Namespace: "ns"}},
+	}
+	return snap, content
+}
+
+func TestTheCloningFinalizerOfAnotherDriversClaimIsLeftAlone(t *testing.T) {
+	// Claims carrying the cloning finalizer that no clone of this driver needs: one of
+	// this driver (removed), one whose volume is another driver's (kept).
+	ours, oursPV := boundSource()
+	ours.Namespace, ours.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	foreign := claimFor("foreign", "uid-foreign", "slow")
+	foreign.Namespace, foreign.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	foreign.Annotations[volumehelpers.AnnStorageProvisioner] = "other.csi.test"
+	foreign.Spec.VolumeName = "pv-foreign"
+	foreignPV := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-foreign"}, Spec: v1.PersistentVolumeSpec{
+		PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "other.csi.test", VolumeHandle: "h"}},
+		ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "foreign", UID: "uid-foreign"},
+	}}
+	w := newWorld(t, testdriver.Config{}, nil, class("fast", nil), class("slow", func(sc *storagev1.StorageClass) { sc.Provisioner = "other.csi.test" }),
+		foreignPV, foreign, oursPV, ours)
+	finalizers := func(name string) []string {
+		c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Finalizers
+	}
+	w.waitFor("our claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers(ours.Name), cloneProtectionFinalizer) })
+	// One worker takes the keys in order: a claim added later is handled after the foreign one.
+	late := claimFor("late", "uid-late", "fast")
+	late.Namespace, late.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	w.create(late)
+	w.waitFor("the later claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers("late"), cloneProtectionFinalizer) })
+	if !slices.Contains(finalizers("foreign"), cloneProtectionFinalizer) {
+		t.Errorf("another driver's cloning finalizer was removed")
+	}
+}
+
+func TestASourceClaimBelongsToTheDriverOfItsVolumeElseOfItsProvisionerOrClass(t *testing.T) {
+	annotated := func(p string) *v1.PersistentVolumeClaim {
+		c := claimFor("c", "u", "fast")
+		c.Annotations = map[string]string{}
+		if p != "" {
+			c.Annotations[volumehelpers.AnnStorageProvisioner] = p
+		}
+		return c
+	}
+	pvOf := func(d string) *v1.PersistentVolume {
+		return &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: d}}}}
+	}
+	classOf := func(p string) *storagev1.StorageClass {
+		return class("fast", func(sc *storagev1.StorageClass) { sc.Provisioner = p })
+	}
+	for _, tc := range []struct {
+		name  string
+		claim *v1.PersistentVolumeClaim
+		pv    *v1.PersistentVolume
+		class *storagev1.StorageClass
+		want  bool
+	}{
+		{"bound to the driver's volume", annotated("other"), pvOf(drv), classOf("other"), true},
+		{"bound to another driver's volume", annotated(drv), pvOf("other"), classOf(drv), false},
+		{"bound to an in-tree volume", annotated(drv), &v1.PersistentVolume{}, classOf(drv), false},
+		{"unbound, names the driver", annotated(drv), nil, classOf("other"), true},
+		{"unbound, names another", annotated("other"), nil, classOf(drv), false},
+		{"unannotated, class of the driver", annotated(""), nil, classOf(drv), true},
+		{"unannotated, class of another", annotated(""), nil, classOf("other"), false},
+		{"nothing known", annotated(""), nil, nil, false},
+	} {
+		if got := claimOfDriver(tc.claim, tc.pv, tc.class, drv); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

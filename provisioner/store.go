@@ -46,7 +46,9 @@ func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error 
 			return false, nil
 		}
 	})
-	if err != nil && lastErr != nil {
+	// When the backoff ran out (or ctx ended), the last API error says why; a final
+	// answer (the name taken by another claim) is the error itself, whatever came before.
+	if err != nil && wait.Interrupted(err) && lastErr != nil {
 		return fmt.Errorf("saving PersistentVolume %s: %w", pv.Name, lastErr)
 	}
 	return err

@@ -32,10 +32,16 @@ func (f *fixture) modifyPair(current, target string) (*v1.PersistentVolumeClaim,
 
 func newModifyFixtureWith(t *testing.T, f *fixture, extra bool, objs ...runtime.Object) *modifyController {
 	t.Helper()
+	return newModifyFixtureRetry(t, f, extra, time.Millisecond, objs...)
+}
+
+// newModifyFixtureRetry is newModifyFixtureWith with the backoff's first step retryStart.
+func newModifyFixtureRetry(t *testing.T, f *fixture, extra bool, retryStart time.Duration, objs ...runtime.Object) *modifyController {
+	t.Helper()
 	f.add(objs...)
 	c, err := newModifyController(modifyConfig{
 		writer: f.w, modifier: &modifier{client: f.controllerClient(), kube: f.kube}, informers: f.factory,
-		retryStart: time.Millisecond, retryMax: time.Minute, extraMetadata: extra,
+		retryStart: retryStart, retryMax: time.Minute, extraMetadata: extra,
 	})
 	if err != nil {
 		t.Fatal(err)

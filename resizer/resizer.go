@@ -115,7 +115,7 @@ func (*Sidecar) LeaseName(driver string) string { return "external-resizer-" + d
 // controllers run, and registers their informers on every replica (P7).
 func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	logger := klog.FromContext(env.Ops()).WithValues("sidecar", s.Name(), "driver", env.DriverName)
-	caps, err := s.capabilities(env.Ops(), env)
+	caps, err := s.capabilities(env)
 	if err != nil {
 		return err
 	}
@@ -169,9 +169,8 @@ type driverCapabilities struct {
 // controller service is required; controller EXPAND_VOLUME means CSI expansion, else node
 // EXPAND_VOLUME means the trivial resizer; MODIFY_VOLUME (with the VolumeAttributesClass
 // gate) means modification. A driver with neither is a configuration error (exit 2). The
-// node probe runs on ops, which is env.Ops() (P1); it is a parameter only because an Env
-// built outside the core has no Ops() context, so tests pass their own.
-func (s *Sidecar) capabilities(ops context.Context, env *lifecycle.Env) (driverCapabilities, error) {
+// node probe runs on env.Ops() (P1).
+func (s *Sidecar) capabilities(env *lifecycle.Env) (driverCapabilities, error) {
 	var caps driverCapabilities
 	if !env.PluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
 		return caps, lifecycle.UsageError{Err: fmt.Errorf("CSI driver %s does not provide the CONTROLLER_SERVICE plugin capability the resizer needs", env.DriverName)}
@@ -185,7 +184,7 @@ func (s *Sidecar) capabilities(ops context.Context, env *lifecycle.Env) (driverC
 			singleNodeMultiWr: env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
 		}
 	default:
-		node, err := nodeExpands(ops, env, s.timeout)
+		node, err := nodeExpands(env, s.timeout)
 		if err != nil {
 			return caps, err
 		}
@@ -210,8 +209,8 @@ func (s *Sidecar) capabilities(ops context.Context, env *lifecycle.Env) (driverC
 
 // nodeExpands asks the driver's Node service whether it grows volumes on the node. The call
 // runs on Ops() like every CSI call (P1).
-func nodeExpands(ops context.Context, env *lifecycle.Env, timeout time.Duration) (bool, error) {
-	ctx, cancel := context.WithTimeout(ops, timeout)
+func nodeExpands(env *lifecycle.Env, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(env.Ops(), timeout)
 	defer cancel()
 	rsp, err := csi.NewNodeClient(env.CSI).NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
 	if err != nil {

@@ -114,8 +114,8 @@ func TestCapabilities(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			env := &lifecycle.Env{Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates}
-			caps, err := New().capabilities(context.Background(), env)
+			env := lifecycle.Env{Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates}.WithOps(context.Background())
+			caps, err := New().capabilities(env)
 			if tc.wantUsage {
 				if !lifecycle.IsUsageError(err) {
 					t.Fatalf("got %v, want a usage error (exit 2)", err)

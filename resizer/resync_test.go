@@ -1,6 +1,7 @@
 package resizer
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -127,10 +128,11 @@ func TestModifyResync(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		name      string
-		noGold    bool
-		prepare   func(t *testing.T, f *fixture, c *modifyController)
-		wantCalls int
+		name       string
+		noGold     bool
+		retryStart time.Duration // 0: the fixture's 1ms
+		prepare    func(t *testing.T, f *fixture, c *modifyController)
+		wantCalls  int
 	}{
 		{name: "modified", prepare: func(t *testing.T, f *fixture, c *modifyController) {
 			mustSync(t, c.sync)
@@ -142,16 +144,15 @@ func TestModifyResync(t *testing.T) {
 			fault(t, f, codes.InvalidArgument)
 			mustSync(t, c.sync)
 		}},
-		{name: "failed, backoff pending", prepare: func(t *testing.T, f *fixture, c *modifyController) {
+		{name: "failed, backoff pending", retryStart: time.Hour, prepare: func(t *testing.T, f *fixture, c *modifyController) {
 			fault(t, f, codes.Internal)
 			if err := c.sync("ns/claim"); err == nil {
 				t.Fatal("want a failure")
 			}
-			// What the worker does with the error, with the backoff this fixture's 1ms
-			// start reaches after 20 failures (about 17 minutes).
-			for range 20 {
-				c.queue.AddRateLimited("ns/claim")
-			}
+			// What the worker does with the error. The backoff's first step is long (capped
+			// at the fixture's one-minute maximum): with a short one the retry would come
+			// due during the resync and pass for a sync the resync queued.
+			c.queue.AddRateLimited("ns/claim")
 		}},
 		{name: "left in progress by a previous leader: due", wantCalls: 1, prepare: func(t *testing.T, f *fixture, c *modifyController) {
 			pvc := f.pvc("claim")
@@ -162,11 +163,12 @@ func TestModifyResync(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, testdriver.Config{})
 			pvc, pv, _ := f.modifyPair("silver", "gold")
+			retryStart := cmp.Or(tc.retryStart, time.Millisecond)
 			var c *modifyController
 			if tc.noGold {
-				c = newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"))
+				c = newModifyFixtureRetry(t, f, false, retryStart, pvc, pv, class("silver", "100"))
 			} else {
-				c = newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"), class("gold", "500"))
+				c = newModifyFixtureRetry(t, f, false, retryStart, pvc, pv, class("silver", "100"), class("gold", "500"))
 			}
 			f.handled(c.queue, "start")
 			tc.prepare(t, f, c)

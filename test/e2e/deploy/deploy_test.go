@@ -241,12 +241,14 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			{"create", "", "persistentvolumes", "", ""},
 			{"delete", "", "persistentvolumes", "", ""},
 			{"update", "coordination.k8s.io", "leases", "", namespace},
+			{"create", "storage.k8s.io", "csistoragecapacities", "", namespace},
+			{"update", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
 		},
 	}
 	notThis := map[string][]access{
 		"attacher":    {{"create", "", "persistentvolumes", "", ""}, {"update", "", "persistentvolumeclaims", "", "default"}},
 		"resizer":     {{"create", "", "persistentvolumes", "", ""}, {"delete", "", "persistentvolumes", "", ""}, {"update", "", "persistentvolumeclaims", "", "default"}},
-		"provisioner": {{"patch", "storage.k8s.io", "volumeattachments", "", ""}, {"patch", "", "persistentvolumeclaims", "status", "default"}},
+		"provisioner": {{"patch", "storage.k8s.io", "volumeattachments", "", ""}, {"patch", "", "persistentvolumeclaims", "status", "default"}, {"create", "storage.k8s.io", "csistoragecapacities", "", "default"}},
 	}
 	allowed := func(user string, a access) bool {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{

@@ -1,8 +1,8 @@
 // Package resizer runs `csi-sidecars resizer` processes against a real kube-apiserver + etcd
 // and the project's test CSI driver, and checks what a user observes: PVC and PV fields,
 // the driver's journal, exit codes and the Lease. No kube-controller-manager or kubelet
-// runs: the tests bind PV/PVC pairs themselves and play the kubelet's part of a node
-// expansion.
+// runs: the tests bind PV/PVC pairs themselves, play the kubelet's part of a node
+// expansion, and create Pods as the scheduler and kubelet would leave them.
 package resizer
 
 import (

@@ -1,0 +1,589 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// Storage capacity tracking (--enable-capacity): one CSIStorageCapacity object per
+// (topology segment of the driver, StorageClass of the driver), holding what GetCapacity
+// answers for that pair, so that the scheduler places pods where their volumes fit.
+//
+// The shape is the provisioner's: informer handlers only enqueue; one queue of keys
+// (class, segment) plus one key that recomputes the desired set from the listers; one sync
+// per key that calls GetCapacity and writes the answer, both on Ops() (P1: a poll in
+// flight when intake ends finishes and its write lands); a poll loop that re-enqueues every
+// key each --capacity-poll-interval. Objects are recognised by upstream's labels (driver
+// name, managed-by), so a new leader, or upstream's external-provisioner before it, keeps
+// the objects it finds and deletes those nobody wants any more.
+
+// Labels of the CSIStorageCapacity objects, with upstream's names and values (P9).
+const (
+	capacityDriverLabel    = "csi.storage.k8s.io/drivername"
+	capacityManagedByLabel = "csi.storage.k8s.io/managed-by"
+	capacityManagedBy      = "external-provisioner"
+	capacityGenerateName   = "csisc-"
+	capacityQueueName      = "csistoragecapacity"
+)
+
+// capacityKey names one CSIStorageCapacity object: a StorageClass and a topology segment
+// in its canonical form (labels.Set.String: sorted key=value pairs). The zero key is the
+// request to recompute the desired set.
+type capacityKey struct {
+	class   string
+	segment string
+}
+
+var recomputeCapacities = capacityKey{}
+
+func (k capacityKey) String() string { return k.class + "@" + k.segment }
+
+// capacityClient is what capacity tracking needs from the driver.
+type capacityClient interface {
+	GetCapacity(ctx context.Context, in *csi.GetCapacityRequest, opts ...grpc.CallOption) (*csi.GetCapacityResponse, error)
+}
+
+// capacityConfig is what the tracker needs from the outside world; Setup fills it from the
+// core's Env and the flags, tests fill it themselves.
+type capacityConfig struct {
+	driver    string
+	namespace string // where the objects live
+	managedBy string // value of the managed-by label
+	owner     *metav1.OwnerReference
+	// immediate also tracks classes with immediate binding.
+	immediate    bool
+	pollInterval time.Duration
+	timeout      time.Duration
+	threads      int
+	csi          capacityClient
+	// kube is the capacity client (its own QPS and burst).
+	kube kubernetes.Interface
+	// ops is the parent of every GetCapacity and the write that records it (P1).
+	ops context.Context
+	// nodeSegment is the one segment of a node deployment; nil: segments come from the
+	// CSINodes and Nodes of the cluster.
+	nodeSegment  map[string]string
+	queueMetrics workqueue.MetricsProvider
+}
+
+// capacityTracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
+type capacityTracker struct {
+	capacityConfig
+
+	classes  storagelisters.StorageClassLister
+	nodes    corelisters.NodeLister       // nil in a node deployment
+	csiNodes storagelisters.CSINodeLister // nil in a node deployment
+	synced   []cache.InformerSynced
+	// objects is the cache of the managed objects (namespace and labels filtered by the
+	// server); its informer lives on its own factory, started by start.
+	objects      cache.Indexer
+	objectsStart func(stop <-chan struct{})
+
+	queue workqueue.TypedRateLimitingInterface[capacityKey]
+
+	mu sync.Mutex
+	// desired holds the segment labels of every object that should exist.
+	desired map[capacityKey]map[string]string
+	// written holds the last object this replica wrote per key: the informer may not
+	// have seen it yet, and a second object for the key must not be created meanwhile.
+	written map[capacityKey]*storagev1.CSIStorageCapacity
+}
+
+// newCapacityTracker registers the listers and handlers on the shared factory and builds
+// the informer of the managed objects. It must run before the shared factory starts.
+func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
+	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}}
+	t.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[capacityKey](retryStart, retryMax),
+		workqueue.TypedRateLimitingQueueConfig[capacityKey]{Name: capacityQueueName, MetricsProvider: cfg.queueMetrics})
+	recompute := func(any) { t.queue.Add(recomputeCapacities) }
+
+	classes := shared.Storage().V1().StorageClasses()
+	t.classes = classes.Lister()
+	if _, err := classes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    recompute,
+		UpdateFunc: func(_, obj any) { recompute(obj) },
+		DeleteFunc: recompute,
+	}); err != nil {
+		return nil, err
+	}
+	t.synced = append(t.synced, classes.Informer().HasSynced)
+	if cfg.nodeSegment == nil {
+		nodes := shared.Core().V1().Nodes()
+		csiNodes := shared.Storage().V1().CSINodes()
+		t.nodes, t.csiNodes = nodes.Lister(), csiNodes.Lister()
+		if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: recompute,
+			// Nodes change all the time (status); only their labels make segments.
+			UpdateFunc: func(old, obj any) {
+				o, ok1 := old.(*v1.Node)
+				n, ok2 := obj.(*v1.Node)
+				if !ok1 || !ok2 || !maps.Equal(o.Labels, n.Labels) {
+					recompute(obj)
+				}
+			},
+			DeleteFunc: recompute,
+		}); err != nil {
+			return nil, err
+		}
+		if _, err := csiNodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    recompute,
+			UpdateFunc: func(_, obj any) { recompute(obj) },
+			DeleteFunc: recompute,
+		}); err != nil {
+			return nil, err
+		}
+		t.synced = append(t.synced, nodes.Informer().HasSynced, csiNodes.Informer().HasSynced)
+	}
+
+	// Only this instance's objects: the namespace and labels filter on the server.
+	selector := labels.Set{capacityDriverLabel: cfg.driver, capacityManagedByLabel: cfg.managedBy}.String()
+	own := informers.NewSharedInformerFactoryWithOptions(cfg.kube, 0, informers.WithNamespace(cfg.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	objects := own.Storage().V1().CSIStorageCapacities().Informer()
+	t.objects = objects.GetIndexer()
+	// A change by someone else (or the deletion of an object still wanted) is repaired.
+	enqueueObject := func(obj any) {
+		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = tomb.Obj
+		}
+		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
+			t.queue.Add(keyOfCapacity(sc))
+		}
+	}
+	if _, err := objects.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueueObject,
+		UpdateFunc: func(_, obj any) { enqueueObject(obj) },
+		DeleteFunc: enqueueObject,
+	}); err != nil {
+		return nil, err
+	}
+	t.synced = append(t.synced, objects.HasSynced)
+	t.objectsStart = own.Start
+	return t, nil
+}
+
+// start starts the informer of the managed objects until stop closes (every replica, so a
+// standby's cache is warm, P7).
+func (t *capacityTracker) start(stop <-chan struct{}) { t.objectsStart(stop) }
+
+// run works the queue and polls until intake ends, then returns once the sync in flight
+// (its GetCapacity and its write, on Ops(), P1) has finished.
+func (t *capacityTracker) run(intake context.Context) {
+	logger := klog.FromContext(intake)
+	if !cache.WaitForCacheSync(intake.Done(), t.synced...) {
+		t.queue.ShutDown()
+		return
+	}
+	logger.Info("Starting storage capacity tracking", "namespace", t.namespace, "managedBy", t.managedBy, "pollInterval", t.pollInterval)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.pollInterval)
+	})
+	lifecycle.RunWorkers(intake, t.queue, t.threads, t.sync)
+	wg.Wait()
+	logger.Info("Storage capacity tracking stopped")
+}
+
+// poll asks for every object again: capacity changes without any event.
+func (t *capacityTracker) poll() {
+	t.queue.Add(recomputeCapacities)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.desired {
+		t.queue.Add(k)
+	}
+}
+
+func (t *capacityTracker) sync(key capacityKey) error {
+	if key == recomputeCapacities {
+		return t.recompute()
+	}
+	return t.syncObject(key)
+}
+
+// recompute derives the desired objects from the listers and enqueues what changed: new
+// keys, keys no longer wanted, and objects that match no wanted key.
+func (t *capacityTracker) recompute() error {
+	classes, err := t.classes.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	segments := []map[string]string{t.nodeSegment}
+	if t.nodeSegment == nil {
+		csiNodes, err := t.csiNodes.List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		nodes, err := t.nodes.List(labels.Everything())
+		if err != nil {
+			return err
+		}
+		segments = driverSegments(t.driver, csiNodes, nodes)
+	}
+	desired := desiredCapacities(t.driver, t.immediate, classes, segments)
+	t.mu.Lock()
+	old := t.desired
+	t.desired = desired
+	t.mu.Unlock()
+	for k := range desired {
+		if _, ok := old[k]; !ok {
+			t.queue.Add(k)
+		}
+	}
+	for k := range old {
+		if _, ok := desired[k]; !ok {
+			t.queue.Add(k)
+		}
+	}
+	for _, obj := range t.objects.List() {
+		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
+			if _, ok := desired[keyOfCapacity(sc)]; !ok {
+				t.queue.Add(keyOfCapacity(sc))
+			}
+		}
+	}
+	return nil
+}
+
+// syncObject makes the objects of one key what they should be: none when the key is not
+// wanted, else exactly one holding what GetCapacity says now.
+func (t *capacityTracker) syncObject(key capacityKey) error {
+	logger := klog.Background().WithValues("storageClass", key.class, "segment", key.segment)
+	ctx := klog.NewContext(t.ops, logger)
+	t.mu.Lock()
+	segment, wanted := t.desired[key]
+	written := t.written[key]
+	t.mu.Unlock()
+	existing := t.objectsOf(key, written)
+	if !wanted {
+		return t.deleteObjects(ctx, key, existing)
+	}
+	class, err := t.classes.Get(key.class)
+	if apierrors.IsNotFound(err) {
+		// Gone since: the recompute its deletion queued removes the key.
+		return nil
+	} else if err != nil {
+		return err
+	}
+
+	// P1: the call and the write that records it run on Ops(), so a poll in flight when
+	// intake ends still lands.
+	callCtx, cancel := context.WithTimeout(ctx, t.timeout)
+	resp, err := t.csi.GetCapacity(callCtx, getCapacityRequest(class, segment))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("GetCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
+	}
+	want := t.capacityObject(key, segment, resp)
+
+	var current *storagev1.CSIStorageCapacity
+	if len(existing) > 0 {
+		current, existing = existing[0], existing[1:]
+	}
+	if current != nil && current == written && !t.cached(written) {
+		// Written here but not (or no longer) in the cache: created a moment ago, or
+		// deleted by someone since. The server knows which.
+		if current, err = t.fresh(ctx, written); err != nil {
+			return err
+		}
+		if current == nil && len(existing) > 0 {
+			current, existing = existing[0], existing[1:]
+		}
+	}
+	var saved *storagev1.CSIStorageCapacity
+	if current != nil {
+		saved, err = t.update(ctx, current, want)
+		if apierrors.IsNotFound(err) {
+			// Deleted by someone else: the object is still wanted, so it comes back.
+			current, err = nil, nil
+		} else if err != nil {
+			return err
+		}
+	}
+	if current == nil {
+		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
+		saved, err = t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(apiCtx, want, metav1.CreateOptions{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("creating CSIStorageCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
+		}
+		logger.V(3).Info("CSIStorageCapacity created", "name", saved.Name, "capacity", want.Capacity)
+	}
+	t.mu.Lock()
+	t.written[key] = saved
+	t.mu.Unlock()
+	// Duplicates (two replicas, or a lost create response) go.
+	return t.deleteObjects(ctx, key, existing)
+}
+
+// update brings one object to want's values when they differ, retrying conflicts with the
+// object read afresh.
+func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.CSIStorageCapacity) (*storagev1.CSIStorageCapacity, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	client := t.kube.StorageV1().CSIStorageCapacities(current.Namespace)
+	saved := current
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if capacityUpToDate(saved, want) {
+			return nil
+		}
+		update := saved.DeepCopy()
+		update.Capacity, update.MaximumVolumeSize = want.Capacity, want.MaximumVolumeSize
+		if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
+			update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
+		}
+		updated, err := client.Update(ctx, update, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if fresh, getErr := client.Get(ctx, saved.Name, metav1.GetOptions{}); getErr == nil {
+				saved = fresh
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		saved = updated
+		klog.FromContext(ctx).V(3).Info("CSIStorageCapacity updated", "name", saved.Name, "capacity", saved.Capacity)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
+	}
+	return saved, nil
+}
+
+// cached tells whether the informer holds the object (any version of it).
+func (t *capacityTracker) cached(obj *storagev1.CSIStorageCapacity) bool {
+	item, exists, err := t.objects.Get(obj)
+	if err != nil || !exists {
+		return false
+	}
+	sc, ok := item.(*storagev1.CSIStorageCapacity)
+	return ok && sc.UID == obj.UID
+}
+
+// fresh reads the object from the server on ctx (Ops()); nil when it is gone.
+func (t *capacityTracker) fresh(ctx context.Context, obj *storagev1.CSIStorageCapacity) (*storagev1.CSIStorageCapacity, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.timeout)
+	defer cancel()
+	got, err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading CSIStorageCapacity %s: %w", klog.KObj(obj), err)
+	case got.UID != obj.UID:
+		return nil, nil
+	}
+	return got, nil
+}
+
+// deleteObjects deletes objects of a key, on Ops().
+func (t *capacityTracker) deleteObjects(ctx context.Context, key capacityKey, objs []*storagev1.CSIStorageCapacity) error {
+	for _, obj := range objs {
+		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
+		err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(apiCtx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting CSIStorageCapacity %s: %w", klog.KObj(obj), err)
+		}
+		klog.FromContext(ctx).V(3).Info("CSIStorageCapacity deleted", "name", obj.Name)
+		t.mu.Lock()
+		if w := t.written[key]; w != nil && w.UID == obj.UID {
+			delete(t.written, key)
+		}
+		t.mu.Unlock()
+	}
+	return nil
+}
+
+// objectsOf returns the managed objects of a key from the cache, the one this replica
+// wrote last first (fresher than the cache's copy when the cache has not seen the write).
+func (t *capacityTracker) objectsOf(key capacityKey, written *storagev1.CSIStorageCapacity) []*storagev1.CSIStorageCapacity {
+	var out []*storagev1.CSIStorageCapacity
+	for _, obj := range t.objects.List() {
+		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) && keyOfCapacity(sc) == key {
+			if written != nil && sc.UID == written.UID {
+				continue
+			}
+			out = append(out, sc)
+		}
+	}
+	slices.SortFunc(out, func(a, b *storagev1.CSIStorageCapacity) int {
+		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+	if written != nil {
+		out = append([]*storagev1.CSIStorageCapacity{written}, out...)
+	}
+	return out
+}
+
+func (t *capacityTracker) manages(sc *storagev1.CSIStorageCapacity) bool {
+	return sc.Namespace == t.namespace && sc.Labels[capacityDriverLabel] == t.driver && sc.Labels[capacityManagedByLabel] == t.managedBy
+}
+
+// capacityObject is the object GetCapacity's answer asks for.
+func (t *capacityTracker) capacityObject(key capacityKey, segment map[string]string, resp *csi.GetCapacityResponse) *storagev1.CSIStorageCapacity {
+	obj := &storagev1.CSIStorageCapacity{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: capacityGenerateName,
+			Namespace:    t.namespace,
+			Labels:       map[string]string{capacityDriverLabel: t.driver, capacityManagedByLabel: t.managedBy},
+		},
+		StorageClassName: key.class,
+		NodeTopology:     &metav1.LabelSelector{MatchLabels: maps.Clone(segment)},
+		Capacity:         resource.NewQuantity(resp.GetAvailableCapacity(), resource.BinarySI),
+	}
+	// CSIStorageCapacity has no field for minimum_volume_size: upstream drops it too.
+	if m := resp.GetMaximumVolumeSize(); m != nil {
+		obj.MaximumVolumeSize = resource.NewQuantity(m.GetValue(), resource.BinarySI)
+	}
+	if t.owner != nil {
+		obj.OwnerReferences = []metav1.OwnerReference{*t.owner}
+	}
+	return obj
+}
+
+// getCapacityRequest asks for the class's capacity in the segment. The class's parameters
+// go as they are, as upstream sends them; the capability is a placeholder the spec
+// requires (capacity is assumed not to depend on it, as upstream assumes).
+func getCapacityRequest(class *storagev1.StorageClass, segment map[string]string) *csi.GetCapacityRequest {
+	req := &csi.GetCapacityRequest{
+		Parameters: class.Parameters,
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_UNKNOWN},
+		}},
+	}
+	if len(segment) > 0 {
+		req.AccessibleTopology = &csi.Topology{Segments: maps.Clone(segment)}
+	}
+	return req
+}
+
+// capacityUpToDate tells whether an object already holds what want says.
+func capacityUpToDate(have, want *storagev1.CSIStorageCapacity) bool {
+	sameQuantity := func(a, b *resource.Quantity) bool {
+		if a == nil || b == nil {
+			return a == b
+		}
+		return a.Cmp(*b) == 0
+	}
+	if !sameQuantity(have.Capacity, want.Capacity) || !sameQuantity(have.MaximumVolumeSize, want.MaximumVolumeSize) {
+		return false
+	}
+	for _, o := range want.OwnerReferences {
+		if !slices.ContainsFunc(have.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == o.UID }) {
+			return false
+		}
+	}
+	return true
+}
+
+// keyOfCapacity is the key an existing object stands for. An object whose topology is not
+// a plain label map gets a key no desired object has: it is obsolete.
+func keyOfCapacity(sc *storagev1.CSIStorageCapacity) capacityKey {
+	segment := ""
+	if sc.NodeTopology != nil {
+		segment = labels.Set(sc.NodeTopology.MatchLabels).String()
+		if len(sc.NodeTopology.MatchExpressions) > 0 {
+			segment += ";expressions"
+		}
+	}
+	return capacityKey{class: sc.StorageClassName, segment: segment}
+}
+
+// driverSegments are the driver's topology segments: for every CSINode on which the
+// driver is registered, its topology keys with the values of the Node's labels. A node
+// whose labels lack a key is skipped until the labels arrive, as upstream; a driver
+// without topology keys has one segment, the empty one (every node).
+func driverSegments(driver string, csiNodes []*storagev1.CSINode, nodes []*v1.Node) []map[string]string {
+	byName := make(map[string]*v1.Node, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	seen := map[string]bool{}
+	var out []map[string]string
+	for _, csiNode := range csiNodes {
+		i := slices.IndexFunc(csiNode.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == driver })
+		node := byName[csiNode.Name]
+		if i < 0 || node == nil {
+			continue
+		}
+		segment := map[string]string{}
+		complete := true
+		for _, k := range csiNode.Spec.Drivers[i].TopologyKeys {
+			v, ok := node.Labels[k]
+			if !ok {
+				complete = false
+				break
+			}
+			segment[k] = v
+		}
+		if id := labels.Set(segment).String(); complete && !seen[id] {
+			seen[id] = true
+			out = append(out, segment)
+		}
+	}
+	return out
+}
+
+// desiredCapacities are the objects that should exist: every segment for every class of
+// the driver, classes with immediate binding only when asked (the scheduler uses capacity
+// for WaitForFirstConsumer only).
+func desiredCapacities(driver string, immediate bool, classes []*storagev1.StorageClass, segments []map[string]string) map[capacityKey]map[string]string {
+	out := map[capacityKey]map[string]string{}
+	for _, class := range classes {
+		if class.Provisioner != driver || (!immediate && !isDelayedBinding(class)) {
+			continue
+		}
+		for _, s := range segments {
+			out[capacityKey{class: class.Name, segment: labels.Set(s).String()}] = s
+		}
+	}
+	return out
+}
+
+// counts are the figures of the capacity metrics: objects that should exist, those of them
+// that do, and managed objects that exist but should not.
+func (t *capacityTracker) counts() (goal, current, obsolete int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	have := map[capacityKey]bool{}
+	for _, obj := range t.objects.List() {
+		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
+			k := keyOfCapacity(sc)
+			if _, wanted := t.desired[k]; wanted {
+				have[k] = true
+			} else {
+				obsolete++
+			}
+		}
+	}
+	return len(t.desired), len(have), obsolete
+}
