@@ -24,6 +24,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -86,8 +87,17 @@ func NewScenario(t testing.TB, cp *controlplane.ControlPlane, binDir string, cfg
 		ns = ns[:50]
 	}
 	ns = strings.Trim(ns, "-")
-	if _, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating namespace: %v", err)
+	// A repeated run (-count=2) finds the namespace of the run before: number the next one.
+	base := ns
+	for i := 2; ; i++ {
+		_, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("creating namespace: %v", err)
+		}
+		ns = fmt.Sprintf("%s-%d", base, i)
 	}
 	if cfg.DriverName == "" {
 		cfg.DriverName = ns + ".csi.test"
