@@ -122,7 +122,8 @@ func NormalizeArgs(args []string) []string {
 		if a == "--" {
 			return append(out, args[i:]...)
 		}
-		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+		// A negative number ("-1" after --volume-name-uuid-length) is a value, not a flag.
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' && (a[1] < '0' || a[1] > '9') {
 			name, _, _ := strings.Cut(a[1:], "=")
 			if len(name) > 1 {
 				a = "-" + a

@@ -67,8 +67,8 @@ func TestSingleDashSpellingIsAccepted(t *testing.T) {
 }
 
 func TestNormalizeArgsLeavesShorthandsAndPositionals(t *testing.T) {
-	got := NormalizeArgs([]string{"-v=3", "-h", "attacher", "--timeout=1s", "-timeout=2s", "--", "-x-y"})
-	want := []string{"-v=3", "-h", "attacher", "--timeout=1s", "--timeout=2s", "--", "-x-y"}
+	got := NormalizeArgs([]string{"-v=3", "-h", "attacher", "--timeout=1s", "-timeout=2s", "-volume-name-uuid-length", "-16", "--", "-x-y"})
+	want := []string{"-v=3", "-h", "attacher", "--timeout=1s", "--timeout=2s", "--volume-name-uuid-length", "-16", "--", "-x-y"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("got %q, want %q", got, want)
 	}
