@@ -41,11 +41,14 @@ func Run(ctx context.Context, opts *Options, sidecars ...Sidecar) int {
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
-	p := &process{
-		opts:    opts,
-		signals: signals,
-		exitNow: func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) },
-	}
+	return RunWithSignals(ctx, opts, signals, func(code int) { klog.FlushAndExit(klog.ExitFlushTimeout, code) }, sidecars...)
+}
+
+// RunWithSignals is Run with the signals and the immediate exit supplied by the caller, for
+// a process that owns its signal handling (and for tests that host sidecars in-process):
+// the first value on signals starts the drain, the second calls exitNow(ExitError).
+func RunWithSignals(ctx context.Context, opts *Options, signals <-chan os.Signal, exitNow func(code int), sidecars ...Sidecar) int {
+	p := &process{opts: opts, signals: signals, exitNow: exitNow}
 	return p.run(ctx, sidecars)
 }
 
@@ -84,7 +87,9 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	mm := metrics.NewCSIMetricsManagerWithOptions("")
 	p.metrics = newCoreMetrics(mm.GetRegistry())
 	p.health = &health{notReady: "starting"}
-	go p.watchSignals(ctx)
+	watching, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	go p.watchSignals(watching)
 	if addr := p.httpAddress(); addr != "" {
 		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, mm, p.health)
 		if err != nil {
@@ -187,13 +192,24 @@ func (p *process) exitCode(code int) int {
 	return code
 }
 
+// watchSignals turns the first signal into the drain and the second into an immediate
+// exit, until ctx ends (the process is done).
 func (p *process) watchSignals(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	sig := <-p.signals
+	var sig os.Signal
+	select {
+	case sig = <-p.signals:
+	case <-ctx.Done():
+		return
+	}
 	logger.Info("Received signal: taking no new work, draining in-flight operations", "signal", sig.String(), "drainTimeout", p.opts.DrainTimeout)
 	p.health.setNotReady("shutting down: draining in-flight operations")
 	p.stopIntake()
-	sig = <-p.signals
+	select {
+	case sig = <-p.signals:
+	case <-ctx.Done():
+		return
+	}
 	logger.Info("Received a second signal: exiting now", "signal", sig.String())
 	p.exitNow(ExitError)
 }

@@ -34,6 +34,7 @@ const (
 
 // Sidecar is the test sidecar.
 type Sidecar struct {
+	name      string
 	workers   int
 	timeout   time.Duration
 	namespace string
@@ -42,13 +43,19 @@ type Sidecar struct {
 	queue  workqueue.TypedRateLimitingInterface[string]
 }
 
-// New returns the test sidecar.
-func New() *Sidecar { return &Sidecar{} }
+// New returns the test sidecar, named "test".
+func New() *Sidecar { return &Sidecar{name: "test"} }
+
+// NewInProcess returns a test sidecar for tests that host several in one process: its own
+// name (subcommand, Lease, queue) and namespace, and the flags' defaults.
+func NewInProcess(name, namespace string) *Sidecar {
+	return &Sidecar{name: name, namespace: namespace, workers: 4, timeout: 60 * time.Second}
+}
 
 var _ lifecycle.Sidecar = &Sidecar{}
 
 // Name implements lifecycle.Sidecar.
-func (*Sidecar) Name() string { return "test" }
+func (s *Sidecar) Name() string { return s.name }
 
 // AddFlags implements lifecycle.Sidecar.
 func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
@@ -66,13 +73,13 @@ func (s *Sidecar) ValidateFlags() error {
 }
 
 // LeaseName implements lifecycle.Sidecar.
-func (*Sidecar) LeaseName(driver string) string { return "csi-sidecars-test-" + driver }
+func (s *Sidecar) LeaseName(driver string) string { return "csi-sidecars-" + s.name + "-" + driver }
 
 // Setup implements lifecycle.Sidecar.
 func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "test"})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: s.name})
 	inf := env.Informers.Core().V1().ConfigMaps()
 	s.lister = inf.Lister()
 	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
