@@ -354,8 +354,8 @@ func TestStandbyTakesAnExpiredLeaseWhenItExpires(t *testing.T) {
 	s.WaitForCalls("replica-b's first call", func(c []testdriver.Call) bool { return len(callsOn(c, b)) > 0 })
 	gap := callsOn(s.Driver.Journal(), b)[0].Start.Sub(killed)
 	t.Logf("FIGURE expiry takeover: standby's first call %v after SIGKILL of the leader (lease 6s, renewed every 2s)", gap.Round(time.Millisecond))
-	if gap > 7*time.Second {
-		t.Errorf("standby took %v; the Lease expired at most 6s after the kill", gap)
+	if gap > 7500*time.Millisecond {
+		t.Errorf("standby took %v; the Lease expired at most 6s after the kill (a polling standby could need up to 10s)", gap)
 	}
 	if o := s.Driver.Overlaps(); len(o) != 0 {
 		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
