@@ -132,6 +132,10 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
 	defer events.Shutdown()
 	factory := informers.NewSharedInformerFactory(kube, informerResync)
+	// Informers, the shared ones and those a sidecar runs itself (Env.Done), live as long
+	// as the process.
+	stopInformers := make(chan struct{})
+	defer close(stopInformers)
 	shared := Env{
 		Kube:                   kube,
 		RestConfig:             cfg,
@@ -143,6 +147,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		Metrics:                mm,
 		Gates:                  p.opts.Gates,
 		Identity:               p.opts.LeaderElectionIdentity,
+		done:                   stopInformers,
 	}
 	for _, s := range sidecars {
 		m, err := p.newMember(ctx, s, shared, drv.conn, cfg)
@@ -158,8 +163,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 
 	// Caches start on every replica, so a standby takes over from warm caches (P7).
 	p.health.setNotReady("waiting for informer caches")
-	stopInformers := make(chan struct{})
-	defer close(stopInformers)
 	factory.Start(stopInformers)
 	for typ, ok := range factory.WaitForCacheSync(p.intake.Done()) {
 		if !ok {

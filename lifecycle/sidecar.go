@@ -67,8 +67,14 @@ type Env struct {
 	// Identity is this replica's leader-election identity.
 	Identity string
 
-	ops context.Context
+	ops  context.Context
+	done <-chan struct{}
 }
+
+// Done is closed when the process ends: the stop channel of informers a sidecar runs
+// itself, outside Informers (a CRD's, or one restricted to a namespace). Start them in
+// Setup, so standbys have them warm too (P7).
+func (e *Env) Done() <-chan struct{} { return e.done }
 
 // WithOps returns a copy of e whose Ops() is ops. The core gives each hosted sidecar its
 // own; a sidecar's unit tests use it to build an Env.

@@ -103,13 +103,13 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	}
 	// The snapshot informer is not on the core's factory: it starts here, on every
 	// replica (P7), and stops with the process.
-	s.ctrl.startSnapshots(env.Ops().Done())
+	s.ctrl.startSnapshots(env.Done())
 	if s.opts.enableCapacity {
 		if s.capacity, err = newCapacityFor(env, s.opts, cfg.node); err != nil {
 			return err
 		}
 		// Like the snapshot informer, the informer of the capacity objects is its own.
-		s.capacity.start(env.Ops().Done())
+		s.capacity.start(env.Done())
 	}
 	return nil
 }
