@@ -173,11 +173,18 @@ func (m *member) hold(ctx context.Context, p *process) (code int, done bool) {
 		<-electorDone
 		return ExitOK, false
 	case <-p.intake.Done():
+		// Stopped in the moment between taking the Lease and leading. The elector holds it
+		// already, so it starts leading within one renew; the term then ends at once on the
+		// normal path, which releases the Lease (a standby takes over without waiting).
+		timer := time.NewTimer(p.opts.RenewDeadline)
+		defer timer.Stop()
 		select {
 		case <-started:
-		default:
-			// Stopped in the moment between taking the Lease and leading: the Lease is
-			// left to expire rather than racing the elector for it.
+		case <-lostRace:
+			cancelElector()
+			<-electorDone
+			return p.exitCode(ExitOK), true
+		case <-timer.C:
 			m.lock.close()
 			cancelElector()
 			<-electorDone
