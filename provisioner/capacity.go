@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -111,12 +112,18 @@ type capacityTracker struct {
 	// written holds the last object this replica wrote per key: the informer may not
 	// have seen it yet, and a second object for the key must not be created meanwhile.
 	written map[capacityKey]*storagev1.CSIStorageCapacity
+	// syncing holds the keys whose sync runs now, with the latest object an event
+	// brought meanwhile (nil for none): the sync's own write is not a change to repair,
+	// but someone else's edit it did not see is, once it has finished.
+	syncing map[capacityKey]*storagev1.CSIStorageCapacity
+	// computed: desired has been computed once (before, every key looks unwanted).
+	computed bool
 }
 
 // newCapacityTracker registers the listers and handlers on the shared factory and builds
 // the informer of the managed objects. It must run before the shared factory starts.
 func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
-	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}}
+	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
 	t.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[capacityKey](retryStart, retryMax),
 		workqueue.TypedRateLimitingQueueConfig[capacityKey]{Name: capacityQueueName, MetricsProvider: cfg.queueMetrics})
@@ -166,25 +173,141 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	objects := own.Storage().V1().CSIStorageCapacities().Informer()
 	t.objects = objects.GetIndexer()
-	// A change by someone else (or the deletion of an object still wanted) is repaired.
-	enqueueObject := func(obj any) {
-		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = tomb.Obj
-		}
-		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
-			t.queue.Add(keyOfCapacity(sc))
-		}
-	}
+	// Only a change by someone else, an object no longer wanted or a duplicate, or the
+	// deletion of an object, asks for a sync: the events of this replica's own writes do
+	// not (each would cost a GetCapacity and, with a drifting answer, another write).
 	if _, err := objects.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueueObject,
-		UpdateFunc: func(_, obj any) { enqueueObject(obj) },
-		DeleteFunc: enqueueObject,
+		AddFunc:    func(obj any) { t.onObject(obj, true) },
+		UpdateFunc: func(_, obj any) { t.onObject(obj, false) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			// Our labels may be gone from it: the key is what counts.
+			if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && sc.Namespace == t.namespace {
+				t.queue.Add(keyOfCapacity(sc))
+			}
+		},
 	}); err != nil {
 		return nil, err
 	}
 	t.synced = append(t.synced, objects.HasSynced)
 	t.objectsStart = own.Start
 	return t, nil
+}
+
+// onObject enqueues the key of an added or updated object when it needs a sync: an object
+// that lost our labels, one the desired set does not want, a second object for its key, or
+// one whose values someone else changed. It records a newer copy of what this replica
+// wrote. The events of this replica's own writes ask for nothing: with a driver whose
+// answer drifts, each would cost a GetCapacity and another write, a stream of them.
+func (t *capacityTracker) onObject(obj any, added bool) {
+	sc, ok := obj.(*storagev1.CSIStorageCapacity)
+	if !ok || sc.Namespace != t.namespace {
+		return
+	}
+	key := keyOfCapacity(sc)
+	if !t.manages(sc) {
+		// No longer ours (labels removed): the key needs an object of ours again.
+		if !added {
+			t.queue.Add(key)
+		}
+		return
+	}
+	t.mu.Lock()
+	_, wanted := t.desired[key]
+	unknown := !t.computed
+	written := t.written[key]
+	seen, syncing := t.syncing[key]
+	if syncing && (seen == nil || newerVersion(sc, seen)) {
+		t.syncing[key] = sc
+	}
+	if !syncing && written != nil && written.UID == sc.UID && newerVersion(sc, written) {
+		t.written[key] = sc
+	}
+	t.mu.Unlock()
+	switch {
+	case unknown || !wanted || t.duplicate(sc):
+		t.queue.Add(key)
+	case added || syncing:
+		// A new object of a wanted key is adopted by the next poll; the sync running
+		// now compares what it wrote with this one when it ends.
+	case changedByOthers(sc, written, t.owner):
+		t.queue.Add(key)
+	}
+}
+
+// duplicate tells whether the cache holds another managed object of sc's key.
+func (t *capacityTracker) duplicate(sc *storagev1.CSIStorageCapacity) bool {
+	key := keyOfCapacity(sc)
+	for _, obj := range t.objects.List() {
+		if o, ok := obj.(*storagev1.CSIStorageCapacity); ok && o.UID != sc.UID && t.manages(o) && keyOfCapacity(o) == key {
+			return true
+		}
+	}
+	return false
+}
+
+// changedByOthers decides whether an updated object differs from what this replica last
+// wrote for its key: another object than ours (or none written yet), or a newer version
+// whose capacity, maximum size or owner is not ours.
+func changedByOthers(obj, written *storagev1.CSIStorageCapacity, owner *metav1.OwnerReference) bool {
+	if written == nil || written.UID != obj.UID {
+		return true
+	}
+	if obj.ResourceVersion == written.ResourceVersion || !newerVersion(obj, written) {
+		return false
+	}
+	want := &storagev1.CSIStorageCapacity{Capacity: written.Capacity, MaximumVolumeSize: written.MaximumVolumeSize}
+	if owner != nil {
+		want.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
+	return !capacityUpToDate(obj, want)
+}
+
+// newerVersion tells whether a is a later version of the object than b. Resource versions
+// are compared as the numbers the API server makes them; versions that are not numbers
+// are only known to differ, and the later one is taken to be the one the cache shows.
+func newerVersion(a, b *storagev1.CSIStorageCapacity) bool {
+	if a.ResourceVersion == b.ResourceVersion {
+		return false
+	}
+	av, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
+	bv, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
+	if errA != nil || errB != nil {
+		return true
+	}
+	return av > bv
+}
+
+// refresh enqueues the keys of the class whose segment a volume of the given topology
+// lies in (every key of the class for no topology): the controller made or deleted a
+// volume there (capacityRefresher). It only enqueues; after intake ends RunWorkers drops
+// the keys.
+func (t *capacityTracker) refresh(class string, topology []*csi.Topology) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, segment := range t.desired {
+		if k.class == class && inSegment(segment, topology) {
+			t.queue.Add(k)
+		}
+	}
+}
+
+// inSegment tells whether a volume accessible from topology (every segment when empty)
+// lies in the segment: one of its topologies has the segment's values.
+func inSegment(segment map[string]string, topology []*csi.Topology) bool {
+	if len(topology) == 0 {
+		return true
+	}
+	return slices.ContainsFunc(topology, func(tp *csi.Topology) bool {
+		for k, v := range segment {
+			if tp.GetSegments()[k] != v {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // start starts the informer of the managed objects until stop closes (every replica, so a
@@ -249,6 +372,7 @@ func (t *capacityTracker) recompute() error {
 	t.mu.Lock()
 	old := t.desired
 	t.desired = desired
+	t.computed = true
 	t.mu.Unlock()
 	for k := range desired {
 		if _, ok := old[k]; !ok {
@@ -276,9 +400,29 @@ func (t *capacityTracker) syncObject(key capacityKey) error {
 	logger := klog.Background().WithValues("storageClass", key.class, "segment", key.segment)
 	ctx := klog.NewContext(t.ops, logger)
 	t.mu.Lock()
+	computed := t.computed
+	t.mu.Unlock()
+	if !computed {
+		// Events of the objects came before the first recompute: none is unwanted yet.
+		if err := t.recompute(); err != nil {
+			return err
+		}
+	}
+	t.mu.Lock()
 	segment, wanted := t.desired[key]
 	written := t.written[key]
+	t.syncing[key] = nil
 	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		seen := t.syncing[key]
+		delete(t.syncing, key)
+		written := t.written[key]
+		t.mu.Unlock()
+		if seen != nil && changedByOthers(seen, written, t.owner) {
+			t.queue.Add(key)
+		}
+	}()
 	existing := t.objectsOf(key, written)
 	if !wanted {
 		return t.deleteObjects(ctx, key, existing)
@@ -423,12 +567,18 @@ func (t *capacityTracker) deleteObjects(ctx context.Context, key capacityKey, ob
 }
 
 // objectsOf returns the managed objects of a key from the cache, the one this replica
-// wrote last first (fresher than the cache's copy when the cache has not seen the write).
+// wrote last first. The cached copy of it is taken whenever the cache has seen the write
+// (or a later change, someone else's, which the sync then repairs); written stands in for
+// it only until then, and is the only copy when the cache does not hold the object yet.
 func (t *capacityTracker) objectsOf(key capacityKey, written *storagev1.CSIStorageCapacity) []*storagev1.CSIStorageCapacity {
 	var out []*storagev1.CSIStorageCapacity
+	mine := written
 	for _, obj := range t.objects.List() {
 		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) && keyOfCapacity(sc) == key {
 			if written != nil && sc.UID == written.UID {
+				if sc.ResourceVersion == written.ResourceVersion || newerVersion(sc, written) {
+					mine = sc
+				}
 				continue
 			}
 			out = append(out, sc)
@@ -437,8 +587,8 @@ func (t *capacityTracker) objectsOf(key capacityKey, written *storagev1.CSIStora
 	slices.SortFunc(out, func(a, b *storagev1.CSIStorageCapacity) int {
 		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
 	})
-	if written != nil {
-		out = append([]*storagev1.CSIStorageCapacity{written}, out...)
+	if mine != nil {
+		out = append([]*storagev1.CSIStorageCapacity{mine}, out...)
 	}
 	return out
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +19,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -139,6 +143,16 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 		}
 		return false, nil, nil
 	})
+	// Nor does it keep resource versions: numbered as the API server numbers them.
+	var rv atomic.Int64
+	for _, verb := range []string{"create", "update"} {
+		w.kube.PrependReactor(verb, "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if o, ok := a.(interface{ GetObject() runtime.Object }); ok {
+				o.GetObject().(*storagev1.CSIStorageCapacity).ResourceVersion = strconv.FormatInt(rv.Add(1)+100, 10)
+			}
+			return false, nil, nil
+		})
+	}
 	cfg := capacityConfig{
 		driver: drv, namespace: capNS, managedBy: capacityManagedBy,
 		pollInterval: time.Hour, timeout: 5 * time.Second, threads: 2,
@@ -402,17 +416,36 @@ func TestTheCapacityOwnerIsFoundByWalkingControllersFromThePod(t *testing.T) {
 	}
 }
 
-func TestManagedByNamesTheNodeAndStaysAValidLabelValue(t *testing.T) {
+func TestManagedByNamesTheNodeAsUpstreamDoes(t *testing.T) {
 	if got := capacityManagedByFor(""); got != "external-provisioner" {
 		t.Errorf("central: %q", got)
 	}
-	if got := capacityManagedByFor("node-1"); got != "external-provisioner-node-1" {
-		t.Errorf("node: %q", got)
-	}
-	long := strings.Repeat("n", 80)
-	a, b := capacityManagedByFor(long), capacityManagedByFor(long+"x")
-	if len(a) > 63 || a == b {
-		t.Errorf("long node names: %q (%d), %q: want distinct values of at most 63 characters", a, len(a), b)
+	node := func(n int) string { return "node" + strings.Repeat("a", n) }
+	// The values upstream's external-provisioner computes (its cmd/csi-provisioner tests):
+	// objects of a node deployment must keep their label across a rolling upgrade (P9).
+	for _, tc := range []struct {
+		name, base, node, want string
+	}{
+		{"short", "external-provisioner", "node01", "external-provisioner-node01"},
+		{"no base", "", "node01", "node01"},
+		{"exactly 63", "external-provisioner", node(38), "external-provisioner-" + node(38)},
+		{"one over", "external-provisioner", node(39), "external-p-53f40b57-" + node(39)},
+		{"node of 52", "external-provisioner", node(48), "e-53f40b57-" + node(48)},
+		{"node of 53, node dropped", "external-provisioner", node(49), "external-provisioner-a3607ff1"},
+		{"very long, node dropped", "external-provisioner", node(63), "external-provisioner-df38e37f"},
+		{"very long, no base", "", node(63), "fa65587e"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := boundedName(tc.base, tc.node, 63)
+			if got != tc.want {
+				t.Errorf("boundedName(%q, %q, 63) = %q, want %q", tc.base, tc.node, got, tc.want)
+			}
+			if tc.base == capacityManagedBy {
+				if m := capacityManagedByFor(tc.node); m != tc.want {
+					t.Errorf("capacityManagedByFor(%q) = %q, want %q", tc.node, m, tc.want)
+				}
+			}
+		})
 	}
 }
 
@@ -441,5 +474,125 @@ func TestCapacityFlagsNeedTheirEnvironment(t *testing.T) {
 				t.Errorf("validate: %v, want %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// driftingCapacity answers GetCapacity with a value that changes on every call, as a busy
+// backend's free space does, and counts the calls.
+type driftingCapacity struct{ calls atomic.Int64 }
+
+func (d *driftingCapacity) GetCapacity(context.Context, *csi.GetCapacityRequest, ...grpc.CallOption) (*csi.GetCapacityResponse, error) {
+	return &csi.GetCapacityResponse{AvailableCapacity: 1000 + d.calls.Add(1)}, nil
+}
+
+func TestTheEventsOfItsOwnWritesDoNotMakeTheTrackerPollAgain(t *testing.T) {
+	drift := &driftingCapacity{}
+	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *capacityConfig) { c.csi = drift },
+		append(topologyObjects("n1", "n2"), lateClass("fast", nil))...)
+	w.waitFor("both objects", func() bool { return len(w.capacities()) == 2 })
+	// No condition marks "nothing more happens": a window in which a write stream (each
+	// event of a write asking for another GetCapacity) would show is all there is.
+	time.Sleep(time.Second)
+	calls := drift.calls.Load()
+	updates := 0
+	for _, a := range w.kube.Actions() {
+		if a.GetVerb() == "update" && a.GetResource().Resource == "csistoragecapacities" {
+			updates++
+		}
+	}
+	t.Logf("FIGURE 2 objects, poll interval 1h, 1s after creation: %d GetCapacity, %d updates", calls, updates)
+	// One call per object, and a few more at most (the first recompute races the events).
+	if calls > 4 || updates > 2 {
+		t.Errorf("%d GetCapacity and %d updates for 2 objects in a second with a 1h poll interval: want about one call per object", calls, updates)
+	}
+}
+
+func TestACapacityChangedBySomeoneElseIsRepaired(t *testing.T) {
+	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
+		append(topologyObjects("n1"), lateClass("fast", nil))...)
+	key := "fast@" + testdriver.TopologyKey + "=n1"
+	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+	o := w.objects()[key]
+	o.Capacity = resource.NewQuantity(1, resource.BinarySI)
+	if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the capacity repaired", func() bool { return w.capacities()[key] == 5000 })
+}
+
+// segmentsAsked answers GetCapacity with a fixed value and records the segments asked for.
+type segmentsAsked struct {
+	mu    sync.Mutex
+	asked []string
+}
+
+func (s *segmentsAsked) GetCapacity(_ context.Context, req *csi.GetCapacityRequest, _ ...grpc.CallOption) (*csi.GetCapacityResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.asked = append(s.asked, labels.Set(req.GetAccessibleTopology().GetSegments()).String())
+	return &csi.GetCapacityResponse{AvailableCapacity: 100}, nil
+}
+
+func (s *segmentsAsked) count(segment string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, a := range s.asked {
+		if a == segment {
+			n++
+		}
+	}
+	return n
+}
+
+func TestAProvisionedOrDeletedVolumeRefreshesTheCapacityOfItsSegmentAndClass(t *testing.T) {
+	asked := &segmentsAsked{}
+	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *capacityConfig) { c.csi = asked },
+		append(topologyObjects("n1", "n2"), lateClass("fast", nil), lateClass("slow", nil))...)
+	w.waitFor("the objects", func() bool { return len(w.capacities()) == 4 })
+	w.waitFor("the tracker idle", func() bool {
+		w.tracker.mu.Lock()
+		defer w.tracker.mu.Unlock()
+		return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
+	})
+	n1, n2 := testdriver.TopologyKey+"=n1", testdriver.TopologyKey+"=n2"
+	before1, before2 := asked.count(n1), asked.count(n2)
+
+	// A volume of class fast in n1: fast@n1 only (the poll interval is an hour).
+	var refresh capacityRefresher = w.tracker
+	refresh.refresh("fast", []*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n1"}}})
+	w.waitFor("fast@n1 asked again", func() bool { return asked.count(n1) == before1+1 })
+	// No topology (a failed provisioning): every segment of the class.
+	refresh.refresh("slow", nil)
+	w.waitFor("slow asked again in both segments", func() bool { return asked.count(n1) == before1+2 && asked.count(n2) == before2+1 })
+}
+
+func TestInSegmentAndVolumeTopology(t *testing.T) {
+	seg := map[string]string{"zone": "a", "rack": "1"}
+	topo := func(m map[string]string) *csi.Topology { return &csi.Topology{Segments: m} }
+	for _, tc := range []struct {
+		name string
+		topo []*csi.Topology
+		want bool
+	}{
+		{"no topology: every segment", nil, true},
+		{"same values", []*csi.Topology{topo(map[string]string{"zone": "a", "rack": "1"})}, true},
+		{"one of several", []*csi.Topology{topo(map[string]string{"zone": "b", "rack": "1"}), topo(map[string]string{"zone": "a", "rack": "1"})}, true},
+		{"another zone", []*csi.Topology{topo(map[string]string{"zone": "b", "rack": "1"})}, false},
+		{"a key missing", []*csi.Topology{topo(map[string]string{"zone": "a"})}, false},
+	} {
+		if got := inSegment(seg, tc.topo); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	pv := &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"a"}}}},
+	}}}}}
+	if got := volumeTopology(pv); len(got) != 1 || !cmp.Equal(got[0].GetSegments(), map[string]string{"zone": "a"}) {
+		t.Errorf("volumeTopology: %v, want zone=a", got)
+	}
+	pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a", "b"}
+	if got := volumeTopology(pv); got != nil {
+		t.Errorf("volumeTopology of a multi-value term: %v, want nil (every segment)", got)
 	}
 }

@@ -2,9 +2,8 @@ package provisioner
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -13,20 +12,45 @@ import (
 )
 
 // capacityManagedByFor is the managed-by label value of an instance: upstream's
-// "external-provisioner", or "external-provisioner-<node>" for a node deployment, kept a
-// valid label value (a long node name is shortened by a hash of it).
+// "external-provisioner", or for a node deployment "external-provisioner-<node>" kept
+// within a DNS label's 63 characters exactly as upstream shortens it (boundedName), so
+// that objects written by upstream before a rolling upgrade are recognised (P9).
 func capacityManagedByFor(nodeName string) string {
 	if nodeName == "" {
 		return capacityManagedBy
 	}
-	name := capacityManagedBy + "-" + nodeName
-	if len(name) <= validation.LabelValueMaxLength {
-		return name
+	return boundedName(capacityManagedBy, nodeName, validation.DNS1035LabelMaxLength)
+}
+
+// boundedName is "<base>-<suffix>" when that fits in limit characters. Longer, it keeps
+// as much of it as upstream's external-provisioner keeps, with the same 8-digit FNV-1a
+// hashes (the values must match upstream's, P9): when the suffix leaves room, the base is
+// cut and its hash follows it, "<base cut>-<hash of base>-<suffix>"; otherwise the suffix
+// is dropped, "<base cut>-<hash of the whole name>", cut at limit.
+func boundedName(base, suffix string, limit int) string {
+	whole := suffix
+	if base != "" {
+		whole = base + "-" + suffix
 	}
-	sum := sha256.Sum256([]byte(nodeName))
-	hash := hex.EncodeToString(sum[:])[:16]
-	keep := validation.LabelValueMaxLength - len(capacityManagedBy) - len(hash) - 2
-	return capacityManagedBy + "-" + nodeName[:keep] + "-" + hash
+	if len(whole) <= limit {
+		return whole
+	}
+	// Room for the base once two dashes and the hash are counted.
+	if keep := limit - len(suffix) - 10; keep > 0 {
+		return base[:keep] + "-" + fnv32aHex(base) + "-" + suffix
+	}
+	short := fnv32aHex(whole)
+	if keep := min(len(base), max(0, limit-9)); keep > 0 {
+		short = base[:keep] + "-" + short
+	}
+	return short[:min(limit, len(short))]
+}
+
+// fnv32aHex is the 32-bit FNV-1a hash of s in 8 hexadecimal digits.
+func fnv32aHex(s string) string {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 // lookupCapacityOwner returns the owner of the CSIStorageCapacity objects for

@@ -58,6 +58,24 @@ type config struct {
 	snapshotClient snapclientset.Interface
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
+	// capacity is told which capacity a provisioning or deletion changed; nil without
+	// --enable-capacity.
+	capacity capacityRefresher
+}
+
+// capacityRefresher asks capacity tracking for GetCapacity again, soon rather than at the
+// next poll, where a volume was made or deleted: the segments of topology (all of the
+// class's for none) of one StorageClass. It only enqueues: it is called on the worker
+// that did the operation, and starts nothing.
+type capacityRefresher interface {
+	refresh(class string, topology []*csi.Topology)
+}
+
+// capacityChanged tells capacity tracking, if on, that an operation changed capacity.
+func (c *controller) capacityChanged(class string, topology []*csi.Topology) {
+	if c.capacity != nil && class != "" {
+		c.capacity.refresh(class, topology)
+	}
 }
 
 // controller provisions and deletes the driver's volumes: a claim queue and a volume queue,
@@ -84,9 +102,10 @@ type controller struct {
 	intake context.Context
 
 	mu sync.Mutex
-	// inProgress holds, by claim UID, the plan of every CreateVolume that may still be
-	// running in the driver: it is retried as it is, claim or no claim, until the driver
-	// answers for good.
+	// inProgress holds, by claim UID, the plan of every CreateVolume that is about to run
+	// or may still be running in the driver: it is retried as it is, claim or no claim,
+	// until the driver answers for good. It is also what keeps the plan's source protected
+	// while the claim may be gone (sourceUser).
 	inProgress map[string]*plan
 }
 
@@ -238,6 +257,14 @@ func (c *controller) setPending(uid string, p *plan) {
 	c.inProgress[uid] = p
 }
 
+// finish ends a plan: it is no longer pending, and its source, if it has one, may be free.
+func (c *controller) finish(uid string, p *plan) {
+	c.setPending(uid, nil)
+	if p.source.kind != sourceNone {
+		c.sourceQueue.Add(p.source.key())
+	}
+}
+
 // pvExists tells whether the PersistentVolume is in the cache.
 func (c *controller) pvExists(name string) bool {
 	_, err := c.volumes.Get(name)
@@ -281,14 +308,18 @@ func (c *controller) syncClaim(uid string) error {
 			return c.planFailed(claim, err)
 		}
 		// The source must stay until CreateVolume is done with it (the finalizer is part
-		// of the operation, on Ops(), P1).
+		// of the operation, on Ops(), P1). The plan is pending from before the finalizer
+		// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
+		// is then the only sign that the source is still in use.
+		c.setPending(uid, p)
 		if err := c.protectSource(klog.NewContext(c.ops, logger), p.source); err != nil {
+			c.finish(uid, p)
 			c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 			return err
 		}
 		c.recorder.Eventf(claim, v1.EventTypeNormal, "Provisioning", "External provisioner is provisioning volume for claim %q", klog.KObj(claim))
 	} else if c.pvExists(p.pvName) {
-		c.setPending(uid, nil)
+		c.finish(uid, p)
 		return nil
 	}
 	start := time.Now()
@@ -340,10 +371,13 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 			c.setPending(uid, p)
 			return err
 		case createReschedule:
-			c.setPending(uid, nil)
+			c.finish(uid, p)
+			// As upstream: a final failure may say the class's storage is short.
+			c.capacityChanged(p.class.Name, nil)
 			return c.reschedule(ctx, p.claim, err)
 		default:
-			c.setPending(uid, nil)
+			c.finish(uid, p)
+			c.capacityChanged(p.class.Name, nil)
 			return err
 		}
 	}
@@ -361,18 +395,15 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		}
 		// Nothing is left in the driver: the next attempt is planned from the claim, if
 		// there still is one.
-		c.setPending(uid, nil)
+		c.finish(uid, p)
 		return err
 	}
 	if err := c.savePV(ctx, pv); err != nil {
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "volume %s created but its PersistentVolume could not be saved: %v", p.pvName, err)
 		return err
 	}
-	c.setPending(uid, nil)
-	if p.source.kind != sourceNone {
-		// The source may be free now.
-		c.sourceQueue.Add(p.source.key())
-	}
+	c.finish(uid, p)
+	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
 	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -441,4 +443,57 @@ func TestANodeDeploymentTakesFreeClaimsForItsNodeAndLeavesOtherNodesAlone(t *tes
 			t.Error("n1 provisioned the claim selected for n2")
 		}
 	}
+}
+
+// refreshes records what the controller asks capacity tracking to refresh.
+type refreshes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *refreshes) refresh(class string, topology []*csi.Topology) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var segments []string
+	for _, tp := range topology {
+		segments = append(segments, labels.Set(tp.GetSegments()).String())
+	}
+	r.got = append(r.got, class+"@"+strings.Join(segments, "|"))
+}
+
+func (r *refreshes) has(want string) bool { return r.count(want) > 0 }
+
+func (r *refreshes) count(want string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, g := range r.got {
+		if g == want {
+			n++
+		}
+	}
+	return n
+}
+
+func TestProvisioningAndDeletionRefreshTheCapacityTheyChanged(t *testing.T) {
+	r := &refreshes{}
+	w := newWorld(t, testdriver.Config{}, func(c *config) { c.capacity = r }, class("fast", nil), class("slow", nil))
+	if err := w.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.InvalidArgument, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Create(context.Background(), claimFor("data", "uid-1", "fast"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+	// The failure refreshes the whole class; the volume (no topology here) too.
+	w.waitFor("the refreshes of the failure and of the volume", func() bool { return r.count("fast@") == 2 })
+	pv := releasedPV("pv-del", w.createVolume("del"), v1.PersistentVolumeReclaimDelete)
+	pv.Spec.StorageClassName = "slow"
+	pv.Spec.NodeAffinity = &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
+		{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}
+	if _, err := w.kube.CoreV1().Secrets("ns").Create(context.Background(), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.create(pv)
+	w.waitFor("the deletion's refresh of its segment", func() bool { return r.has("slow@zone=a") })
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -69,6 +71,7 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error 
 		return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
 	}
 	logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
+	c.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
 	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
 	if err := c.kube.CoreV1().PersistentVolumes().Delete(apiCtx, pv.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -167,4 +170,25 @@ func finalizerPatch(pv *v1.PersistentVolume, finalizers []string) ([]byte, error
 		finalizers = []string{}
 	}
 	return json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": finalizers, "resourceVersion": pv.ResourceVersion}})
+}
+
+// volumeTopology is the topology of a volume as its PersistentVolume's node affinity says
+// it (one segment per term); nil, meaning every segment, when there is none or a term is
+// not a plain key=value selection.
+func volumeTopology(pv *v1.PersistentVolume) []*csi.Topology {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return nil
+	}
+	var out []*csi.Topology
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		segment := map[string]string{}
+		for _, e := range term.MatchExpressions {
+			if e.Operator != v1.NodeSelectorOpIn || len(e.Values) != 1 {
+				return nil
+			}
+			segment[e.Key] = e.Values[0]
+		}
+		out = append(out, &csi.Topology{Segments: segment})
+	}
+	return out
 }

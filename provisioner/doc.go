@@ -31,7 +31,10 @@
 // Data sources: a claim cloning a claim or restoring a VolumeSnapshot gets its source
 // checked as upstream checks it (datasource.go, pure) and protected by upstream's finalizer
 // from before CreateVolume until no claim still needs it (sources.go: a third queue, and
-// a periodic sweep for snapshot finalizers left behind). Other kinds are left to their
+// a periodic sweep for snapshot finalizers left behind). The plan is pending from before
+// the finalizer goes on, so a claim deleted while its CreateVolume runs does not free the
+// source mid-copy. A snapshot without a content (never bound, or the content gone) loses
+// the finalizer once no claim of the driver uses it: nothing can restore from it. Other kinds are left to their
 // populators. Cross-namespace sources are not implemented: enabling the gate is a usage
 // error.
 //
@@ -40,6 +43,12 @@
 // namespace of NAMESPACE, owned per --capacity-ownerref-level, recognised by upstream's
 // labels; its own queue, client and informer of the objects, and the same rule as the
 // controllers: the GetCapacity and the write recording its answer run on Env.Ops() (P1).
+// The events of its own writes ask for nothing: only an object someone else changed,
+// removed or duplicated, or that is no longer wanted, is synced before the next poll (a
+// drifting answer must not turn into a write stream). A provisioning or deletion refreshes
+// the capacity it changed (the volume's segment of its class; the whole class after a
+// failed provisioning) through a hook that only enqueues. The managed-by label of a node
+// deployment is upstream's value, long node names shortened exactly as upstream does.
 //
 // Not implemented: CSI migration of in-tree volumes (claims and volumes of an in-tree
 // plugin migrated to the driver are left alone: no finalizer is put on such a volume, as

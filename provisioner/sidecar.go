@@ -110,6 +110,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		}
 		// Like the snapshot informer, the informer of the capacity objects is its own.
 		s.capacity.start(env.Done())
+		// Before Run: a provisioning or deletion refreshes the capacity it changed.
+		s.ctrl.capacity = s.capacity
 	}
 	return nil
 }

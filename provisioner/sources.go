@@ -193,34 +193,37 @@ func (c *controller) syncSourceProtection(key string) error {
 		return nil
 	}
 	ctx := klog.NewContext(c.ops, klog.Background().WithValues("source", ref.String()))
-	var protected bool
+	// The finalizer names are shared by every provisioner of the cluster: a source of
+	// another driver is its provisioner's to release, whatever this one's claims say.
 	switch ref.kind {
 	case sourceClone:
 		claim := c.claimByName(ref.namespace, ref.name)
-		protected = claim != nil && slices.Contains(claim.Finalizers, cloneProtectionFinalizer) && c.isDriverClaim(claim)
-	case sourceSnapshot:
-		if c.snapshots != nil {
-			snap, err := c.snapshots.lister.VolumeSnapshots(ref.namespace).Get(ref.name)
-			if err != nil || !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
-				return nil
-			}
-			if protected, err = c.isDriverSnapshot(ctx, snap); err != nil {
-				return err
-			}
+		if claim == nil || !slices.Contains(claim.Finalizers, cloneProtectionFinalizer) || !c.isDriverClaim(claim) {
+			return nil
 		}
-	}
-	// The finalizer names are shared by every provisioner of the cluster: a source of
-	// another driver is its provisioner's to release, whatever this one's claims say.
-	if !protected {
-		return nil
-	}
-	if user := c.sourceUser(ref); user != "" {
-		return fmt.Errorf("%s is still the source of claim %s", ref, user)
-	}
-	if ref.kind == sourceClone {
+		if user := c.sourceUser(ref); user != "" {
+			return fmt.Errorf("%s is still the source of claim %s", ref, user)
+		}
 		return c.setClaimFinalizer(ctx, ref, false)
+	case sourceSnapshot:
+		if c.snapshots == nil {
+			return nil
+		}
+		snap, err := c.snapshots.lister.VolumeSnapshots(ref.namespace).Get(ref.name)
+		if err != nil || !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
+			return nil
+		}
+		// The caches first: a snapshot still in use keeps its finalizer without an API
+		// read of its content on every retry.
+		if user := c.sourceUser(ref); user != "" {
+			return fmt.Errorf("%s is still the source of claim %s", ref, user)
+		}
+		if ours, err := c.releasableSnapshot(ctx, snap); err != nil || !ours {
+			return err
+		}
+		return c.setSnapshotFinalizer(ctx, ref, false)
 	}
-	return c.setSnapshotFinalizer(ctx, ref, false)
+	return nil
 }
 
 // isDriverClaim tells, from the caches, whether the claim's volume is the driver's: its
@@ -251,20 +254,22 @@ func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, cla
 	return false
 }
 
-// isDriverSnapshot tells whether the snapshot's content was made by the driver. The
-// content is read from the API server on ctx (Ops()): there is no content informer, and
-// only snapshots carrying the finalizer get here. A snapshot without a content is left
-// alone: no driver restored it (restoring needs the content), and it may be another's.
-func (c *controller) isDriverSnapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) (bool, error) {
+// releasableSnapshot tells whether this provisioner may remove the protection finalizer of
+// a snapshot no claim of the driver uses: its content was made by the driver, or it has no
+// content (never bound, or the content is gone): nothing can be restoring from such a
+// snapshot, whoever put the finalizer on, and keeping it would leave the snapshot stuck
+// Terminating for good. The content is read from the API server on ctx (Ops()): there is
+// no content informer, and only snapshots carrying the finalizer get here.
+func (c *controller) releasableSnapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) (bool, error) {
 	if snap.Status == nil || snap.Status.BoundVolumeSnapshotContentName == nil {
-		return false, nil
+		return true, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
 	name := *snap.Status.BoundVolumeSnapshotContentName
 	content, err := c.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return false, nil
+		return true, nil
 	} else if err != nil {
 		return false, fmt.Errorf("reading VolumeSnapshotContent %s of snapshot %s: %w", name, klog.KObj(snap), err)
 	}

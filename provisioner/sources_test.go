@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
@@ -251,3 +253,101 @@ func TestASourceClaimBelongsToTheDriverOfItsVolumeElseOfItsProvisionerOrClass(t 
 type noWatchList struct{ *snapfake.Clientset }
 
 func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDeleted(t *testing.T) {
+	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CLONE_VOLUME)
+	src, srcPV := boundSource()
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, nil, class("fast", nil), src)
+	srcPV.Spec.CSI.VolumeHandle = w.sourceVolume()
+	w.create(srcPV)
+	// When each write of the source's finalizers was made, and what it said.
+	type change struct {
+		at  time.Time
+		has bool
+	}
+	var (
+		mu      sync.Mutex
+		changes []change
+	)
+	w.kube.PrependReactor("update", "persistentvolumeclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if c := a.(k8stesting.UpdateAction).GetObject().(*v1.PersistentVolumeClaim); c.Name == "src" {
+			mu.Lock()
+			changes = append(changes, change{time.Now(), slices.Contains(c.Finalizers, cloneProtectionFinalizer)})
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	w.driver.SetMethodLatency(testdriver.MethodCreateVolume, 500*time.Millisecond)
+	dst := claimFor("dst", "uid-dst", "fast")
+	dst.Namespace = "ns"
+	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+	w.create(dst)
+	clone := func() (testdriver.Call, bool) {
+		for _, c := range w.calls(testdriver.MethodCreateVolume) {
+			if c.VolumeName == "pvc-uid-dst" {
+				return c, true
+			}
+		}
+		return testdriver.Call{}, false
+	}
+	w.waitFor("the clone's CreateVolume in flight", func() bool { _, ok := clone(); return ok })
+	if err := w.kube.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "dst", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the cloning finalizer gone", func() bool {
+		c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), "src", metav1.GetOptions{})
+		return err == nil && !slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+	})
+	call, _ := clone()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(changes) < 2 || !changes[0].has {
+		t.Fatalf("source finalizer writes %+v: want it added, then removed", changes)
+	}
+	for _, c := range changes[1:] {
+		if !c.has && (!call.Done() || c.at.Before(call.End)) {
+			t.Errorf("the cloning finalizer was removed at %v, while the clone's CreateVolume ran (it ended at %v)", c.at.Format(time.StampMilli), call.End.Format(time.StampMilli))
+		}
+	}
+}
+
+func TestASnapshotWithoutContentLosesItsFinalizerAndOneInUseIsCheckedFromTheCaches(t *testing.T) {
+	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+	// Its content deleted: nothing can restore from it.
+	gone, _ := snapshotOf("gone", drv, snapshotProtectionFinalizer)
+	gone.DeletionTimestamp = ptr.To(metav1.Now())
+	// Never bound to a content.
+	unbound, _ := snapshotOf("unbound", drv, snapshotProtectionFinalizer)
+	unbound.Status = nil
+	// In use by a claim of the driver (waiting for its class): kept, from the caches.
+	needed, neededContent := snapshotOf("needed", drv, snapshotProtectionFinalizer)
+	waiting := claimFor("waiting", "uid-waiting", "missing")
+	waiting.Namespace = "ns"
+	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "needed"}
+	snaps := snapfake.NewSimpleClientset(gone, unbound, needed, neededContent)
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+		c.snapshotClient = noWatchList{snaps}
+		c.opts.snapshotOrphanSweepInterval = 20 * time.Millisecond
+	}, waiting)
+	finalizers := func(name string) []string {
+		s, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Finalizers
+	}
+	w.waitFor("the finalizers of the snapshots without content removed", func() bool {
+		return !slices.Contains(finalizers("gone"), snapshotProtectionFinalizer) && !slices.Contains(finalizers("unbound"), snapshotProtectionFinalizer)
+	})
+	// The sweep runs every 20ms and the snapshot in use is retried with backoff: no
+	// condition marks "checked and kept", so give it a window of several passes.
+	time.Sleep(200 * time.Millisecond)
+	if !slices.Contains(finalizers("needed"), snapshotProtectionFinalizer) {
+		t.Errorf("the finalizer of a snapshot in use was removed")
+	}
+	for _, a := range snaps.Actions() {
+		if g, ok := a.(k8stesting.GetAction); ok && a.GetVerb() == "get" && a.GetResource().Resource == "volumesnapshotcontents" && g.GetName() == "content-needed" {
+			t.Errorf("content %s read from the API server: the snapshot in use must be kept from the caches alone", g.GetName())
+		}
+	}
+}
