@@ -3,7 +3,6 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -121,16 +119,7 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := b.Serve(filepath.Join(t.TempDir(), "csi.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := testdriver.Dial(t, b)
 	w := &capacityWorld{t: t, kube: fake.NewClientset(objects...), driver: b, registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
 	// The fake API server neither generates names nor UIDs.
 	var n atomic.Int64

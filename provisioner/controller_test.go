@@ -2,7 +2,6 @@ package provisioner
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -10,9 +9,7 @@ import (
 	"time"
 
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,16 +50,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := b.Serve(filepath.Join(t.TempDir(), "csi.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(srv.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := testdriver.Dial(t, b)
 	plugin, err := rpc.GetPluginCapabilities(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
