@@ -199,11 +199,11 @@ func TestIsFinalError(t *testing.T) {
 		codes.NotFound: true, codes.InvalidArgument: true, codes.Internal: true,
 		codes.FailedPrecondition: true, codes.AlreadyExists: true, codes.Unknown: true,
 	} {
-		if got := isFinalError(status.Error(code, "x")); got != want {
+		if got := lifecycle.IsFinalError(status.Error(code, "x")); got != want {
 			t.Errorf("%v: final %v, want %v", code, got, want)
 		}
 	}
-	if isFinalError(errors.New("not from the driver")) {
+	if lifecycle.IsFinalError(errors.New("not from the driver")) {
 		t.Error("a non-gRPC error counts as final")
 	}
 }

@@ -410,7 +410,7 @@ func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAtta
 	if _, saveErr := c.patchVA(ctx, va, clone, true); saveErr != nil {
 		klog.FromContext(ctx).V(2).Info("Failed to save the error", "err", saveErr.Error())
 	}
-	if isFinalError(err) {
+	if lifecycle.IsFinalError(err) {
 		c.recorder.Event(va, corev1.EventTypeWarning, reason, err.Error())
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -175,21 +174,6 @@ func volumeError(err error, withCode bool, now metav1.Time) *storagev1.VolumeErr
 		}
 	}
 	return ve
-}
-
-// isFinalError tells whether a CSI error means the operation is certainly not running in
-// the driver any more. Timeouts, cancellations, a broken connection, ResourceExhausted and
-// Aborted (operation pending) may leave it running: those are retried without an Event.
-func isFinalError(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	switch st.Code() {
-	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
-		return false
-	}
-	return true
 }
 
 // hasFinalizer tells whether obj's finalizers include name.

@@ -86,6 +86,24 @@ func watchConnection(ctx context.Context, conn *grpc.ClientConn, onLoss func()) 
 	}
 }
 
+// IsFinalError tells whether a failed CSI call is certainly not running in the driver any
+// more. A call that was cut off (cancelled, timed out, connection broken), that the driver
+// still works on (Aborted) or that ran out of resources for now (ResourceExhausted) may
+// still run or succeed on retry: such calls are retried with the same arguments and not
+// reported as final. An error that is no gRPC status is not final either: nothing says the
+// call was not sent.
+func IsFinalError(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+		return false
+	}
+	return true
+}
+
 // fencedConn is one sidecar's view of the shared driver connection. It counts calls in
 // flight and ties each call to the sidecar's Ops() context, so losing the Lease or running
 // out of drain time cancels every CSI call at once, however the caller built its context

@@ -134,22 +134,6 @@ func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretRe
 	return out, nil
 }
 
-// isFinal tells whether a failed CSI call certainly ended in the driver. Timeouts,
-// cancellations, a broken connection, ResourceExhausted and Aborted leave the operation
-// possibly still running, so the sidecar must not act as if it had failed (upstream's
-// rule). An error that is no gRPC status failed before any call and is not final either.
-func isFinal(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	switch st.Code() {
-	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
-		return false
-	}
-	return true
-}
-
 // isInfeasible tells whether the driver refused the request itself: retrying it will not
 // help, the user must change it (RecoverVolumeExpansionFailure).
 func isInfeasible(err error) bool {

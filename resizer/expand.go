@@ -235,7 +235,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 // are written to the PVC (infeasible ones so that the user may lower the request), and an
 // in-use refusal waits for the Pod to go away.
 func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, callErr error) error {
-	final, infeasible := isFinal(callErr), isInfeasible(callErr)
+	final, infeasible := lifecycle.IsFinalError(callErr), isInfeasible(callErr)
 	c.attempts.failed(key, final, infeasible)
 	if c.inUse != nil && isInUse(callErr) {
 		c.inUse.record(key)

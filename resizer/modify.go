@@ -263,7 +263,7 @@ func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeCla
 		c.recorder.Event(pvc, v1.EventTypeWarning, reasonModifyFailed, callErr.Error())
 		return callErr
 	}
-	final := isFinal(callErr)
+	final := lifecycle.IsFinalError(callErr)
 	infeasible := final && status.Code(callErr) == codes.InvalidArgument
 	c.attempts.failed(key, final, infeasible)
 	err := callErr
