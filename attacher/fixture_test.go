@@ -3,8 +3,6 @@ package attacher
 import (
 	"context"
 	"errors"
-	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -317,8 +315,4 @@ func attachedWith(finalizers ...string) func(*storagev1.VolumeAttachment) {
 		va.Status.Attached = true
 		va.Status.AttachmentMetadata = map[string]string{"devicePath": "/dev/x"}
 	}
-}
-
-func contains(list []string, sub string) bool {
-	return slices.ContainsFunc(list, func(s string) bool { return strings.Contains(s, sub) })
 }

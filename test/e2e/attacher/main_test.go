@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -175,17 +174,6 @@ func (s *scenario) finalizer() string {
 	return "external-attacher/" + lifecycle.SanitizeName(s.Driver.DriverName())
 }
 
-// publishCalls are the ControllerPublishVolume calls among calls.
-func publishCalls(calls []testdriver.Call) []testdriver.Call {
-	var out []testdriver.Call
-	for _, c := range calls {
-		if c.Method == testdriver.MethodControllerPublishVolume {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 // apiWrites is the API server's count of PATCH and UPDATE requests on VolumeAttachments
 // and PersistentVolumes (any subresource), from apiserver_request_total on its /metrics.
 // Only the attachers write these objects in these tests (the tests create and delete), so
@@ -224,9 +212,4 @@ func mountCapability() *csi.VolumeCapability {
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-}
-
-// waitCtx bounds a wait on the driver's journal.
-func waitCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 60*time.Second)
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -270,6 +269,3 @@ func since(before, after map[string]float64) map[string]float64 {
 	}
 	return out
 }
-
-// waitSeconds is how long the tests wait for an outcome.
-const waitSeconds = 60 * time.Second
