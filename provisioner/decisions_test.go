@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -235,4 +237,12 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("provisioner", pflag.ContinueOnError)
 	o.addFlags(fs)
 	return fs
+}
+
+// P9: the Lease is upstream's (the driver name, sanitised), so an upstream replica and ours
+// never lead at once during a rolling upgrade.
+func TestLeaseIsUpstreamsDriverName(t *testing.T) {
+	if got := lifecycle.SanitizeName(New().LeaseName("csi.example.com")); got != "csi-example-com" {
+		t.Errorf("Lease %q, want csi-example-com", got)
+	}
 }
