@@ -11,13 +11,13 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 func TestWantsVolume(t *testing.T) {
