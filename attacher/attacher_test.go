@@ -2,7 +2,6 @@ package attacher
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -189,22 +188,6 @@ func TestNodeIDFromNode(t *testing.T) {
 	}
 	if _, ok := nodeIDFromNode(testDriver, &corev1.Node{}); ok {
 		t.Error("found an ID without the annotation")
-	}
-}
-
-func TestIsFinalError(t *testing.T) {
-	for code, want := range map[codes.Code]bool{
-		codes.Canceled: false, codes.DeadlineExceeded: false, codes.Unavailable: false,
-		codes.ResourceExhausted: false, codes.Aborted: false,
-		codes.NotFound: true, codes.InvalidArgument: true, codes.Internal: true,
-		codes.FailedPrecondition: true, codes.AlreadyExists: true, codes.Unknown: true,
-	} {
-		if got := lifecycle.IsFinalError(status.Error(code, "x")); got != want {
-			t.Errorf("%v: final %v, want %v", code, got, want)
-		}
-	}
-	if lifecycle.IsFinalError(errors.New("not from the driver")) {
-		t.Error("a non-gRPC error counts as final")
 	}
 }
 
