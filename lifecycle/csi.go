@@ -29,9 +29,11 @@ type driver struct {
 
 // connectDriver connects to the driver socket (retrying until ctx ends), waits until it
 // is ready and reads its name and capabilities. onLoss is called once if the connection is
-// lost later; the connection is then not re-established, as upstream does, so the process
-// shuts down instead of talking to a restarted driver that forgot its in-flight work.
-func connectDriver(ctx context.Context, address string, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
+// lost later, until lifetime ends (through the drain: a driver that dies while calls drain
+// must keep the Lease); the connection is then not re-established, as upstream does, so
+// the process shuts down instead of talking to a restarted driver that forgot its
+// in-flight work.
+func connectDriver(ctx, lifetime context.Context, address string, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
 	var lost atomic.Bool
 	conn, err := connection.Connect(ctx, address, mm, connection.OnConnectionLoss(func(context.Context) bool {
 		if lost.CompareAndSwap(false, true) {
@@ -57,7 +59,7 @@ func connectDriver(ctx context.Context, address string, mm metrics.CSIMetricsMan
 	}
 	// gRPC only redials when a call is made, so an idle sidecar would not notice a driver
 	// that went away; watching the channel's state does.
-	go watchConnection(ctx, conn, func() {
+	go watchConnection(lifetime, conn, func() {
 		if lost.CompareAndSwap(false, true) {
 			onLoss()
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -19,46 +20,170 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// errLockClosed is what the guarded lock answers once the core decided to keep the Lease.
-var errLockClosed = errors.New("lease writes stopped: the Lease is left to expire")
+var (
+	errLockClosed   = errors.New("lease writes stopped: this term is over")
+	errNotThisTerm  = errors.New("refusing to write a Lease record this term did not take")
+	errLeaseHeld    = errors.New("lease is held by another replica")
+	errNotOursAgain = errors.New("the Lease holds a record this term did not write")
+)
 
-// guardedLock is the Lease lock handed to client-go's LeaderElector. close() makes every
-// later write fail, so the elector's release-on-cancel cannot empty the holder when the
-// drain ran out of time or the Lease was lost (P3, P6): the Lease then expires on its own.
-type guardedLock struct {
+// termLock is the Lease lock of one term: from the write that takes the Lease to the end of
+// leading. client-go's LeaderElector renews through it (with ReleaseOnCancel off, so
+// client-go never empties the holder), and it keeps the rules client-go does not:
+//
+//   - It writes only this term's record: the holder is this identity and the acquire time
+//     the one this term wrote. A record with the same identity written by an earlier
+//     process (a container restarted in the same pod) is not this term's (P10).
+//   - It times renewals: expired() closes renewDeadline after the start of the last write
+//     that succeeded. A standby that saw that write may take the Lease one lease duration
+//     after it saw it, which is later (P11).
+//   - After close() it writes nothing, so a fenced leader never touches the Lease again.
+//   - release() is the one place that empties the holder (P2).
+//
+// Its mutex is never held across a call to the API server, so fencing never waits on a
+// stuck renewal.
+type termLock struct {
 	rl.Interface
-	mu     sync.Mutex
-	closed bool
+	renewDeadline time.Duration
+
+	mu       sync.Mutex
+	acquired time.Time // AcquireTime of this term's record, at the API's microsecond precision
+	renewed  time.Time // start of the last successful write of this term's record
+	closed   bool
+	timer    *time.Timer
+	expired  chan struct{}
+	expire   sync.Once
 }
 
-func (g *guardedLock) close() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.closed = true
+func newTermLock(lock rl.Interface, renewDeadline time.Duration) *termLock {
+	return &termLock{Interface: lock, renewDeadline: renewDeadline, expired: make(chan struct{})}
 }
 
-func (g *guardedLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
+// begin fixes the acquire time of the record this term is about to write.
+func (l *termLock) begin(acquired time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acquired = acquired
+}
+
+// acquiredAt is the acquire time of this term's record.
+func (l *termLock) acquiredAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.acquired
+}
+
+// ours tells whether rec is this term's record.
+func (l *termLock) ours(rec *rl.LeaderElectionRecord) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return isTermRecord(rec, l.Identity(), l.acquired)
+}
+
+func isTermRecord(rec *rl.LeaderElectionRecord, identity string, acquired time.Time) bool {
+	return rec != nil && !acquired.IsZero() && rec.HolderIdentity == identity && rec.AcquireTime.Time.Equal(acquired)
+}
+
+func (l *termLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
+	return l.write(ctx, r, l.Interface.Create)
+}
+
+func (l *termLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
+	return l.write(ctx, r, l.Interface.Update)
+}
+
+func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func(context.Context, rl.LeaderElectionRecord) error) error {
+	l.mu.Lock()
+	closed, ours := l.closed, isTermRecord(&r, l.Identity(), l.acquired)
+	l.mu.Unlock()
+	switch {
+	case closed:
 		return errLockClosed
+	case !ours:
+		return errNotThisTerm
 	}
-	return g.Interface.Create(ctx, r)
+	start := time.Now()
+	if err := do(ctx, r); err != nil {
+		return err
+	}
+	l.renewedAt(start)
+	return nil
 }
 
-func (g *guardedLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return errLockClosed
+// renewedAt records a successful write that started at start and moves the fence deadline.
+func (l *termLock) renewedAt(start time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || !start.After(l.renewed) {
+		return
 	}
-	return g.Interface.Update(ctx, r)
+	l.renewed = start
+	wait := time.Until(start.Add(l.renewDeadline))
+	if l.timer == nil {
+		l.timer = time.AfterFunc(wait, l.checkExpiry)
+		return
+	}
+	l.timer.Reset(wait)
+}
+
+func (l *termLock) checkExpiry() {
+	l.mu.Lock()
+	left := time.Until(l.renewed.Add(l.renewDeadline))
+	if left > 0 && !l.closed {
+		l.timer.Reset(left)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.expire.Do(func() { close(l.expired) })
+}
+
+// Expired is closed once renewDeadline has passed since the start of the last successful
+// write without a newer one: the leader must fence itself now (P11).
+func (l *termLock) Expired() <-chan struct{} { return l.expired }
+
+// close stops every later write; the Lease is left as it is.
+func (l *termLock) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+}
+
+// release empties the holder of this term's record, so a standby takes over at once. It is
+// the only write of an empty holder in the core, and it runs only when nothing this term
+// started can still run in the driver (P2). It refuses to touch a record this term did not
+// write (client-go's own release would empty another holder's record after a conflict).
+func (l *termLock) release(ctx context.Context) error {
+	l.close()
+	for {
+		rec, _, err := l.Get(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the Lease: %w", err)
+		}
+		if !l.ours(rec) {
+			return errNotOursAgain
+		}
+		now := metav1.NewTime(time.Now())
+		err = l.Interface.Update(ctx, rl.LeaderElectionRecord{
+			LeaderTransitions:    rec.LeaderTransitions,
+			LeaseDurationSeconds: 1,
+			AcquireTime:          now,
+			RenewTime:            now,
+		})
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		// A renewal landed after it was cancelled; read again.
+	}
 }
 
 // leaseWatch keeps this replica's view of one Lease from a watch, timed by the local clock
 // as client-go does (a holder's renewTime is another machine's clock). A standby uses it to
 // try the Lease the moment it is released or expires (P7); a leader uses it to notice at
-// once that another identity holds the Lease (P6).
+// once that the record is no longer its own (P6).
 type leaseWatch struct {
 	identity string
 
@@ -66,6 +191,7 @@ type leaseWatch struct {
 	raw        []byte
 	record     *rl.LeaderElectionRecord // nil while the Lease does not exist
 	observedAt time.Time
+	acquired   time.Time // acquire time of this process's current term; zero before any
 	leading    bool
 	changed    chan struct{}
 	takenOver  chan struct{}
@@ -114,7 +240,8 @@ func (w *leaseWatch) observeLease(obj any) {
 	w.observe(rec, raw, time.Now())
 }
 
-// observe records a version of the Lease seen at now (from the watch or a Get).
+// observe records a version of the Lease seen at now (from the watch or a Get). While
+// leading, any record but this term's own means the Lease is lost.
 func (w *leaseWatch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -122,7 +249,7 @@ func (w *leaseWatch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.
 		return
 	}
 	w.record, w.raw, w.observedAt = rec, raw, now
-	if w.leading && rec != nil && rec.HolderIdentity != "" && rec.HolderIdentity != w.identity && !w.tookOver {
+	if w.leading && !isTermRecord(rec, w.identity, w.acquired) && !w.tookOver {
 		w.tookOver = true
 		close(w.takenOver)
 	}
@@ -133,27 +260,32 @@ func (w *leaseWatch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.
 }
 
 // untilFree tells how long, by this replica's observation, until the Lease may be taken:
-// zero when it is absent, released, held by this identity or expired.
+// zero when it is absent, released, this term's own or expired. A record naming this
+// identity that this process did not write is another holder's: the process that wrote it
+// may still be running calls in the driver (P10).
 func (w *leaseWatch) untilFree(now time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.record == nil || w.record.HolderIdentity == "" || w.record.HolderIdentity == w.identity {
+	if w.record == nil || w.record.HolderIdentity == "" || isTermRecord(w.record, w.identity, w.acquired) {
 		return 0
 	}
 	expiry := w.observedAt.Add(time.Duration(w.record.LeaseDurationSeconds) * time.Second)
 	return max(expiry.Sub(now), 0)
 }
 
-func (w *leaseWatch) setLeading(leading bool) {
+// lead marks the start (acquired set) or the end (zero) of leading on this term's record.
+func (w *leaseWatch) lead(acquired time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.leading = leading
+	w.acquired = acquired
+	w.leading = !acquired.IsZero()
 }
 
 // acquire waits until the Lease is free by the watch's account and takes it with a
-// compare-and-swap write. It returns false when ctx ends first. Once it returns true this
-// replica holds the Lease and client-go's LeaderElector, started next, renews it at once.
-func acquire(ctx context.Context, lock rl.Interface, w *leaseWatch, leaseDuration, retryPeriod time.Duration) bool {
+// compare-and-swap write through lock. It returns false when ctx ends first. Once it
+// returns true this term holds the Lease and client-go's LeaderElector, started next, renews
+// it at once.
+func acquire(ctx context.Context, lock *termLock, w *leaseWatch, leaseDuration, retryPeriod time.Duration) bool {
 	logger := klog.FromContext(ctx)
 	for {
 		wait := w.untilFree(time.Now())
@@ -178,20 +310,23 @@ func acquire(ctx context.Context, lock rl.Interface, w *leaseWatch, leaseDuratio
 	}
 }
 
-var errLeaseHeld = errors.New("lease is held by another replica")
-
-// tryAcquire reads the Lease and, when it is free, writes this identity into it. The write
-// carries the read's resourceVersion, so of two standbys racing only one wins.
-func tryAcquire(ctx context.Context, lock rl.Interface, w *leaseWatch, leaseDuration time.Duration) error {
+// tryAcquire reads the Lease and, when it is free, writes a new record of this identity
+// into it. The write carries the read's resourceVersion, so of two standbys racing only one
+// wins. Every term starts a new record (new acquire time), even over a record of the same
+// identity: that one belongs to another process.
+func tryAcquire(ctx context.Context, lock *termLock, w *leaseWatch, leaseDuration time.Duration) error {
 	now := time.Now()
+	// The API keeps microseconds; the term's record must compare equal once read back.
+	stamp := metav1.NewTime(now.Truncate(time.Microsecond))
 	rec := rl.LeaderElectionRecord{
 		HolderIdentity:       lock.Identity(),
 		LeaseDurationSeconds: int(leaseDuration / time.Second),
-		AcquireTime:          metav1.NewTime(now),
-		RenewTime:            metav1.NewTime(now),
+		AcquireTime:          stamp,
+		RenewTime:            stamp,
 	}
 	old, raw, err := lock.Get(ctx)
 	if apierrors.IsNotFound(err) {
+		lock.begin(stamp.Time)
 		return lock.Create(ctx, rec)
 	}
 	if err != nil {
@@ -201,11 +336,7 @@ func tryAcquire(ctx context.Context, lock rl.Interface, w *leaseWatch, leaseDura
 	if w.untilFree(now) > 0 {
 		return errLeaseHeld
 	}
-	if old.HolderIdentity == lock.Identity() {
-		rec.AcquireTime = old.AcquireTime
-		rec.LeaderTransitions = old.LeaderTransitions
-	} else {
-		rec.LeaderTransitions = old.LeaderTransitions + 1
-	}
+	rec.LeaderTransitions = old.LeaderTransitions + 1
+	lock.begin(stamp.Time)
 	return lock.Update(ctx, rec)
 }

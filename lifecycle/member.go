@@ -23,6 +23,40 @@ import (
 // cancelled, before the process exits without it.
 const fenceGrace = 3 * time.Second
 
+// ending is how a leader's term ended.
+type ending int
+
+const (
+	endDrained        ending = iota // Run returned after intake stopped, without error
+	endRunFailed                    // Run returned an error after intake stopped
+	endReturnedEarly                // Run returned while intake was still open
+	endStoppedEarly                 // the process stopped between taking the Lease and leading
+	endDriverLostIdle               // the driver went away with no call in flight
+	endDriverLostBusy               // the driver went away while calls were in flight
+	endDrainDeadline                // --drain-timeout ran out; calls were cancelled
+	endLeaseLost                    // renewals failed, the renew deadline passed, or another record was written
+)
+
+// endings decides, in one place, what each ending means for the process. The Lease is
+// released only when nothing this term started can still be running in the driver: Run
+// has returned, so every worker has finished its call. Otherwise it is left to expire, so
+// that no other replica calls the driver for a volume while the driver may still work on
+// this one's call (P3, P6, P11). A lost Lease is not ours to write at all.
+var endings = [...]struct {
+	code    int
+	release bool
+	outcome string // the outcome label of csi_sidecars_drain_duration_seconds when not released
+}{
+	endDrained:        {ExitOK, true, ""},
+	endRunFailed:      {ExitError, true, ""},
+	endReturnedEarly:  {ExitError, true, ""},
+	endStoppedEarly:   {ExitOK, true, ""},
+	endDriverLostIdle: {ExitError, true, ""},
+	endDriverLostBusy: {ExitError, false, "driver_lost"},
+	endDrainDeadline:  {ExitError, false, "deadline"},
+	endLeaseLost:      {ExitError, false, "lease_lost"},
+}
+
 // member is one hosted sidecar: its Env, its Ops() context and, with leader election, its
 // own Lease.
 type member struct {
@@ -33,7 +67,7 @@ type member struct {
 	cancelOps context.CancelFunc
 
 	leaseName string
-	lock      *guardedLock
+	lock      rl.Interface // the Lease; each term wraps it in a termLock
 	watch     *leaseWatch
 	elector   *leaderelection.HealthzAdaptor
 	leKube    kubernetes.Interface
@@ -58,7 +92,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 		}
 		m.leKube = leKube
 		m.leaseName = SanitizeName(s.LeaseName(shared.DriverName))
-		lock, err := rl.NewWithLabels(rl.LeasesResourceLock, p.opts.LeaderElectionNamespace, m.leaseName,
+		m.lock, err = rl.NewWithLabels(rl.LeasesResourceLock, p.opts.LeaderElectionNamespace, m.leaseName,
 			leKube.CoreV1(), leKube.CoordinationV1(), rl.ResourceLockConfig{
 				Identity:      p.opts.LeaderElectionIdentity,
 				EventRecorder: leaseEventRecorder(ctx, leKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.LeaderElectionIdentity),
@@ -66,7 +100,6 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 		if err != nil {
 			return nil, fmt.Errorf("creating the Lease lock %s/%s: %w", p.opts.LeaderElectionNamespace, m.leaseName, err)
 		}
-		m.lock = &guardedLock{Interface: lock}
 		m.watch = newLeaseWatch(p.opts.LeaderElectionIdentity)
 		m.elector = p.health.newElectorCheck()
 	}
@@ -89,8 +122,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	logger := klog.FromContext(ctx).WithValues("sidecar", m.sidecar.Name())
 	ctx = klog.NewContext(ctx, logger)
 	if !p.opts.LeaderElection {
-		r := m.lead(ctx, p, context.Background(), nil)
-		return r.code
+		return m.finish(ctx, p, nil, m.lead(ctx, p, term{leading: context.Background()}))
 	}
 	if err := m.watch.start(ctx, p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
@@ -98,52 +130,70 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	}
 	for {
 		logger.Info("Standing by for the Lease", "lease", p.opts.LeaderElectionNamespace+"/"+m.leaseName, "identity", p.opts.LeaderElectionIdentity)
-		if !acquire(p.intake, m.lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
+		lock := newTermLock(m.lock, p.opts.RenewDeadline)
+		if !acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
 			// A standby has nothing in flight: it exits 0 at once (P4).
 			logger.Info("Standby stopping")
 			return p.exitCode(ExitOK)
 		}
 		logger.Info("Acquired the Lease", "lease", m.leaseName)
-		if code, done := m.hold(ctx, p); done {
-			return code
+		if end, ok := m.hold(ctx, p, lock); ok {
+			return m.finish(ctx, p, lock, end)
 		}
 	}
 }
 
-// result is how a leader's term ended.
-type result struct {
-	code    int
-	release bool // empty the Lease holder before exit
+// term is what a leader watches to know its Lease is lost. Without leader election the
+// channels are nil and leading never ends.
+type term struct {
+	leading   context.Context // ended by client-go when it stops renewing
+	takenOver <-chan struct{} // the watch saw a record other than this term's
+	expired   <-chan struct{} // no renewal succeeded for --leader-election-renew-deadline
+	lock      *termLock
 }
 
-// hold runs client-go's LeaderElector on a Lease this replica has just taken: it renews the
-// Lease, calls lead, and on return releases the Lease (ReleaseOnCancel) unless the guarded
-// lock was closed. done is false when another replica won the Lease before this one led.
-func (m *member) hold(ctx context.Context, p *process) (code int, done bool) {
+// hold runs one term on a Lease this replica has just taken: client-go's LeaderElector
+// renews it through lock while lead runs the sidecar. ok is false when the term ended
+// before leading started (another replica won, or no renewal got through): nothing ran, so
+// the replica stands by again.
+func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end ending, ok bool) {
 	logger := klog.FromContext(ctx)
 	electorCtx, cancelElector := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelElector()
-	started := make(chan struct{})
-	results := make(chan result, 1)
+	results := make(chan ending, 1)
 	lostRace := make(chan struct{})
 	var lostRaceOnce sync.Once
+	// started is the one decision between "lead" and "abandon the term before leading".
+	var startMu sync.Mutex
+	started, abandoned := false, false
+	abandon := func() bool {
+		startMu.Lock()
+		defer startMu.Unlock()
+		abandoned = !started
+		return abandoned
+	}
 
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            m.lock,
-		LeaseDuration:   p.opts.LeaseDuration,
-		RenewDeadline:   p.opts.RenewDeadline,
-		RetryPeriod:     p.opts.RetryPeriod,
-		ReleaseOnCancel: true,
+		Lock:          lock,
+		LeaseDuration: p.opts.LeaseDuration,
+		RenewDeadline: p.opts.RenewDeadline,
+		RetryPeriod:   p.opts.RetryPeriod,
+		// Only termLock.release empties the holder, and only when the term's ending says so.
+		ReleaseOnCancel: false,
 		Name:            m.leaseName,
 		WatchDog:        m.elector,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(leading context.Context) {
-				if electorCtx.Err() != nil {
+				startMu.Lock()
+				if abandoned {
+					startMu.Unlock()
 					return
 				}
-				close(started)
-				m.watch.setLeading(true)
-				results <- m.lead(ctx, p, leading, m.watch.takenOver)
+				started = true
+				startMu.Unlock()
+				m.watch.lead(lock.acquiredAt())
+				defer m.watch.lead(time.Time{})
+				results <- m.lead(ctx, p, term{leading: leading, takenOver: m.watch.takenOver, expired: lock.Expired(), lock: lock})
 			},
 			// lead() sees the end of leadership through its context.
 			OnStoppedLeading: func() {},
@@ -155,8 +205,9 @@ func (m *member) hold(ctx context.Context, p *process) (code int, done bool) {
 		},
 	})
 	if err != nil {
+		// Options.Validate applies client-go's rules; this is a programming error.
 		logger.Error(err, "Invalid leader election configuration")
-		return ExitUsage, true
+		return endStoppedEarly, true
 	}
 	m.elector.SetLeaderElection(elector)
 	electorDone := make(chan struct{})
@@ -164,64 +215,49 @@ func (m *member) hold(ctx context.Context, p *process) (code int, done bool) {
 		defer close(electorDone)
 		elector.Run(electorCtx)
 	}()
-
-	select {
-	case <-started:
-	case <-lostRace:
-		logger.Info("Another replica took the Lease first")
+	stopElector := func() {
+		lock.close()
 		cancelElector()
 		<-electorDone
-		return ExitOK, false
+	}
+
+	select {
 	case <-p.intake.Done():
-		// Stopped in the moment between taking the Lease and leading. The elector holds it
-		// already, so it starts leading within one renew; the term then ends at once on the
-		// normal path, which releases the Lease (a standby takes over without waiting).
-		timer := time.NewTimer(p.opts.RenewDeadline)
-		defer timer.Stop()
-		select {
-		case <-started:
-		case <-lostRace:
-			cancelElector()
-			<-electorDone
-			return p.exitCode(ExitOK), true
-		case <-timer.C:
-			m.lock.close()
-			cancelElector()
-			<-electorDone
-			select {
-			case <-started: // it began leading after all; its result says how it ended
-				return (<-results).code, true
-			default:
-				return p.exitCode(ExitOK), true
-			}
+		if abandon() {
+			stopElector()
+			return endStoppedEarly, true
 		}
+	case <-lostRace:
+		if abandon() {
+			logger.Info("Another replica took the Lease first")
+			stopElector()
+			return 0, false
+		}
+	case <-lock.Expired():
+		if abandon() {
+			logger.Info("Could not renew the Lease after taking it; standing by again")
+			stopElector()
+			return 0, false
+		}
+	case end = <-results:
+		stopElector()
+		return end, true
 	}
-	r := <-results
-	release := r.release && p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit)
-	if !release {
-		m.lock.close()
-	}
-	cancelElector() // client-go's ReleaseOnCancel empties the holder unless the lock is closed
-	<-electorDone
-	if release {
-		logger.Info("Released the Lease", "lease", m.leaseName)
-	} else {
-		logger.Info("Leaving the Lease to expire", "lease", m.leaseName)
-	}
-	return r.code, true
+	end = <-results
+	stopElector()
+	return end, true
 }
 
-// lead runs the sidecar while this replica leads and drains it on shutdown. leading ends
-// when client-go stops renewing the Lease; takenOver closes when the watch sees another
-// holder. Both mean the Lease is lost.
-func (m *member) lead(ctx context.Context, p *process, leading context.Context, takenOver <-chan struct{}) result {
+// lead runs the sidecar while this replica leads and drains it on shutdown. It returns how
+// the term ended; it never writes the Lease.
+func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	logger := klog.FromContext(ctx)
 	name := m.sidecar.Name()
 	leader := p.metrics.leader.WithLabelValues(name)
 	leader.Set(1)
 	defer leader.Set(0)
 
-	intake, stopIntake := context.WithCancel(klog.NewContext(leading, logger))
+	intake, stopIntake := context.WithCancel(klog.NewContext(t.leading, logger))
 	defer stopIntake()
 	defer context.AfterFunc(p.intake, stopIntake)()
 	done := make(chan error, 1)
@@ -230,70 +266,98 @@ func (m *member) lead(ctx context.Context, p *process, leading context.Context, 
 
 	select {
 	case err := <-done:
-		if p.intake.Err() == nil && leading.Err() == nil {
-			// The sidecar gave up on its own; nothing of it runs any more.
+		switch {
+		case t.leading.Err() != nil:
+			return m.fence(ctx, t, stopIntake, nil, endLeaseLost, "client-go stopped renewing the Lease")
+		case p.intake.Err() == nil:
 			if err == nil {
 				err = errReturnedEarly
 			}
 			logger.Error(err, "Sidecar stopped while leading")
-			return result{code: ExitError, release: true}
+			return endReturnedEarly
+		case p.isDriverLost():
+			// Calls that were running when the driver went away may still be running in it;
+			// only an idle leader may hand over at once. A call that failed with Unavailable
+			// counts as running: it may have been cut off just before the loss was noticed.
+			if m.inflightAtDriverLoss.Load() == 0 && !m.csi.broken.Load() {
+				return endDriverLostIdle
+			}
+			return endDriverLostBusy
+		case err != nil:
+			logger.Error(err, "Sidecar returned an error while draining")
+			return endRunFailed
 		}
-		if leading.Err() != nil {
-			return m.fence(ctx, p, stopIntake, nil, "lost the Lease")
-		}
-		return m.drained(ctx, p, err)
-	case <-leading.Done():
-		return m.fence(ctx, p, stopIntake, done, "lost the Lease")
-	case <-takenOver:
-		return m.fence(ctx, p, stopIntake, done, "another replica holds the Lease")
+		return endDrained
+	case <-t.leading.Done():
+		return m.fence(ctx, t, stopIntake, done, endLeaseLost, "client-go stopped renewing the Lease")
+	case <-t.takenOver:
+		return m.fence(ctx, t, stopIntake, done, endLeaseLost, "the Lease holds another record")
+	case <-t.expired:
+		return m.fence(ctx, t, stopIntake, done, endLeaseLost, fmt.Sprintf("no renewal of the Lease succeeded within --leader-election-renew-deadline=%v", p.opts.RenewDeadline))
 	case <-p.drainExpired.Done():
-		return m.fence(ctx, p, stopIntake, done, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
+		return m.fence(ctx, t, stopIntake, done, endDrainDeadline, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
 	}
 }
 
-// drained ends a term whose Run returned after intake stopped: every in-flight operation
-// ended on its own (P1, P2).
-func (m *member) drained(ctx context.Context, p *process, runErr error) result {
-	logger := klog.FromContext(ctx)
-	elapsed := p.drainTime()
-	if p.isDriverLost() {
-		// Calls that were running when the driver went away may still be running in it;
-		// only an idle leader may hand over at once. A call that failed with Unavailable
-		// counts as running: it may have been cut off just before the loss was noticed.
-		idle := m.inflightAtDriverLoss.Load() == 0 && !m.csi.broken.Load()
-		logger.Info("Stopped after losing the CSI driver", "idleAtLoss", idle)
-		return result{code: ExitError, release: idle}
-	}
-	p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), "released").Observe(elapsed.Seconds())
-	if runErr != nil {
-		logger.Error(runErr, "Sidecar returned an error while draining")
-		return result{code: ExitError, release: true}
-	}
-	logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
-	return result{code: ExitOK, release: true}
-}
-
-// fence stops work that may no longer run here: intake and every CSI call are cancelled at
-// once, the Lease is not released (P3, P6). done, when not nil, is waited on briefly so the
-// sidecar can record what it can.
-func (m *member) fence(ctx context.Context, p *process, stopIntake context.CancelFunc, done <-chan error, why string) result {
-	klog.FromContext(ctx).Error(nil, "Cancelling all in-flight operations", "reason", why, "inFlight", m.csi.InFlight())
-	if m.lock != nil {
-		m.lock.close()
-	}
+// fence stops work that may no longer run here: intake and every CSI call are cancelled
+// first, before anything that could wait, then the Lease writes stop (P3, P6, P11). done,
+// when not nil, is waited on briefly so the sidecar can record what it can.
+func (m *member) fence(ctx context.Context, t term, stopIntake context.CancelFunc, done <-chan error, end ending, why string) ending {
 	stopIntake()
 	m.cancelOps()
-	if p.intake.Err() != nil && p.drainExpired.Err() != nil {
-		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), "deadline").Observe(p.drainTime().Seconds())
+	if t.lock != nil {
+		t.lock.close()
 	}
+	logger := klog.FromContext(ctx)
+	logger.Error(nil, "Fenced: cancelled all in-flight operations", "reason", why, "inFlight", m.csi.InFlight())
 	if done != nil {
 		timer := time.NewTimer(fenceGrace)
 		defer timer.Stop()
 		select {
 		case <-done:
 		case <-timer.C:
-			klog.FromContext(ctx).Info("Sidecar did not return after fencing; exiting without it", "sidecar", m.sidecar.Name())
+			logger.Info("Sidecar did not return after fencing; exiting without it", "sidecar", m.sidecar.Name())
 		}
 	}
-	return result{code: ExitError, release: false}
+	return end
+}
+
+// finish carries out what endings says for how the term ended: release the Lease or leave
+// it to expire, record the drain, and return the member's exit code. lock is nil without
+// leader election.
+func (m *member) finish(ctx context.Context, p *process, lock *termLock, end ending) int {
+	logger := klog.FromContext(ctx)
+	rule := endings[end]
+	outcome := rule.outcome
+	switch {
+	case lock == nil:
+		outcome = "no_lease"
+	case !rule.release:
+		lock.close()
+		logger.Info("Leaving the Lease to expire: calls of this term may still run in the driver, or the Lease is no longer ours", "lease", m.leaseName)
+	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
+		lock.close()
+		outcome = "kept"
+		logger.Info("Leaving the Lease to expire (ReleaseLeaderElectionOnExit is off)", "lease", m.leaseName)
+	default:
+		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RenewDeadline)
+		err := lock.release(releaseCtx)
+		cancel()
+		if err != nil {
+			outcome = "release_failed"
+			logger.Error(err, "Could not release the Lease; it expires on its own", "lease", m.leaseName)
+		} else {
+			outcome = "released"
+			logger.Info("Released the Lease", "lease", m.leaseName)
+		}
+	}
+	if end != endStoppedEarly {
+		if elapsed, ok := p.drainTime(); ok {
+			p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
+			if end == endDrained {
+				logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
+			}
+		}
+	}
+	return p.exitCode(rule.code)
 }

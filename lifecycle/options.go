@@ -163,8 +163,13 @@ func (o *Options) validateLeaderElection() []error {
 	if o.RetryPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--leader-election-retry-period must be positive, got %v", o.RetryPeriod))
 	}
-	if o.LeaseDuration <= o.RenewDeadline {
-		errs = append(errs, fmt.Errorf("--leader-election-lease-duration (%v) must be greater than --leader-election-renew-deadline (%v)", o.LeaseDuration, o.RenewDeadline))
+	// A leader that cannot renew fences itself renew-deadline after its last renewal
+	// started; a standby that saw that renewal may take the Lease the record's duration
+	// (whole seconds) after it saw it. The first must come strictly before the second (P11).
+	if recorded := o.LeaseDuration.Truncate(time.Second); o.RenewDeadline >= recorded {
+		errs = append(errs, fmt.Errorf("--leader-election-renew-deadline (%v) must be shorter than --leader-election-lease-duration in whole seconds (%v): "+
+			"a leader that cannot renew stops every CSI call renew-deadline after its last renewal started, "+
+			"which must be before a standby may take the Lease, a lease duration after it saw that renewal", o.RenewDeadline, recorded))
 	}
 	if float64(o.RenewDeadline) <= 1.2*float64(o.RetryPeriod) {
 		errs = append(errs, fmt.Errorf("--leader-election-renew-deadline (%v) must be greater than 1.2 x --leader-election-retry-period (%v)", o.RenewDeadline, o.RetryPeriod))

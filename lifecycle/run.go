@@ -58,38 +58,49 @@ type process struct {
 	signals <-chan os.Signal
 	exitNow func(code int)
 
-	// intake ends on the first signal or when the driver connection is lost: no new work.
+	// intake ends when the process starts to stop (first signal, driver lost, a sidecar
+	// ended on its own): no new work. Only stop ends it.
 	intake     context.Context
 	stopIntake context.CancelFunc
+	stopOnce   sync.Once
 	// drainExpired ends --drain-timeout after intake ended.
 	drainExpired context.Context
 	expireDrain  context.CancelFunc
-	intakeEnded  time.Time
 
-	mu         sync.Mutex
-	driverLost bool
-	members    []*member
+	mu          sync.Mutex
+	intakeEnded time.Time
+	driverLost  bool
+	members     []*member
 
 	metrics *coreMetrics
 	health  *health
+}
+
+// stop ends intake for every sidecar and starts the drain clock, once.
+func (p *process) stop(ctx context.Context, reason string) {
+	p.stopOnce.Do(func() {
+		klog.FromContext(ctx).Info("Stopping: taking no new work, draining in-flight operations", "reason", reason, "drainTimeout", p.opts.DrainTimeout)
+		p.health.setNotReady("shutting down: draining in-flight operations")
+		p.mu.Lock()
+		p.intakeEnded = time.Now()
+		p.mu.Unlock()
+		p.stopIntake()
+		time.AfterFunc(p.opts.DrainTimeout, p.expireDrain)
+	})
 }
 
 func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	logger := klog.FromContext(ctx)
 	p.intake, p.stopIntake = context.WithCancel(context.WithoutCancel(ctx))
 	p.drainExpired, p.expireDrain = context.WithCancel(context.WithoutCancel(ctx))
-	context.AfterFunc(p.intake, func() {
-		p.mu.Lock()
-		p.intakeEnded = time.Now()
-		p.mu.Unlock()
-		time.AfterFunc(p.opts.DrainTimeout, p.expireDrain)
-	})
+	// lifetime ends when run returns: the signal watcher and the driver connection watch
+	// live until then, through the drain.
+	lifetime, endLifetime := context.WithCancel(ctx)
+	defer endLifetime()
 	mm := metrics.NewCSIMetricsManagerWithOptions("")
 	p.metrics = newCoreMetrics(mm.GetRegistry())
 	p.health = &health{notReady: "starting"}
-	watching, stopWatching := context.WithCancel(ctx)
-	defer stopWatching()
-	go p.watchSignals(watching)
+	go p.watchSignals(lifetime)
 	if addr := p.httpAddress(); addr != "" {
 		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, mm, p.health)
 		if err != nil {
@@ -115,7 +126,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	}
 
 	p.health.setNotReady("connecting to the CSI driver at " + p.opts.CSIAddress)
-	drv, err := connectDriver(p.intake, p.opts.CSIAddress, mm, p.onDriverLost)
+	drv, err := connectDriver(p.intake, lifetime, p.opts.CSIAddress, mm, func() { p.onDriverLost(lifetime) })
 	if err != nil {
 		if p.intake.Err() != nil {
 			logger.Info("Stopped while connecting to the CSI driver", "reason", err.Error())
@@ -149,6 +160,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		Identity:               p.opts.LeaderElectionIdentity,
 		done:                   stopInformers,
 	}
+	var members []*member
 	for _, s := range sidecars {
 		m, err := p.newMember(ctx, s, shared, drv.conn, cfg)
 		if err != nil {
@@ -158,8 +170,11 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 			}
 			return ExitError
 		}
-		p.members = append(p.members, m)
+		members = append(members, m)
 	}
+	p.mu.Lock()
+	p.members = members
+	p.mu.Unlock()
 
 	// Caches start on every replica, so a standby takes over from warm caches (P7).
 	p.health.setNotReady("waiting for informer caches")
@@ -172,10 +187,15 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	}
 	p.health.setNotReady("")
 
-	codes := make([]int, len(p.members))
+	codes := make([]int, len(members))
 	var wg sync.WaitGroup
-	for i, m := range p.members {
-		wg.Go(func() { codes[i] = m.campaign(ctx, p) })
+	for i, m := range members {
+		wg.Go(func() {
+			codes[i] = m.campaign(ctx, p)
+			// One sidecar ended: the others drain and release, and the process exits
+			// with the worst code, so the kubelet restarts it; no half-dead process.
+			p.stop(ctx, "sidecar "+m.sidecar.Name()+" ended")
+		})
 	}
 	wg.Wait()
 	code := ExitOK
@@ -205,9 +225,7 @@ func (p *process) watchSignals(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	logger.Info("Received signal: taking no new work, draining in-flight operations", "signal", sig.String(), "drainTimeout", p.opts.DrainTimeout)
-	p.health.setNotReady("shutting down: draining in-flight operations")
-	p.stopIntake()
+	p.stop(ctx, "received "+sig.String())
 	select {
 	case sig = <-p.signals:
 	case <-ctx.Done():
@@ -217,17 +235,18 @@ func (p *process) watchSignals(ctx context.Context) {
 	p.exitNow(ExitError)
 }
 
-// onDriverLost runs once when the CSI connection breaks: intake stops, and each leader
-// notes whether calls were in flight, which decides whether it may release its Lease.
-func (p *process) onDriverLost() {
+// onDriverLost runs once when the CSI connection breaks, also during a drain: intake stops,
+// and each leader notes whether calls were in flight, which decides whether it may release
+// its Lease.
+func (p *process) onDriverLost(ctx context.Context) {
 	p.mu.Lock()
 	p.driverLost = true
 	for _, m := range p.members {
 		m.inflightAtDriverLoss.Store(m.csi.InFlight())
 	}
 	p.mu.Unlock()
-	klog.Background().Error(nil, "Lost connection to the CSI driver: taking no new work and exiting", "address", p.opts.CSIAddress)
-	p.stopIntake()
+	klog.FromContext(ctx).Error(nil, "Lost connection to the CSI driver: taking no new work and exiting", "address", p.opts.CSIAddress)
+	p.stop(ctx, "lost the CSI driver")
 }
 
 func (p *process) isDriverLost() bool {
@@ -236,10 +255,14 @@ func (p *process) isDriverLost() bool {
 	return p.driverLost
 }
 
-func (p *process) drainTime() time.Duration {
+// drainTime is the time since intake ended; ok is false while it has not.
+func (p *process) drainTime() (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return time.Since(p.intakeEnded)
+	if p.intakeEnded.IsZero() {
+		return 0, false
+	}
+	return time.Since(p.intakeEnded), true
 }
 
 func (p *process) httpAddress() string {

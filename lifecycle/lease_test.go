@@ -1,0 +1,197 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+func newFakeLock(t *testing.T, identity string) rl.Interface {
+	t.Helper()
+	client := fake.NewClientset()
+	lock, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: identity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lock
+}
+
+func leaseRecord(holder string, acquired time.Time) rl.LeaderElectionRecord {
+	return rl.LeaderElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 15, AcquireTime: metav1.NewTime(acquired), RenewTime: metav1.NewTime(acquired)}
+}
+
+// P10: a record with this identity that an earlier process wrote (a container restarted in
+// the same pod) is another holder's: the Lease is free only after a full lease duration of
+// this process's own observation, or once released.
+func TestOwnIdentityWrittenByAnEarlierProcessIsAnotherHolders(t *testing.T) {
+	w := newLeaseWatch("replica-a")
+	seen := time.Now()
+	earlier := leaseRecord("replica-a", seen.Add(-time.Hour).Truncate(time.Microsecond))
+	w.observe(&earlier, []byte("earlier"), seen)
+	if got := w.untilFree(seen.Add(time.Second)); got != 14*time.Second {
+		t.Errorf("until free %v after a second, want 14s (lease duration from the first observation)", got)
+	}
+	if got := w.untilFree(seen.Add(15 * time.Second)); got != 0 {
+		t.Errorf("until free %v after a lease duration, want 0", got)
+	}
+
+	released := rl.LeaderElectionRecord{LeaseDurationSeconds: 1}
+	w.observe(&released, []byte("released"), seen.Add(time.Second))
+	if got := w.untilFree(seen.Add(time.Second)); got != 0 {
+		t.Errorf("until free %v once released, want 0", got)
+	}
+
+	ours := leaseRecord("replica-a", seen.Truncate(time.Microsecond))
+	w.lead(ours.AcquireTime.Time)
+	w.observe(&ours, []byte("ours"), seen.Add(2*time.Second))
+	if got := w.untilFree(seen.Add(2 * time.Second)); got != 0 {
+		t.Errorf("until free %v on this term's own record, want 0", got)
+	}
+}
+
+// P6, P10: while leading, any record but this term's own is a lost Lease, also one that
+// names this identity.
+func TestLeaderSeesARecordOfItsOwnIdentityFromAnotherProcessAsLost(t *testing.T) {
+	w := newLeaseWatch("replica-a")
+	now := time.Now().Truncate(time.Microsecond)
+	ours := leaseRecord("replica-a", now)
+	w.lead(now)
+	renewed := ours
+	renewed.RenewTime = metav1.NewTime(now.Add(time.Second))
+	w.observe(&renewed, []byte("renewed"), now.Add(time.Second))
+	select {
+	case <-w.takenOver:
+		t.Fatal("this term's own renewal counted as a takeover")
+	default:
+	}
+	other := leaseRecord("replica-a", now.Add(time.Second))
+	w.observe(&other, []byte("other"), now.Add(2*time.Second))
+	select {
+	case <-w.takenOver:
+	default:
+		t.Fatal("a record of another process with the same identity did not count as a takeover")
+	}
+}
+
+// The term lock writes only this term's record, and nothing once closed.
+func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
+	ctx := context.Background()
+	lock := newTermLock(newFakeLock(t, "replica-a"), time.Hour)
+	acquired := time.Now().Truncate(time.Microsecond)
+	lock.begin(acquired)
+	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Fatal(err)
+	}
+	for name, rec := range map[string]rl.LeaderElectionRecord{
+		"another acquire time": leaseRecord("replica-a", acquired.Add(time.Second)),
+		"another holder":       leaseRecord("replica-b", acquired),
+		"an empty holder":      {LeaseDurationSeconds: 1},
+	} {
+		if err := lock.Update(ctx, rec); !errors.Is(err, errNotThisTerm) {
+			t.Errorf("writing %s: %v, want refused", name, err)
+		}
+	}
+	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Errorf("renewing: %v", err)
+	}
+	lock.close()
+	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); !errors.Is(err, errLockClosed) {
+		t.Errorf("renewing after close: %v, want refused", err)
+	}
+}
+
+// P11: Expired closes renew-deadline after the start of the last successful write, and a
+// successful renewal pushes it back.
+func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
+	ctx := context.Background()
+	const deadline = 300 * time.Millisecond
+	lock := newTermLock(newFakeLock(t, "replica-a"), deadline)
+	acquired := time.Now().Truncate(time.Microsecond)
+	lock.begin(acquired)
+	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Fatal(err)
+	}
+	var lastStart time.Time
+	for range 3 {
+		lastStart = time.Now()
+		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-lock.Expired():
+			t.Fatal("expired although the last renewal just succeeded")
+		default:
+		}
+	}
+	<-lock.Expired()
+	if since := time.Since(lastStart); since < deadline {
+		t.Errorf("expired %v after the last renewal started, want at least %v", since, deadline)
+	}
+}
+
+// P2: release empties the holder of this term's record, and refuses any other record (a
+// standby's, or one of the same identity from another process).
+func TestReleaseEmptiesOnlyThisTermsRecord(t *testing.T) {
+	ctx := context.Background()
+	base := newFakeLock(t, "replica-a")
+	acquired := time.Now().Truncate(time.Microsecond)
+	lock := newTermLock(base, time.Hour)
+	lock.begin(acquired)
+	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	rec, _, err := base.Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.HolderIdentity != "" {
+		t.Errorf("holder %q after release, want empty", rec.HolderIdentity)
+	}
+
+	for name, other := range map[string]rl.LeaderElectionRecord{
+		"a standby's":                leaseRecord("replica-b", acquired),
+		"another process's, same id": leaseRecord("replica-a", acquired.Add(time.Second)),
+	} {
+		if err := base.Update(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+		if err := lock.release(ctx); !errors.Is(err, errNotOursAgain) {
+			t.Errorf("releasing %s record: %v, want refused", name, err)
+		}
+		rec, _, _ := base.Get(ctx)
+		if rec.HolderIdentity != other.HolderIdentity {
+			t.Errorf("releasing %s record changed the holder to %q", name, rec.HolderIdentity)
+		}
+	}
+}
+
+// The flags are refused at start when a leader could fence itself no earlier than a standby
+// may take the Lease.
+func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
+	for _, c := range []struct {
+		lease, renew time.Duration
+		ok           bool
+	}{
+		{15 * time.Second, 10 * time.Second, true},
+		{6 * time.Second, 4 * time.Second, true},
+		{15 * time.Second, 15 * time.Second, false},
+		{15500 * time.Millisecond, 15 * time.Second, false}, // the record says 15s
+		{15500 * time.Millisecond, 14900 * time.Millisecond, true},
+	} {
+		o := NewOptions()
+		o.LeaderElection = true
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = c.lease, c.renew, time.Second
+		errs := o.validateLeaderElection()
+		if (len(errs) == 0) != c.ok {
+			t.Errorf("lease %v renew %v: errors %v, want ok=%v", c.lease, c.renew, errs, c.ok)
+		}
+	}
+}
