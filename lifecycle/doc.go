@@ -5,7 +5,7 @@
 // the exit code. It is the only package that knows about process lifetime.
 //
 // A sidecar implements Sidecar and never handles signals, Leases or os.Exit. The core keeps
-// the promises of DESIGN.md for every sidecar it hosts:
+// these promises for every sidecar it hosts (the README states them for users):
 //
 //   - P1: the first SIGTERM/SIGINT cancels only the intake context handed to Sidecar.Run;
 //     in-flight operations run on Env.Ops(), which the signal does not cancel.
@@ -20,11 +20,24 @@
 //   - P7: standbys start the informer factory before they lead and watch the Lease, so a
 //     released or expired Lease is taken at once and work starts from warm caches.
 //   - P8: all of the above is here, once.
+//   - P10: a term writes only its own record (this identity and the acquire time it wrote).
+//     A record of the same identity left by an earlier process, a container restarted in
+//     the same pod, is another holder's: it is taken only once released or seen unrenewed
+//     for a lease duration.
+//   - P11: a leader fences itself renew-deadline after the start of its last successful
+//     renewal, which Options.Validate makes strictly earlier than a standby that saw that
+//     renewal may take the Lease; only the ending of a term that left nothing running in
+//     the driver empties the holder (termLock.release), never client-go's release-on-cancel.
+//
+// How a term ends (drained, fenced, drain deadline, driver lost idle or busy, stopped before
+// leading, lost the race) and what that means for the exit code and the Lease is decided in
+// one table, endings in member.go. When one of several hosted sidecars ends on its own, the
+// process stops: the others drain and release, and the exit code is the worst of them.
 //
 // Acquiring the Lease is done here (watch-triggered, see lease.go) because client-go's
-// LeaderElector only polls every retry period; holding, renewing and releasing it is left to
-// client-go's LeaderElector with ReleaseOnCancel, with a guarded lock that lets the core
-// refuse the release when the drain did not end cleanly.
+// LeaderElector only polls every retry period and trusts any record of its own identity;
+// renewing it is left to client-go's LeaderElector, through a termLock that times the
+// renewals and refuses every write once the term is over.
 //
 // The package never imports a sidecar. One process may host several sidecars at once, each
 // with its own Lease, sharing the signal handler, HTTP server, CSI connection and informer

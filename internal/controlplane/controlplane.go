@@ -55,6 +55,9 @@ const (
 	AssetsEnv = "CSI_SIDECARS_ASSETS"
 
 	defaultReadyTimeout = 60 * time.Second
+	// apiserverStopGrace bounds StopAPIServer's wait for a SIGTERMed
+	// kube-apiserver; it normally exits within a couple of seconds.
+	apiserverStopGrace = 30 * time.Second
 	// adminUser is a member of system:masters, which RBAC always allows.
 	adminUser = "admin"
 	// logTailLines is how much of a log a start-up error quotes.
@@ -81,15 +84,27 @@ type Options struct {
 // ControlPlane is a running etcd + kube-apiserver pair. Its methods are safe
 // for concurrent use.
 type ControlPlane struct {
-	dir        string // temporary directory owned by this control plane
-	logDir     string
-	url        string
-	token      string // admin bearer token
-	caData     []byte // PEM of the apiserver's self-signed serving chain
-	kubeconfig string
+	// Set by Start and read-only afterwards.
+	dir          string // temporary directory owned by this control plane
+	logDir       string
+	url          string
+	token        string // admin bearer token
+	caData       []byte // PEM of the apiserver's self-signed serving chain
+	kubeconfig   string
+	readyTimeout time.Duration
+	etcd         *process
+	// The first kube-apiserver's command line, which StartAPIServer reuses
+	// as is: same port and etcd, and the same --cert-dir, so the serving
+	// certificate in caData stays valid.
+	apiserverPath string
+	apiserverArgs []string
 
-	etcd      *process
+	mu sync.Mutex
+	// apiserver is the latest kube-apiserver started, possibly exited.
 	apiserver *process
+	// stopped is set once Stop begins; no kube-apiserver may start after it,
+	// so the one Stop kills is the last one.
+	stopped bool
 
 	stopOnce sync.Once
 	stopErr  error
@@ -176,7 +191,7 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 	if err != nil {
 		return nil, fmt.Errorf("control plane: create temporary directory: %w", err)
 	}
-	cp = &ControlPlane{dir: dir, logDir: opts.LogDir}
+	cp = &ControlPlane{dir: dir, logDir: opts.LogDir, readyTimeout: opts.ReadyTimeout}
 	if cp.logDir == "" {
 		cp.logDir = filepath.Join(dir, "logs")
 	}
@@ -235,24 +250,19 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 	if err != nil {
 		return cp, err
 	}
-	apiArgs = append(apiArgs, opts.APIServerArgs...)
-	cp.apiserver, err = startProcess(filepath.Join(assets, "kube-apiserver"), filepath.Join(cp.logDir, "apiserver.log"), apiArgs...)
+	cp.apiserverPath = filepath.Join(assets, "kube-apiserver")
+	cp.apiserverArgs = append(apiArgs, opts.APIServerArgs...)
+	// cp is not shared yet, but the lock keeps the rule simple: apiserver
+	// is only ever touched under mu.
+	cp.mu.Lock()
+	cp.apiserver, err = cp.startAPIServerProcess()
+	apiserver := cp.apiserver
+	cp.mu.Unlock()
 	if err != nil {
 		return cp, err
 	}
-
-	// The serving certificate cannot be trusted before it exists, so the probe
-	// skips verification; everything after it verifies against the real CA.
-	// It still sends the admin token: anonymous requests get a bare 403 until
-	// RBAC is bootstrapped, while system:masters sees which checks fail. The
-	// token is throw-away and only goes to the loopback port picked above.
-	probe := &http.Client{
-		Timeout:   2 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // readiness probe only, see above
-	}
-	defer probe.CloseIdleConnections()
-	if err := waitHTTP(readyCtx, probe, cp.url+"/readyz", cp.token, cp.apiserver, cp.etcd); err != nil {
-		return cp, cp.startError("kube-apiserver", cp.apiserver, err)
+	if err := cp.waitAPIServerReady(readyCtx, apiserver); err != nil {
+		return cp, err
 	}
 
 	// Self-signed by the apiserver at start-up: leaf certificate followed by
@@ -317,6 +327,12 @@ func (cp *ControlPlane) writeAPIServerFiles(etcdURL string, securePort int) ([]s
 		"--endpoint-reconciler-type", "none",
 		// CSI node plugins are privileged; let tests create such manifests.
 		"--allow-privileged=true",
+		// On SIGTERM (StopAPIServer), end open watches at once, so clients
+		// see them close and re-list, as behind any well-configured
+		// apiserver. Without it the apiserver waits up to --request-timeout
+		// (60s) for watch connections to go idle, longer than StopAPIServer's
+		// 30s before SIGKILL, and every sidecar holds watches.
+		"--shutdown-watch-termination-grace-period", "5s",
 	}, nil
 }
 
@@ -437,9 +453,29 @@ func (cp *ControlPlane) ensureNamespaces(ctx context.Context, names ...string) e
 	return nil
 }
 
+// waitAPIServerReady waits for p, a kube-apiserver just started, to answer
+// /readyz, or reports why it did not with the tail of its log.
+func (cp *ControlPlane) waitAPIServerReady(ctx context.Context, p *process) error {
+	// The serving certificate cannot be trusted before it exists, so the probe
+	// skips verification; everything after it verifies against the real CA.
+	// It still sends the admin token: anonymous requests get a bare 403 until
+	// RBAC is bootstrapped, while system:masters sees which checks fail. The
+	// token is throw-away and only goes to the loopback port picked by Start.
+	probe := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // readiness probe only, see above
+	}
+	defer probe.CloseIdleConnections()
+	if err := waitHTTP(ctx, probe, cp.url+"/readyz", cp.token, p, cp.etcd); err != nil {
+		return cp.startError("kube-apiserver", p, err)
+	}
+	return nil
+}
+
 // startError wraps err with where to look: the log file path and its tail.
+// Only what p itself logged counts, not earlier runs appended to the same log.
 func (cp *ControlPlane) startError(what string, p *process, err error) error {
-	tail := tailLog(p.logPath, logTailLines)
+	tail := tailLog(p.logPath, p.logOffset, logTailLines)
 	wrapped := fmt.Errorf("control plane: %s did not become ready: %w\nlogs: %s (etcd.log, apiserver.log)\nlast lines of %s (klog info and warnings omitted):\n%s",
 		what, err, cp.logDir, p.logPath, tail)
 	if strings.Contains(tail, "address already in use") {
@@ -448,11 +484,12 @@ func (cp *ControlPlane) startError(what string, p *process, err error) error {
 	return wrapped
 }
 
-// tailLog returns the last n lines of a log, without klog info and warning
-// lines when there is anything else: kube-apiserver logs ~50 harmless
-// warnings at start-up that would push the one error line out of the tail.
-func tailLog(path string, n int) string {
-	data, err := os.ReadFile(path)
+// tailLog returns the last n lines of a log from byte offset from on, without
+// klog info and warning lines when there is anything else: kube-apiserver logs
+// ~50 harmless warnings at start-up that would push the one error line out of
+// the tail.
+func tailLog(path string, from int64, n int) string {
+	data, err := readFrom(path, from)
 	if err != nil {
 		return fmt.Sprintf("(cannot read log: %v)", err)
 	}
@@ -470,6 +507,18 @@ func tailLog(path string, n int) string {
 		kept = kept[len(kept)-n:]
 	}
 	return strings.Join(kept, "\n")
+}
+
+func readFrom(path string, offset int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(f)
 }
 
 // isKlogInfoOrWarning matches klog's header, e.g. "I1130 01:14:39.015667".
@@ -532,18 +581,25 @@ func (cp *ControlPlane) WriteKubeconfig(path, token string) error {
 	return nil
 }
 
-// Stop kills kube-apiserver, then etcd, waits for both to exit and removes
-// the temporary directory. It is idempotent: later calls return the first
-// call's result. A nil ControlPlane is a no-op, so a deferred Stop is safe
-// after a failed Start.
+// Stop kills kube-apiserver (the current one, after StartAPIServer), then
+// etcd, waits for both to exit and removes the temporary directory. It is
+// idempotent: later calls return the first call's result. A nil ControlPlane
+// is a no-op, so a deferred Stop is safe after a failed Start.
+//
+// Stop does not wait for a StopAPIServer or StartAPIServer running
+// concurrently: it kills their kube-apiserver, and they return.
 func (cp *ControlPlane) Stop() error {
 	if cp == nil {
 		return nil
 	}
 	cp.stopOnce.Do(func() {
+		cp.mu.Lock()
+		cp.stopped = true
+		apiserver := cp.apiserver
+		cp.mu.Unlock()
 		// apiserver first, so it does not log a storm of etcd errors.
 		var errs []error
-		for _, p := range []*process{cp.apiserver, cp.etcd} {
+		for _, p := range []*process{apiserver, cp.etcd} {
 			if err := p.stop(); err != nil {
 				errs = append(errs, err)
 			}
@@ -560,7 +616,10 @@ func (cp *ControlPlane) Stop() error {
 // failure, so when they live in the temporary directory everything but them
 // is removed.
 func (cp *ControlPlane) abort(logsInTempDir bool) {
-	for _, p := range []*process{cp.apiserver, cp.etcd} {
+	cp.mu.Lock()
+	apiserver := cp.apiserver
+	cp.mu.Unlock()
+	for _, p := range []*process{apiserver, cp.etcd} {
 		_ = p.stop() // the start error matters more than a kill error
 	}
 	if !logsInTempDir {
@@ -580,11 +639,17 @@ func (cp *ControlPlane) abort(logsInTempDir bool) {
 // not the process: an unlocked thread could be retired by the Go runtime
 // (after some other goroutine's LockOSThread) and take the child with it.
 type process struct {
-	name    string
-	logPath string
-	pid     int
-	done    chan struct{} // closed once the child has been waited for
-	waitErr error         // valid after done is closed
+	name      string
+	logPath   string
+	logOffset int64 // size of the log when this child started
+	pid       int
+	done      chan struct{} // closed once the child has been waited for
+	waitErr   error         // valid after done is closed
+
+	// termOnce sends SIGTERM at most once: kube-apiserver takes a second
+	// one as a demand to exit at once, skipping its graceful shutdown.
+	termOnce sync.Once
+	termErr  error
 }
 
 func startProcess(path, logPath string, args ...string) (*process, error) {
@@ -592,7 +657,12 @@ func startProcess(path, logPath string, args ...string) (*process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control plane: open log %s: %w", logPath, err)
 	}
-	p := &process{name: filepath.Base(path), logPath: logPath, done: make(chan struct{})}
+	offset, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("control plane: open log %s: %w", logPath, err)
+	}
+	p := &process{name: filepath.Base(path), logPath: logPath, logOffset: offset, done: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -623,9 +693,10 @@ func startProcess(path, logPath string, args ...string) (*process, error) {
 }
 
 // stop kills the child's process group and waits for it. A graceful
-// SIGTERM would buy nothing, since all state is thrown away, and costs about a
-// second of kube-apiserver shutdown per test package. A nil process is a
-// no-op, which keeps Stop simple after a partial start.
+// SIGTERM would buy nothing when all state is thrown away, and costs about a
+// second of kube-apiserver shutdown per test package; terminate is for when
+// the shutdown itself is under test. A nil process is a no-op, which keeps
+// Stop simple after a partial start.
 func (p *process) stop() error {
 	if p == nil {
 		return nil
@@ -642,4 +713,37 @@ func (p *process) stop() error {
 	}
 	<-p.done
 	return nil
+}
+
+// terminate sends SIGTERM to the child's process group, as a kubelet or
+// systemd stopping it would, and waits up to grace for it to exit before
+// falling back to stop. Concurrent calls send one SIGTERM and all wait; a
+// concurrent stop cuts the wait short.
+func (p *process) terminate(grace time.Duration) error {
+	if p == nil {
+		return nil
+	}
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	p.termOnce.Do(func() {
+		if err := syscall.Kill(-p.pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+			p.termErr = fmt.Errorf("control plane: terminate %s (pid %d): %w", p.name, p.pid, err)
+		}
+	})
+	if p.termErr != nil {
+		return p.termErr
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-timer.C:
+		// Stopped either way; a slow shutdown is the apiserver's business
+		// and its log says why.
+		return p.stop()
+	}
 }

@@ -2,9 +2,12 @@ package controlplane
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,15 +70,19 @@ func TestTailLogOmitsKlogNoise(t *testing.T) {
 	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := tailLog(path, 5); got != `E1130 01:14:39.023797    5718 run.go:72] "command failed"` {
+	if got := tailLog(path, 0, 5); got != `E1130 01:14:39.023797    5718 run.go:72] "command failed"` {
 		t.Errorf("tailLog = %q, want only the error line", got)
 	}
 	// Only info lines: better than nothing.
 	if err := os.WriteFile(path, []byte("I1130 a\nI1130 b\nI1130 c\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := tailLog(path, 2); got != "I1130 b\nI1130 c" {
+	if got := tailLog(path, 0, 2); got != "I1130 b\nI1130 c" {
 		t.Errorf("tailLog = %q, want the last two lines", got)
+	}
+	// From an offset: an earlier run's lines in the same log do not count.
+	if got := tailLog(path, int64(len("I1130 a\n")), 5); got != "I1130 b\nI1130 c" {
+		t.Errorf("tailLog from offset = %q, want the lines after it", got)
 	}
 }
 
@@ -387,4 +394,294 @@ func rss(pid int) string {
 		}
 	}
 	return "unknown"
+}
+
+// startForTest starts a control plane that t's cleanup stops.
+func startForTest(t *testing.T) *ControlPlane {
+	t.Helper()
+	requireAssets(t)
+	began := time.Now()
+	cp, err := Start(t.Context(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("started in %s at %s", time.Since(began).Round(time.Millisecond), cp.URL())
+	t.Cleanup(func() { _ = cp.Stop() })
+	return cp
+}
+
+// currentAPIServer returns the kube-apiserver process the control plane
+// holds now.
+func currentAPIServer(cp *ControlPlane) *process {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.apiserver
+}
+
+// servedCertificate returns the DER of the certificate kube-apiserver serves.
+func servedCertificate(t *testing.T, cp *ControlPlane) []byte {
+	t.Helper()
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(cp.URL(), "https://"), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate
+	if err != nil {
+		t.Fatalf("TLS dial %s: %v", cp.URL(), err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].Raw
+}
+
+// requireGone fails t unless pid and its process group have exited.
+func requireGone(t *testing.T, what string, pid int) {
+	t.Helper()
+	if alive(pid) {
+		t.Errorf("%s (pid %d) still runs", what, pid)
+	}
+	if err := syscall.Kill(-pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("process group of %s (%d) still exists: kill(0) = %v", what, pid, err)
+	}
+}
+
+// A restart keeps the data (etcd), the URL and the serving certificate, so a
+// client made before it carries on with the same rest.Config, while its
+// watches end as they would with a real apiserver restart.
+func TestRestartAPIServer(t *testing.T) {
+	cp := startForTest(t)
+	ctx := t.Context()
+
+	cfg := cp.Config()
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := client.CoreV1().ConfigMaps(metav1.NamespaceDefault)
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "survivor"},
+		Data:       map[string]string{"key": "before"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	watcher, err := cms.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Stop()
+
+	certFile := filepath.Join(cp.Dir(), "certs", "apiserver.crt")
+	certBefore, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servedBefore := servedCertificate(t, cp)
+	old := currentAPIServer(cp)
+
+	began := time.Now()
+	if err := cp.RestartAPIServer(ctx); err != nil {
+		t.Fatalf("RestartAPIServer: %v", err)
+	}
+	t.Logf("restarted in %s", time.Since(began).Round(time.Millisecond))
+
+	if old.waitErr != nil {
+		t.Errorf("old kube-apiserver did not shut down cleanly on SIGTERM: %v", old.waitErr)
+	}
+	requireGone(t, "old kube-apiserver", old.pid)
+	current := currentAPIServer(cp)
+	if current.pid == old.pid {
+		t.Fatalf("kube-apiserver pid %d unchanged by restart", old.pid)
+	}
+
+	// The watch from before ended: that is what sidecars see.
+	closed := time.After(10 * time.Second)
+drain:
+	for {
+		select {
+		case _, ok := <-watcher.ResultChan():
+			if !ok {
+				break drain
+			}
+		case <-closed:
+			t.Fatal("watch opened before the restart is still open 10s after it")
+		}
+	}
+
+	// Same client, same rest.Config: TLS still verifies, data survived.
+	got, err := cms.Get(ctx, "survivor", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get after restart with the client from before: %v", err)
+	}
+	if got.Data["key"] != "before" {
+		t.Errorf("data after restart = %v, want key=before", got.Data)
+	}
+	got.Data["key"] = "after"
+	if _, err := cms.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("update after restart: %v", err)
+	}
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "newborn"}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create after restart: %v", err)
+	}
+
+	// The admin kubeconfig written at the first start still works.
+	kcfg, err := clientcmd.BuildConfigFromFlags("", cp.KubeconfigPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kclient, err := kubernetes.NewForConfig(kcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := kclient.CoreV1().ConfigMaps(metav1.NamespaceDefault).Get(ctx, "survivor", metav1.GetOptions{}); err != nil || got.Data["key"] != "after" {
+		t.Errorf("get via kubeconfig after restart: %v, %v", got.Data, err)
+	}
+
+	// kube-apiserver reused the certificate it generated on the first start.
+	certAfter, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(certBefore, certAfter) {
+		t.Errorf("%s was rewritten by the restart", certFile)
+	}
+	if !bytes.Equal(servedBefore, servedCertificate(t, cp)) {
+		t.Errorf("kube-apiserver serves another certificate after the restart")
+	}
+
+	log, err := os.ReadFile(filepath.Join(cp.LogDir(), "apiserver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "starting kube-apiserver again"); n != 1 {
+		t.Errorf("apiserver.log has %d restart markers, want 1 (appended, not truncated)", n)
+	}
+	if !strings.Contains(string(log), "Generated self-signed cert") {
+		t.Errorf("apiserver.log lost the first run's output")
+	}
+
+	if err := cp.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	requireGone(t, "restarted kube-apiserver", current.pid)
+	requireGone(t, "etcd", cp.etcd.pid)
+}
+
+// Requests fail while kube-apiserver is stopped and work once it is started;
+// a port taken meanwhile is reported as such.
+func TestStopStartAPIServer(t *testing.T) {
+	cp := startForTest(t)
+	ctx := t.Context()
+	cfg := cp.Config()
+	cfg.Timeout = 5 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() error {
+		_, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+		return err
+	}
+
+	// Concurrent stops: one SIGTERM, so a graceful shutdown (a second
+	// SIGTERM makes kube-apiserver exit 1 at once).
+	first := currentAPIServer(cp)
+	began := time.Now()
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- cp.StopAPIServer() }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("StopAPIServer: %v", err)
+		}
+	}
+	t.Logf("stopped in %s", time.Since(began).Round(time.Millisecond))
+	if first.waitErr != nil {
+		t.Errorf("kube-apiserver did not exit cleanly on SIGTERM: %v", first.waitErr)
+	}
+	requireGone(t, "kube-apiserver", first.pid)
+	if !alive(cp.etcd.pid) {
+		t.Fatal("etcd stopped with kube-apiserver")
+	}
+	if err := get(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("request while stopped: err = %v, want connection refused", err)
+	}
+	if err := cp.StopAPIServer(); err != nil {
+		t.Errorf("StopAPIServer when stopped: %v", err)
+	}
+
+	// Someone else takes the port: a clear error, and the URL stays.
+	ln, err := net.Listen("tcp", strings.TrimPrefix(cp.URL(), "https://"))
+	if err != nil {
+		t.Fatalf("take the apiserver's port: %v", err)
+	}
+	began = time.Now()
+	err = cp.StartAPIServer(ctx)
+	ln.Close()
+	if err == nil {
+		t.Fatal("StartAPIServer succeeded on a port another process listens on")
+	}
+	t.Logf("port taken: error after %s:\n%v", time.Since(began).Round(time.Millisecond), err)
+	if !errors.Is(err, errPortInUse) || !strings.Contains(err.Error(), cp.URL()) || !strings.Contains(err.Error(), "another process took the port") {
+		t.Errorf("error does not say that %s is taken", cp.URL())
+	}
+	if time.Since(began) > 20*time.Second {
+		t.Errorf("port in use took %s to be noticed; it should not wait for the ready timeout", time.Since(began))
+	}
+
+	began = time.Now()
+	if err := cp.StartAPIServer(ctx); err != nil {
+		t.Fatalf("StartAPIServer: %v", err)
+	}
+	t.Logf("started again in %s", time.Since(began).Round(time.Millisecond))
+	if err := get(); err != nil {
+		t.Errorf("request after StartAPIServer: %v", err)
+	}
+	if err := cp.StartAPIServer(ctx); err == nil || !strings.Contains(err.Error(), "still running") {
+		t.Errorf("StartAPIServer while running: err = %v, want still running", err)
+	}
+
+	current := currentAPIServer(cp)
+	if err := cp.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	requireGone(t, "kube-apiserver", current.pid)
+	if err := cp.StartAPIServer(ctx); err == nil {
+		t.Error("StartAPIServer after Stop succeeded")
+	}
+	if err := cp.StopAPIServer(); err != nil {
+		t.Errorf("StopAPIServer after Stop: %v", err)
+	}
+}
+
+// Stop during StartAPIServer kills the kube-apiserver being started, and
+// StartAPIServer returns rather than wait for it.
+func TestStopWhileStartingAPIServer(t *testing.T) {
+	cp := startForTest(t)
+	ctx := t.Context()
+	old := currentAPIServer(cp)
+	if err := cp.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- cp.StartAPIServer(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for currentAPIServer(cp) == old {
+		if time.Now().After(deadline) {
+			t.Fatal("StartAPIServer did not start a kube-apiserver within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	starting := currentAPIServer(cp)
+	if err := cp.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	select {
+	case err := <-started:
+		if err == nil {
+			t.Log("StartAPIServer was ready before Stop")
+		} else if !strings.Contains(err.Error(), "Stop was called") {
+			t.Errorf("StartAPIServer interrupted by Stop: %v; want it to say so", err)
+		} else {
+			t.Logf("StartAPIServer interrupted by Stop: %.120s...", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("StartAPIServer still waits 10s after Stop")
+	}
+	requireGone(t, "kube-apiserver being started", starting.pid)
 }
