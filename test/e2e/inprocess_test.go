@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -18,20 +20,29 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// One process can host several sidecars: each leads its own Lease, and one signal drains
-// them all and releases every Lease. (The multi-sidecar subcommand comes later; this proves
-// nothing in the core stands in its way.)
-func TestOneProcessHostsTwoSidecarsEachWithItsOwnLease(t *testing.T) {
-	s := e2e.NewScenario(t, kube.Get(t), binDir, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 2 * time.Second}})
+// inProcess is one process (lifecycle.RunWithSignals in the test) hosting two test
+// sidecars, "one" and "two", each with its own namespace of work and its own Lease.
+type inProcess struct {
+	*e2e.Scenario
+	namespaces map[string]string // sidecar -> namespace of its work
+	leases     map[string]string // sidecar -> Lease name
+	signals    chan os.Signal
+	exited     chan int
+}
+
+// startInProcess starts the process and waits until it leads both Leases.
+func startInProcess(t *testing.T, latency time.Duration) *inProcess {
+	s := e2e.NewScenario(t, kube.Get(t), binDir, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: latency}})
 	ctx := context.Background()
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, "shared.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Stop)
-	namespaces := map[string]string{"one": s.Namespace + "-one", "two": s.Namespace + "-two"}
+	p := &inProcess{Scenario: s, namespaces: map[string]string{"one": s.Namespace + "-one", "two": s.Namespace + "-two"},
+		leases: map[string]string{}, signals: make(chan os.Signal, 2), exited: make(chan int, 1)}
 	var sidecars []lifecycle.Sidecar
-	for name, ns := range namespaces {
+	for name, ns := range p.namespaces {
 		if _, err := s.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -48,53 +59,116 @@ func TestOneProcessHostsTwoSidecarsEachWithItsOwnLease(t *testing.T) {
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	signals := make(chan os.Signal, 2)
-	exited := make(chan int, 1)
 	go func() {
-		exited <- lifecycle.RunWithSignals(ctx, opts, signals, func(code int) { t.Errorf("exited at once with %d", code) }, sidecars...)
+		p.exited <- lifecycle.RunWithSignals(ctx, opts, p.signals, func(code int) { t.Errorf("exited at once with %d", code) }, sidecars...)
 	}()
-
-	leases := map[string]string{}
-	for name := range namespaces {
-		leases[name] = lifecycle.SanitizeName("csi-sidecars-" + name + "-" + s.Driver.DriverName())
-		s.WaitForHolder(leases[name], "process-1")
+	for name := range p.namespaces {
+		p.leases[name] = lifecycle.SanitizeName("csi-sidecars-" + name + "-" + s.Driver.DriverName())
+		s.WaitForHolder(p.leases[name], "process-1")
 	}
-	for _, ns := range namespaces {
-		for i := range 2 {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("work-%d", i), Labels: map[string]string{testsidecar.WorkLabel: "yes"}}}
-			if _, err := s.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
+	return p
+}
+
+// createWork creates n work ConfigMaps for each sidecar, named after it, so the driver's
+// journal tells the sidecars' calls apart (vol-one-work-0, vol-two-work-0).
+func (p *inProcess) createWork(n int) {
+	for name, ns := range p.namespaces {
+		for i := range n {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-work-%d", name, i), Labels: map[string]string{testsidecar.WorkLabel: "yes"}}}
+			if _, err := p.Client.CoreV1().ConfigMaps(ns).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+				p.T.Fatal(err)
 			}
 		}
 	}
-	s.WaitForCalls("4 calls in flight, 2 per sidecar", func(c []testdriver.Call) bool { return e2e.Running(c) == 4 })
+}
 
-	signals <- syscall.SIGTERM
+// wait waits for the process to end and returns its exit code.
+func (p *inProcess) wait() int {
 	select {
-	case code := <-exited:
-		if code != lifecycle.ExitOK {
-			t.Errorf("exit code %d, want 0", code)
-		}
+	case code := <-p.exited:
+		return code
 	case <-time.After(30 * time.Second):
-		t.Fatal("the process did not finish draining")
+		p.T.Fatal("the process did not finish draining")
+		return -1
 	}
-	for _, c := range s.Driver.Journal() {
+}
+
+// results are the recorded results of a sidecar's work ConfigMaps.
+func (p *inProcess) results(name string) map[string]string {
+	list, err := p.Client.CoreV1().ConfigMaps(p.namespaces[name]).List(context.Background(), metav1.ListOptions{LabelSelector: testsidecar.WorkLabel})
+	if err != nil {
+		p.T.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, cm := range list.Items {
+		out[cm.Name] = cm.Annotations[testsidecar.ResultAnnotation]
+	}
+	return out
+}
+
+// One process can host several sidecars: each leads its own Lease, and one signal drains
+// them all and releases every Lease.
+func TestOneProcessHostsTwoSidecarsEachWithItsOwnLease(t *testing.T) {
+	p := startInProcess(t, 2*time.Second)
+	p.createWork(2)
+	p.WaitForCalls("4 calls in flight, 2 per sidecar", func(c []testdriver.Call) bool { return e2e.Running(c) == 4 })
+
+	p.signals <- syscall.SIGTERM
+	if code := p.wait(); code != lifecycle.ExitOK {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	for _, c := range p.Driver.Journal() {
 		if c.Method == testdriver.MethodCreateVolume && (c.Code != "OK" || !c.CallerGone.IsZero()) {
 			t.Errorf("call for %s: code %s, caller gone %v; want OK, not cancelled", c.VolumeName, c.Code, !c.CallerGone.IsZero())
 		}
 	}
-	for name, ns := range namespaces {
-		if h := e2e.Holder(s.Lease(leases[name])); h != "" {
+	for name := range p.namespaces {
+		if h := e2e.Holder(p.Lease(p.leases[name])); h != "" {
 			t.Errorf("Lease of %s held by %q after the drain, want released", name, h)
 		}
-		list, err := s.Client.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: testsidecar.WorkLabel})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, cm := range list.Items {
-			if r := cm.Annotations[testsidecar.ResultAnnotation]; r != "ok" {
-				t.Errorf("%s/%s: result %q, want ok", ns, cm.Name, r)
+		for cm, r := range p.results(name) {
+			if r != "ok" {
+				t.Errorf("%s/%s: result %q, want ok", name, cm, r)
 			}
+		}
+	}
+}
+
+// When one of several sidecars in a process is fenced, the others drain and release their
+// Leases and the process exits non-zero, so the kubelet restarts it: no half-dead process.
+func TestOneFencedSidecarEndsTheProcessAfterTheOthersDrain(t *testing.T) {
+	p := startInProcess(t, 2*time.Second)
+	p.createWork(2)
+	p.WaitForCalls("4 calls in flight, 2 per sidecar", func(c []testdriver.Call) bool { return e2e.Running(c) == 4 })
+
+	l := p.Lease(p.leases["one"])
+	l.Spec.HolderIdentity = ptr.To("intruder")
+	l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+	if _, err := p.Client.CoordinationV1().Leases(p.Namespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(); code != lifecycle.ExitError {
+		t.Errorf("exit code %d, want %d", code, lifecycle.ExitError)
+	}
+	if h := e2e.Holder(p.Lease(p.leases["one"])); h != "intruder" {
+		t.Errorf("fenced sidecar's Lease held by %q, want intruder", h)
+	}
+	if h := e2e.Holder(p.Lease(p.leases["two"])); h != "" {
+		t.Errorf("the other sidecar's Lease held by %q, want released", h)
+	}
+	for cm, r := range p.results("two") {
+		if r != "ok" {
+			t.Errorf("two/%s: result %q, want ok (drained)", cm, r)
+		}
+	}
+	for _, c := range p.Driver.Journal() {
+		fenced := strings.HasPrefix(c.VolumeName, testsidecar.VolumePrefix+"one-")
+		switch {
+		case c.Method != testdriver.MethodCreateVolume:
+		case fenced && c.CallerGone.IsZero():
+			t.Errorf("the fenced sidecar's call for %s was not cancelled", c.VolumeName)
+		case !fenced && (c.Code != "OK" || !c.CallerGone.IsZero()):
+			t.Errorf("the other sidecar's call for %s: code %s, caller gone %v; want OK, not cancelled", c.VolumeName, c.Code, !c.CallerGone.IsZero())
 		}
 	}
 }
