@@ -31,7 +31,7 @@ type scenario struct {
 	leaseName string
 }
 
-func newScenario(t *testing.T, cfg testdriver.Config) *scenario {
+func newScenario(t testing.TB, cfg testdriver.Config) *scenario {
 	s := e2e.NewScenario(t, kube.Get(t), binDir, cfg)
 	return &scenario{Scenario: s, leaseName: "csi-sidecars-test-" + strings.ReplaceAll(s.Driver.DriverName(), ".", "-")}
 }

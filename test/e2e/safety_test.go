@@ -67,6 +67,33 @@ func TestCrashedLeaderRestartedUnderItsOwnNameWaitsForTheLease(t *testing.T) {
 // result, and retries when the record times out, so a leader that kept going would call the
 // driver during the freeze.
 func TestLeaderCutOffFromTheAPIServerFencesBeforeTheStandbyTakesOver(t *testing.T) {
+	f := runFreeze(t)
+	t.Logf("FIGURE freeze: replica-a's last call started %v after the freeze, it exited after %v; replica-b's first call %v after the freeze",
+		f.lastCall.Round(time.Millisecond), f.exit.Round(time.Millisecond), f.takeover.Round(time.Millisecond))
+}
+
+// BenchmarkFreeze prints, for a leader cut off from the API server (lease 6s, renew
+// deadline 4s, retry 1s), the time from the freeze to its last call, to its exit (fenced)
+// and to the standby's first call.
+func BenchmarkFreeze(b *testing.B) {
+	var sum freezeFigures
+	for range b.N {
+		f := runFreeze(b)
+		sum.lastCall += f.lastCall
+		sum.exit += f.exit
+		sum.takeover += f.takeover
+	}
+	n := float64(b.N)
+	b.ReportMetric(sum.lastCall.Seconds()/n, "last-call-s")
+	b.ReportMetric(sum.exit.Seconds()/n, "fenced-exit-s")
+	b.ReportMetric(sum.takeover.Seconds()/n, "standby-first-call-s")
+}
+
+// freezeFigures are times from the freeze.
+type freezeFigures struct{ lastCall, exit, takeover time.Duration }
+
+// runFreeze runs the freeze scenario and checks its promises.
+func runFreeze(t testing.TB) freezeFigures {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 300 * time.Millisecond}})
 	proxy := e2e.NewFaultProxy(t, strings.TrimPrefix(s.CP.URL(), "https://"))
 	a := s.startReplica("replica-a", append(fastLease, "--kubeconfig="+s.KubeconfigVia(proxy), "--timeout=1s")...)
@@ -97,8 +124,6 @@ func TestLeaderCutOffFromTheAPIServerFencesBeforeTheStandbyTakesOver(t *testing.
 			t.Errorf("replica-a's call for %s was still waited on %v after replica-b's first call", c.VolumeName, c.CallerGone.Sub(takeover))
 		}
 	}
-	t.Logf("FIGURE freeze: replica-a's last call started %v after the freeze; replica-b's first call %v after it",
-		lastA.Sub(frozen).Round(time.Millisecond), takeover.Sub(frozen).Round(time.Millisecond))
 	if !lastA.Before(takeover) {
 		t.Errorf("replica-a started a call %v after replica-b's first call", lastA.Sub(takeover))
 	}
@@ -113,6 +138,7 @@ func TestLeaderCutOffFromTheAPIServerFencesBeforeTheStandbyTakesOver(t *testing.
 	if h := e2e.Holder(s.lease()); h != "replica-b" {
 		t.Errorf("Lease holder %q, want replica-b", h)
 	}
+	return freezeFigures{lastCall: lastA.Sub(frozen), exit: a.ExitedAt.Sub(frozen), takeover: takeover.Sub(frozen)}
 }
 
 // P11, frozen shorter than the renew deadline: the leader keeps leading, nothing is fenced
