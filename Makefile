@@ -7,7 +7,7 @@ BIN := _output/bin
 # a time on a 2-core machine.
 TEST_FLAGS ?= -count=1 -p 1 -timeout 40m
 
-.PHONY: help demo bench build image test test-unit test-e2e testenv lint clean
+.PHONY: help demo bench build image test test-race test-unit test-e2e testenv lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -32,8 +32,12 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-test: lint testenv ## lint, then every test: unit, integration and end-to-end against a real local control plane
+test: lint testenv test-race ## lint, the race detector, then every test: unit, integration and end-to-end against a real local control plane
 	$(GO) test $(TEST_FLAGS) ./...
+
+test-race: ## the race detector over the unit tests and the tests that host sidecars in the test process
+	$(GO) test -race -count=1 -short ./...
+	$(GO) test -race -count=1 -run 'OneProcess|OneFenced' ./test/e2e/
 
 test-unit: ## fast tests only (no control plane)
 	$(GO) test -count=1 -short ./...
