@@ -93,9 +93,12 @@ func TestStopNil(t *testing.T) {
 	}
 }
 
-// requireAssets fails (not skips) without binaries, like Shared.Main.
+// requireAssets fails (not skips) without binaries, like Shared.Main; -short skips, as there.
 func requireAssets(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting kube-apiserver and etcd")
+	}
 	if os.Getenv(SkipEnv) == "1" {
 		t.Skip(SkipEnv + "=1: not starting kube-apiserver and etcd")
 	}
