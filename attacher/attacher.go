@@ -20,7 +20,6 @@ package attacher
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -54,7 +53,6 @@ type options struct {
 	maxEntries         int
 	reconcileSync      time.Duration
 	defaultFSType      string
-	maxGRPCLogLength   int
 }
 
 // New returns the attacher sidecar.
@@ -80,27 +78,31 @@ func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.maxEntries, "max-entries", 0, "Max entries per each page in volume lister call, 0 means no limit.")
 	fs.DurationVar(&o.reconcileSync, "reconcile-sync", time.Minute, "Resync interval of the VolumeAttachment reconciler.")
 	fs.StringVar(&o.defaultFSType, "default-fstype", "", "The default filesystem type of the volume to publish. Defaults to empty string")
-	fs.IntVar(&o.maxGRPCLogLength, "max-grpc-log-length", -1, "The maximum amount of characters logged for every grpc responses. Defaults to no limit")
 }
 
 // ValidateFlags implements lifecycle.FlagValidator.
 func (s *Sidecar) ValidateFlags() error {
 	o := s.opts
-	switch {
-	case o.workerThreads == 0:
+	if o.workerThreads == 0 {
 		return errors.New("--worker-threads must be greater than zero")
-	case o.timeout <= 0:
-		return fmt.Errorf("--timeout must be positive, got %v", o.timeout)
-	case o.retryIntervalStart <= 0:
-		return fmt.Errorf("--retry-interval-start must be positive, got %v", o.retryIntervalStart)
-	case o.retryIntervalMax < o.retryIntervalStart:
-		return fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", o.retryIntervalMax, o.retryIntervalStart)
-	case o.maxEntries < 0:
-		return fmt.Errorf("--max-entries must not be negative, got %d", o.maxEntries)
-	case o.reconcileSync <= 0:
-		return fmt.Errorf("--reconcile-sync must be positive, got %v", o.reconcileSync)
-	case o.resync < 0:
-		return fmt.Errorf("--resync must not be negative, got %v", o.resync)
+	}
+	if o.timeout <= 0 {
+		lifecycle.WarnFlag("timeout", o.timeout, "every CSI call times out at once")
+	}
+	if o.retryIntervalStart <= 0 {
+		lifecycle.WarnFlag("retry-interval-start", o.retryIntervalStart, "failed operations are retried without delay")
+	}
+	if o.retryIntervalMax < o.retryIntervalStart {
+		lifecycle.WarnFlag("retry-interval-max", o.retryIntervalMax, "retries wait at most this long, less than --retry-interval-start")
+	}
+	if o.maxEntries < 0 {
+		lifecycle.WarnFlag("max-entries", o.maxEntries, "passed to ListVolumes as it is; the driver may refuse it")
+	}
+	if o.reconcileSync <= 0 {
+		lifecycle.WarnFlag("reconcile-sync", o.reconcileSync, "the ListVolumes reconciler is off (upstream would list without pause)")
+	}
+	if o.resync < 0 {
+		lifecycle.WarnFlag("resync", o.resync, "treated as the informers' default resync")
 	}
 	return nil
 }
@@ -114,6 +116,9 @@ func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
 
 // LeaseName implements lifecycle.Sidecar with upstream's Lease name; the core sanitises it.
 func (*Sidecar) LeaseName(driver string) string { return "external-attacher-leader-" + driver }
+
+// CallTimeout implements lifecycle.CallTimeout: --timeout also bounds each driver probe.
+func (s *Sidecar) CallTimeout() time.Duration { return s.opts.timeout }
 
 // Setup implements lifecycle.Sidecar: it picks the handler from the driver's capabilities
 // and registers the controller's informers, on every replica.
@@ -150,11 +155,11 @@ func (s *Sidecar) config(env *lifecycle.Env) config {
 		maxEntries:            s.opts.maxEntries,
 		reconcileSync:         s.opts.reconcileSync,
 		defaultFSType:         s.opts.defaultFSType,
-		maxGRPCLogLength:      s.opts.maxGRPCLogLength,
+		maxGRPCLogLength:      env.MaxGRPCLogLength,
 		trivial:               !publish,
 		publishReadOnly:       caps[csi.ControllerServiceCapability_RPC_PUBLISH_READONLY],
 		singleNodeMultiWriter: caps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
-		reconcile: caps[csi.ControllerServiceCapability_RPC_LIST_VOLUMES] &&
+		reconcile: s.opts.reconcileSync > 0 && caps[csi.ControllerServiceCapability_RPC_LIST_VOLUMES] &&
 			caps[csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES],
 		errorCodes: env.Gates != nil && env.Gates.Enabled(MutableCSINodeAllocatableCount),
 	}

@@ -35,7 +35,7 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 		"max-entries":          "0",
 		"reconcile-sync":       "1m0s",
 		"default-fstype":       "",
-		"max-grpc-log-length":  "-1",
+		// --max-grpc-log-length is a shared flag of the core (lifecycle), default -1.
 	}
 	for name, def := range want {
 		f := fs.Lookup(name)
@@ -70,13 +70,15 @@ func TestValidateFlags(t *testing.T) {
 		wantErr string
 	}{
 		{nil, ""},
+		// Upstream refuses only this one.
 		{[]string{"--worker-threads=0"}, "--worker-threads"},
-		{[]string{"--timeout=0"}, "--timeout"},
-		{[]string{"--retry-interval-start=0"}, "--retry-interval-start"},
-		{[]string{"--retry-interval-start=10s", "--retry-interval-max=1s"}, "--retry-interval-max"},
-		{[]string{"--max-entries=-1"}, "--max-entries"},
-		{[]string{"--reconcile-sync=0"}, "--reconcile-sync"},
-		{[]string{"--resync=-1s"}, "--resync"},
+		// Upstream accepts these; a warning says what they do.
+		{[]string{"--timeout=0"}, ""},
+		{[]string{"--retry-interval-start=0"}, ""},
+		{[]string{"--retry-interval-start=10s", "--retry-interval-max=1s"}, ""},
+		{[]string{"--max-entries=-1"}, ""},
+		{[]string{"--reconcile-sync=0"}, ""},
+		{[]string{"--resync=-1s"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -124,9 +126,15 @@ func TestConfigFromCapabilities(t *testing.T) {
 		{"LIST_VOLUMES without published nodes: no reconciler", controller, caps(publish, list), config{}},
 		{"LIST_VOLUMES with published nodes: reconciler", controller, caps(publish, list, nodes), config{reconcile: true}},
 	}
+	off := New()
+	if off.config(&lifecycle.Env{PluginCapabilities: controller, ControllerCapabilities: caps(publish, list, nodes)}).reconcile {
+		t.Errorf("--reconcile-sync=0 left the reconciler on; upstream would list without pause")
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := New().config(&lifecycle.Env{PluginCapabilities: tc.plugin, ControllerCapabilities: tc.caps})
+			s := New()
+			s.opts.reconcileSync = time.Minute
+			got := s.config(&lifecycle.Env{PluginCapabilities: tc.plugin, ControllerCapabilities: tc.caps})
 			if got.trivial != tc.want.trivial || got.publishReadOnly != tc.want.publishReadOnly ||
 				got.singleNodeMultiWriter != tc.want.singleNodeMultiWriter || got.reconcile != tc.want.reconcile {
 				t.Errorf("got %+v, want %+v", got, tc.want)

@@ -560,7 +560,7 @@ func (c *Controller) logResponse(ctx context.Context, method string, rsp any, er
 }
 
 func (c *Controller) truncate(s string) string {
-	if c.maxGRPCLogLength >= 0 && len(s) > c.maxGRPCLogLength {
+	if c.maxGRPCLogLength > 0 && len(s) > c.maxGRPCLogLength {
 		return s[:c.maxGRPCLogLength] + "..."
 	}
 	return s

@@ -13,9 +13,16 @@ import (
 )
 
 // FlagValidator is implemented by a sidecar whose own flags need checks beyond parsing.
-// It runs before anything connects, so bad values fail fast (exit 2).
+// It runs before anything connects, so bad values fail fast (exit 2). It refuses only what
+// upstream refuses too; a value upstream accepts but that is unlikely to be meant gets
+// WarnFlag instead.
 type FlagValidator interface {
 	ValidateFlags() error
+}
+
+// WarnFlag logs that --flag=value is accepted, as upstream does, and what it will do.
+func WarnFlag(flag string, value any, effect string) {
+	klog.Background().Info("Warning: unusual flag value, accepted as upstream does", "flag", "--"+flag, "value", fmt.Sprint(value), "effect", effect)
 }
 
 // NewRootCommand builds the csi-sidecars command: the shared flags as persistent flags, one
@@ -35,9 +42,17 @@ func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 				panic(fmt.Sprintf("feature gates of %s clash with another sidecar's: %v", s.Name(), err))
 			}
 		}
-		root.AddCommand(sidecarCommand(opts, s))
+		root.AddCommand(sidecarCommand(opts, s, version))
 	}
 	opts.AddFlags(root.PersistentFlags())
+	// `csi-sidecars --version`, beside the subcommands' --version, as upstream's binaries.
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		if opts.ShowVersion {
+			fmt.Fprintln(cmd.OutOrStdout(), name, version)
+			return nil
+		}
+		return cmd.Help()
+	}
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
@@ -48,7 +63,7 @@ func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 	return root
 }
 
-func sidecarCommand(opts *Options, s Sidecar) *cobra.Command {
+func sidecarCommand(opts *Options, s Sidecar, version string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   s.Name(),
 		Short: "Run the " + s.Name() + " sidecar",
@@ -58,17 +73,31 @@ func sidecarCommand(opts *Options, s Sidecar) *cobra.Command {
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		// Everything that can refuse the flags runs here, before anything connects.
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.ShowVersion {
+				return nil
+			}
 			if err := opts.Validate(); err != nil {
 				return UsageError{err}
 			}
-			if err := opts.ApplyLogging(); err != nil {
-				return UsageError{err}
+			// klog is process-wide: a dry run (ValidateArgs) checks it but must not apply it.
+			if cmd.Context() == nil || cmd.Context().Value(dryRun{}) == nil {
+				if err := opts.ApplyLogging(); err != nil {
+					return UsageError{err}
+				}
 			}
 			if v, ok := s.(FlagValidator); ok {
 				if err := v.ValidateFlags(); err != nil {
 					return UsageError{err}
 				}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opts.ShowVersion {
+				fmt.Fprintln(cmd.OutOrStdout(), cmd.Root().Name(), version)
+				return nil
 			}
 			ctx := klog.NewContext(cmd.Context(), klog.Background())
 			if opts.Automaxprocs {
@@ -85,6 +114,32 @@ func sidecarCommand(opts *Options, s Sidecar) *cobra.Command {
 	s.AddFlags(cmd.Flags())
 	return cmd
 }
+
+// ValidateArgs parses args (without the program name) for root's subcommand and runs every
+// check that could refuse them, without starting anything: what a manifest's args must pass.
+func ValidateArgs(root *cobra.Command, args []string) error {
+	args = NormalizeArgs(args)
+	cmd, rest, err := root.Find(args)
+	if err != nil {
+		return err
+	}
+	if err := cmd.ParseFlags(rest); err != nil {
+		return err
+	}
+	if cmd.Args != nil {
+		if err := cmd.Args(cmd, cmd.Flags().Args()); err != nil {
+			return err
+		}
+	}
+	if cmd.PreRunE == nil {
+		return fmt.Errorf("%q is not a sidecar", cmd.Name())
+	}
+	cmd.SetContext(context.WithValue(context.Background(), dryRun{}, true))
+	return cmd.PreRunE(cmd, cmd.Flags().Args())
+}
+
+// dryRun marks the context of a ValidateArgs run.
+type dryRun struct{}
 
 // exitCode carries a non-zero exit code out of cobra without an error message: the core
 // has logged why already.

@@ -16,8 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// probeTimeout bounds one Probe call; ProbeForever repeats it until the driver is ready.
-const probeTimeout = 10 * time.Second
+// defaultProbeTimeout bounds one Probe call when no hosted sidecar has a --timeout;
+// ProbeForever repeats it until the driver is ready.
+const defaultProbeTimeout = 10 * time.Second
 
 // driver is what the core learned from the CSI driver at start-up.
 type driver struct {
@@ -33,7 +34,7 @@ type driver struct {
 // must keep the Lease); the connection is then not re-established, as upstream does, so
 // the process shuts down instead of talking to a restarted driver that forgot its
 // in-flight work.
-func connectDriver(ctx, lifetime context.Context, address string, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
+func connectDriver(ctx, lifetime context.Context, address string, probeTimeout time.Duration, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
 	var lost atomic.Bool
 	conn, err := connection.Connect(ctx, address, mm, connection.OnConnectionLoss(func(context.Context) bool {
 		if lost.CompareAndSwap(false, true) {

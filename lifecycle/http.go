@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -69,7 +70,7 @@ func (h *health) leaderElection(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveHTTP starts the diagnostics server on addr and returns a function that stops it.
-func serveHTTP(ctx context.Context, addr, metricsPath string, mm metrics.CSIMetricsManager, h *health) (func(), error) {
+func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, mm metrics.CSIMetricsManager, h *health) (func(), error) {
 	mux := http.NewServeMux()
 	// Our registry (CSI call metrics and the core's) plus client-go's process-wide one
 	// (workqueue, Go runtime and process metrics).
@@ -77,6 +78,13 @@ func serveHTTP(ctx context.Context, addr, metricsPath string, mm metrics.CSIMetr
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
 	mux.HandleFunc("/healthz/leader-election", h.leaderElection)
 	mux.HandleFunc("/readyz", h.readyz)
+	if pprofOn {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -27,6 +27,7 @@ const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccou
 type Options struct {
 	CSIAddress string
 	Kubeconfig string
+	Master     string
 
 	LeaderElection          bool
 	LeaderElectionNamespace string
@@ -45,6 +46,11 @@ type Options struct {
 
 	DrainTimeout time.Duration
 	Automaxprocs bool
+	EnablePprof  bool
+	// MaxGRPCLogLength caps every CSI request and response logged at -v=5; negative: no cap.
+	MaxGRPCLogLength int
+	// ShowVersion is --version: print the version and exit 0.
+	ShowVersion bool
 
 	// Gates holds the core's and the sidecars' feature gates (--feature-gates).
 	Gates featuregate.MutableVersionedFeatureGate
@@ -70,6 +76,7 @@ func NewOptions() *Options {
 		KubeAPIBurst:         10,
 		MetricsPath:          "/metrics",
 		DrainTimeout:         20 * time.Second,
+		MaxGRPCLogLength:     -1,
 		Gates:                featuregate.NewFeatureGate(),
 		Logging:              logsapi.NewLoggingConfiguration(),
 		Getenv:               os.Getenv,
@@ -91,7 +98,9 @@ func NewOptions() *Options {
 // AddFlags registers the shared flags on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CSIAddress, "csi-address", o.CSIAddress, "Address of the CSI driver socket.")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Absolute path to the kubeconfig file. Required only when running out of cluster.")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Absolute path to the kubeconfig file. Required only when running out of cluster. Default: the KUBECONFIG environment variable, else in-cluster.")
+	fs.StringVar(&o.Master, "master", o.Master, "Master URL to build a client config from. Either this or kubeconfig needs to be set when running out of cluster.")
+	fs.BoolVar(&o.ShowVersion, "version", o.ShowVersion, "Show the version and exit.")
 
 	fs.BoolVar(&o.LeaderElection, "leader-election", o.LeaderElection, "Enable leader election.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace where the leader election resource lives. Defaults to the pod namespace if not set.")
@@ -111,6 +120,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "How long in-flight operations may run after the first SIGTERM before they are cancelled and the process exits without releasing the Lease. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.BoolVar(&o.Automaxprocs, "automaxprocs", o.Automaxprocs, "Set GOMAXPROCS from the container's CPU quota.")
+	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "Enable pprof profiling on the TCP network address specified by --http-endpoint. The HTTP path is `/debug/pprof/`.")
+	fs.IntVar(&o.MaxGRPCLogLength, "max-grpc-log-length", o.MaxGRPCLogLength, "The maximum amount of characters logged for every grpc responses. Defaults to no limit")
 
 	o.Gates.AddFlag(fs)
 	logsapi.AddFlags(o.Logging, fs)
@@ -126,11 +137,10 @@ func (o *Options) Validate() error {
 	if o.HTTPEndpoint != "" && o.MetricsAddress != "" {
 		errs = append(errs, errors.New("only one of --metrics-address and --http-endpoint can be set"))
 	}
-	if o.KubeAPIQPS <= 0 {
-		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive, got %v", o.KubeAPIQPS))
-	}
-	if o.KubeAPIBurst <= 0 {
-		errs = append(errs, fmt.Errorf("--kube-api-burst must be positive, got %d", o.KubeAPIBurst))
+	// client-go's rules: QPS 0 is its default (5), a negative QPS means no client-side limit;
+	// a burst is needed only with a limit.
+	if o.KubeAPIQPS > 0 && o.KubeAPIBurst <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-burst must be positive when --kube-api-qps is (%v), got %d", o.KubeAPIQPS, o.KubeAPIBurst))
 	}
 	if o.DrainTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--drain-timeout must be positive, got %v", o.DrainTimeout))
@@ -187,6 +197,9 @@ func (o *Options) ApplyLogging() error {
 }
 
 func (o *Options) fillDefaults() error {
+	if o.Kubeconfig == "" {
+		o.Kubeconfig = o.Getenv("KUBECONFIG")
+	}
 	if o.LeaderElectionNamespace == "" {
 		o.LeaderElectionNamespace = o.podNamespace()
 	}
@@ -248,8 +261,13 @@ func (v labelsValue) String() string {
 	return strings.Join(pairs, ",")
 }
 
+// Set merges s into the labels: a repeated flag adds to the earlier ones, and a later key
+// wins, as upstream.
 func (v labelsValue) Set(s string) error {
-	m := map[string]string{}
+	m := *v.m
+	if m == nil {
+		m = map[string]string{}
+	}
 	for _, pair := range strings.Split(s, ",") {
 		if pair == "" {
 			continue

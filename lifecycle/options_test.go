@@ -45,6 +45,10 @@ func TestDefaultsMatchUpstream(t *testing.T) {
 		{"metrics-path", o.MetricsPath, "/metrics"},
 		{"http-endpoint", o.HTTPEndpoint, ""},
 		{"drain-timeout", o.DrainTimeout, 20 * time.Second},
+		{"max-grpc-log-length", o.MaxGRPCLogLength, -1},
+		{"master", o.Master, ""},
+		{"enable-pprof", o.EnablePprof, false},
+		{"version", o.ShowVersion, false},
 		{"leader-election-namespace (derived)", o.LeaderElectionNamespace, "default"},
 		{"leader-election-identity (derived, sanitised)", o.LeaderElectionIdentity, "node-1-example"},
 		{"ReleaseLeaderElectionOnExit", o.Gates.Enabled(ReleaseLeaderElectionOnExit), true},
@@ -80,7 +84,7 @@ func TestBadValuesNameTheFlag(t *testing.T) {
 		flag string
 	}{
 		{[]string{"--kube-api-qps=abc"}, "--kube-api-qps"},
-		{[]string{"--kube-api-qps=0"}, "--kube-api-qps"},
+		{[]string{"--kube-api-qps=5", "--kube-api-burst=0"}, "--kube-api-burst"},
 		{[]string{"--kube-api-burst=-1"}, "--kube-api-burst"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout"},
 		{[]string{"--drain-timeout=soon"}, "--drain-timeout"},
@@ -105,13 +109,51 @@ func TestBadValuesNameTheFlag(t *testing.T) {
 	}
 }
 
+// Repeated --leader-election-labels add up, a later key wins, as upstream.
 func TestLeaderElectionLabels(t *testing.T) {
-	o, err := parse(t, "--leader-election-labels=a:1,b.io/c:two")
+	o, err := parse(t, "--leader-election-labels=a:1,b.io/c:two", "--leader-election-labels=d:4,a:one")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(o.LeaderElectionLabels) != 2 || o.LeaderElectionLabels["a"] != "1" || o.LeaderElectionLabels["b.io/c"] != "two" {
-		t.Errorf("labels: %v", o.LeaderElectionLabels)
+	want := map[string]string{"a": "one", "b.io/c": "two", "d": "4"}
+	if len(o.LeaderElectionLabels) != len(want) {
+		t.Errorf("labels: %v, want %v", o.LeaderElectionLabels, want)
+	}
+	for k, v := range want {
+		if o.LeaderElectionLabels[k] != v {
+			t.Errorf("labels: %v, want %v", o.LeaderElectionLabels, want)
+		}
+	}
+}
+
+// client-go reads a QPS of 0 as its default and a negative one as no client-side limit:
+// both are accepted, as upstream.
+func TestKubeAPIQPSAsClientGoReadsIt(t *testing.T) {
+	for _, args := range [][]string{{"--kube-api-qps=0"}, {"--kube-api-qps=-1", "--kube-api-burst=0"}} {
+		if _, err := parse(t, args...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// KUBECONFIG is used when --kubeconfig is not given; the flag wins over it.
+func TestKubeconfigFromTheEnvironment(t *testing.T) {
+	o := NewOptions()
+	o.Getenv = func(k string) string { return map[string]string{"KUBECONFIG": "/env/config"}[k] }
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if o.Kubeconfig != "/env/config" {
+		t.Errorf("kubeconfig %q, want the KUBECONFIG environment variable", o.Kubeconfig)
+	}
+	o = NewOptions()
+	o.Getenv = func(k string) string { return map[string]string{"KUBECONFIG": "/env/config"}[k] }
+	o.Kubeconfig = "/flag/config"
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if o.Kubeconfig != "/flag/config" {
+		t.Errorf("kubeconfig %q, want the flag's", o.Kubeconfig)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -102,7 +103,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	p.health = &health{notReady: "starting"}
 	go p.watchSignals(lifetime)
 	if addr := p.httpAddress(); addr != "" {
-		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, mm, p.health)
+		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, p.opts.EnablePprof, mm, p.health)
 		if err != nil {
 			logger.Error(err, "Cannot start the HTTP server")
 			return ExitError
@@ -126,7 +127,10 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	}
 
 	p.health.setNotReady("connecting to the CSI driver at " + p.opts.CSIAddress)
-	drv, err := connectDriver(p.intake, lifetime, p.opts.CSIAddress, mm, func() { p.onDriverLost(lifetime) })
+	// A process-wide setting of csi-lib-utils, as upstream: it caps the -v=5 logs of every
+	// CSI call on the connection.
+	connection.SetMaxGRPCLogLength(p.opts.MaxGRPCLogLength)
+	drv, err := connectDriver(p.intake, lifetime, p.opts.CSIAddress, probeTimeout(sidecars), mm, func() { p.onDriverLost(lifetime) })
 	if err != nil {
 		if p.intake.Err() != nil {
 			logger.Info("Stopped while connecting to the CSI driver", "reason", err.Error())
@@ -158,6 +162,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		Metrics:                mm,
 		Gates:                  p.opts.Gates,
 		Identity:               p.opts.LeaderElectionIdentity,
+		MaxGRPCLogLength:       p.opts.MaxGRPCLogLength,
 		done:                   stopInformers,
 	}
 	var members []*member
@@ -292,15 +297,15 @@ func (p *process) waitForAPIServer(ctx context.Context, kube kubernetes.Interfac
 func (o *Options) restConfig() (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if o.Kubeconfig != "" || o.Master != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.Master, o.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("loading --kubeconfig %s: %w", o.Kubeconfig, err)
+			return nil, fmt.Errorf("loading --kubeconfig %q / --master %q: %w", o.Kubeconfig, o.Master, err)
 		}
 	} else {
 		cfg, err = rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+			return nil, fmt.Errorf("no --kubeconfig, --master or KUBECONFIG given and not running in a cluster: %w", err)
 		}
 	}
 	cfg.QPS = float32(o.KubeAPIQPS)
@@ -319,3 +324,18 @@ func (o *Options) leaderElectionConfig(cfg *rest.Config) *rest.Config {
 }
 
 var errReturnedEarly = errors.New("sidecar stopped before it was asked to")
+
+// probeTimeout bounds each driver probe at start: the longest --timeout of the hosted
+// sidecars, as upstream bounds its probe by --timeout, else defaultProbeTimeout.
+func probeTimeout(sidecars []Sidecar) time.Duration {
+	var longest time.Duration
+	for _, s := range sidecars {
+		if t, ok := s.(CallTimeout); ok {
+			longest = max(longest, t.CallTimeout())
+		}
+	}
+	if longest <= 0 {
+		return defaultProbeTimeout
+	}
+	return longest
+}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
@@ -39,6 +40,12 @@ type FeatureGated interface {
 	Features() map[featuregate.Feature]featuregate.FeatureSpec
 }
 
+// CallTimeout is implemented by a sidecar with a --timeout for its CSI calls; it also
+// bounds each driver probe at start, as upstream.
+type CallTimeout interface {
+	CallTimeout() time.Duration
+}
+
 // Env is what the core hands a sidecar: shared clients, caches and the CSI connection, and
 // the sidecar's own Ops() context.
 type Env struct {
@@ -66,6 +73,9 @@ type Env struct {
 	Gates featuregate.FeatureGate
 	// Identity is this replica's leader-election identity.
 	Identity string
+	// MaxGRPCLogLength is --max-grpc-log-length: a sidecar that logs CSI requests or
+	// responses itself cuts them to this many characters (no cap when not positive).
+	MaxGRPCLogLength int
 
 	ops  context.Context
 	done <-chan struct{}

@@ -325,6 +325,10 @@ func (t *capacityTracker) run(intake context.Context) {
 	logger.Info("Starting storage capacity tracking", "namespace", t.namespace, "managedBy", t.managedBy, "pollInterval", t.pollInterval)
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		if t.pollInterval <= 0 {
+			t.poll() // once; then only changes refresh capacity
+			return
+		}
 		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.pollInterval)
 	})
 	lifecycle.RunWorkers(intake, t.queue, t.threads, t.sync)

@@ -449,8 +449,10 @@ func TestCapacityFlagsNeedTheirEnvironment(t *testing.T) {
 		{"pod missing for an owner", []string{"--enable-capacity"}, map[string]string{"NAMESPACE": "ns"}, "POD_NAME"},
 		{"no owner needs no pod", []string{"--enable-capacity", "--capacity-ownerref-level=-1"}, map[string]string{"NAMESPACE": "ns"}, ""},
 		{"older upstream's POD_NAMESPACE", []string{"--enable-capacity", "--capacity-ownerref-level=0"}, map[string]string{"POD_NAMESPACE": "ns", "POD_NAME": "p"}, ""},
-		{"poll interval", []string{"--enable-capacity", "--capacity-poll-interval=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, "--capacity-poll-interval"},
-		{"threads", []string{"--enable-capacity", "--capacity-threads=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, "--capacity-threads"},
+		// Upstream accepts these two; a warning says what they do.
+		{"poll interval", []string{"--enable-capacity", "--capacity-poll-interval=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, ""},
+		{"threads", []string{"--enable-capacity", "--capacity-threads=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, ""},
+		{"burst without qps", []string{"--enable-capacity", "--kube-api-capacity-qps=1", "--kube-api-capacity-burst=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, "--kube-api-capacity-burst"},
 		{"capacity off needs nothing", nil, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -191,7 +191,7 @@ func TestFlagsHaveUpstreamDefaultsAndBadValuesNameTheirFlag(t *testing.T) {
 		"prevent-volume-mode-conversion": "true", "node-deployment": "false", "node-deployment-immediate-binding": "true",
 		"node-deployment-base-delay": "20s", "node-deployment-max-delay": "1m0s", "cloning-protection-threads": "1",
 		"enable-capacity": "false", "capacity-threads": "1", "capacity-poll-interval": "1m0s",
-		"capacity-for-immediate-binding": "false", "capacity-ownerref-level": "1",
+		"capacity-for-immediate-binding": "false", "capacity-ownerref-level": "1", "snapshot-orphan-sweep-interval": "5m0s",
 	}
 	for name, want := range defaults {
 		f := fs.Lookup(name)
@@ -213,10 +213,12 @@ func TestFlagsHaveUpstreamDefaultsAndBadValuesNameTheirFlag(t *testing.T) {
 	}{
 		{[]string{"--volume-name-uuid-length=0"}, "", "--volume-name-uuid-length"},
 		{[]string{"--volume-name-uuid-length=40"}, "", "--volume-name-uuid-length"},
-		{[]string{"--volume-name-prefix="}, "", "--volume-name-prefix"},
-		{[]string{"--timeout=0s"}, "", "--timeout"},
-		{[]string{"--worker-threads=0"}, "", "--worker-threads"},
-		{[]string{"--retry-interval-max=10ms"}, "", "--retry-interval-max"},
+		// Upstream accepts these; a warning says what they do.
+		{[]string{"--volume-name-prefix="}, "", ""},
+		{[]string{"--timeout=0s"}, "", ""},
+		{[]string{"--worker-threads=0"}, "", ""},
+		{[]string{"--retry-interval-max=10ms"}, "", ""},
+		{[]string{"--snapshot-orphan-sweep-interval=0"}, "", ""},
 		{[]string{"--node-deployment"}, "", "NODE_NAME"},
 		{[]string{"--node-deployment"}, "node-1", ""},
 	} {

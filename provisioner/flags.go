@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
 )
@@ -84,7 +85,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.controllerPublishReadOnly, "controller-publish-readonly", false, "This option enables PV to be marked as readonly at controller publish volume call if PVC accessmode has been set to ROX.")
 	fs.BoolVar(&o.preventVolumeModeConversion, "prevent-volume-mode-conversion", true, "Prevents an unauthorised user from modifying the volume mode when creating a PVC from an existing VolumeSnapshot.")
 	fs.UintVar(&o.cloningProtectionThreads, "cloning-protection-threads", 1, "Number of simultaneously running threads, handling cloning finalizer removal.")
-	fs.DurationVar(&o.snapshotOrphanSweepInterval, "snapshot-orphan-sweep-interval", time.Minute, "How often VolumeSnapshots carrying the provisioner's source-protection finalizer are checked, so that a finalizer left behind (crash, claim deleted meanwhile) is removed.")
+	fs.DurationVar(&o.snapshotOrphanSweepInterval, "snapshot-orphan-sweep-interval", 5*time.Minute, "How often VolumeSnapshots carrying the provisioner's source-protection finalizer are checked, so that a finalizer left behind (crash, claim deleted meanwhile) is removed. Set to 0 to disable the sweep.")
 
 	fs.BoolVar(&o.nodeDeployment, "node-deployment", false, "Enables deploying the external-provisioner together with a CSI driver on nodes to manage node-local volumes.")
 	fs.BoolVar(&o.nodeDeploymentImmediateBinding, "node-deployment-immediate-binding", true, "Determines whether immediate binding is supported when deployed on each node.")
@@ -104,29 +105,27 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 func (o *options) validate(getenv func(string) string) error {
 	var errs []error
 	if o.volumeNamePrefix == "" {
-		errs = append(errs, errors.New("--volume-name-prefix must not be empty"))
+		lifecycle.WarnFlag("volume-name-prefix", `""`, "volume names start with '-'")
 	}
-	// A UID without dashes has 32 characters; 0 would give every claim the same name.
+	// A UID without dashes has 32 characters: upstream accepts more at start and then
+	// panics on the first claim; 0 would give every claim the same volume name.
 	if o.volumeNameUUIDLength != -1 && (o.volumeNameUUIDLength < 1 || o.volumeNameUUIDLength > 32) {
 		errs = append(errs, fmt.Errorf("--volume-name-uuid-length must be -1 (do not truncate) or between 1 and 32, got %d", o.volumeNameUUIDLength))
 	}
 	if o.timeout <= 0 {
-		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", o.timeout))
+		lifecycle.WarnFlag("timeout", o.timeout, "every CSI call times out at once")
 	}
 	if o.workerThreads == 0 {
-		errs = append(errs, errors.New("--worker-threads must be positive"))
+		lifecycle.WarnFlag("worker-threads", o.workerThreads, "no workers: nothing is provisioned or deleted")
 	}
 	if o.cloningProtectionThreads == 0 {
-		errs = append(errs, errors.New("--cloning-protection-threads must be positive"))
-	}
-	if o.snapshotOrphanSweepInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--snapshot-orphan-sweep-interval must be positive, got %v", o.snapshotOrphanSweepInterval))
+		lifecycle.WarnFlag("cloning-protection-threads", o.cloningProtectionThreads, "cloning-protection finalizers are not removed")
 	}
 	if o.retryIntervalStart <= 0 {
-		errs = append(errs, fmt.Errorf("--retry-interval-start must be positive, got %v", o.retryIntervalStart))
+		lifecycle.WarnFlag("retry-interval-start", o.retryIntervalStart, "failed operations are retried without delay")
 	}
 	if o.retryIntervalMax < o.retryIntervalStart {
-		errs = append(errs, fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", o.retryIntervalMax, o.retryIntervalStart))
+		lifecycle.WarnFlag("retry-interval-max", o.retryIntervalMax, "retries wait at most this long, less than --retry-interval-start")
 	}
 	if o.enableCapacity {
 		errs = append(errs, o.validateCapacity(getenv)...)
@@ -137,7 +136,7 @@ func (o *options) validate(getenv func(string) string) error {
 			errs = append(errs, errors.New("--node-deployment needs the NODE_NAME environment variable"))
 		}
 		if o.nodeDeploymentBaseDelay <= 0 || o.nodeDeploymentMaxDelay < o.nodeDeploymentBaseDelay {
-			errs = append(errs, fmt.Errorf("--node-deployment-base-delay (%v) must be positive and not above --node-deployment-max-delay (%v)", o.nodeDeploymentBaseDelay, o.nodeDeploymentMaxDelay))
+			lifecycle.WarnFlag("node-deployment-base-delay", o.nodeDeploymentBaseDelay, "claims are taken with this delay, capped by --node-deployment-max-delay")
 		}
 	}
 	return errors.Join(errs...)
@@ -149,13 +148,14 @@ func (o *options) validate(getenv func(string) string) error {
 func (o *options) validateCapacity(getenv func(string) string) []error {
 	var errs []error
 	if o.capacityThreads == 0 {
-		errs = append(errs, errors.New("--capacity-threads must be positive"))
+		lifecycle.WarnFlag("capacity-threads", o.capacityThreads, "no workers: CSIStorageCapacity objects are not written")
 	}
 	if o.capacityPollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--capacity-poll-interval must be positive, got %v", o.capacityPollInterval))
+		lifecycle.WarnFlag("capacity-poll-interval", o.capacityPollInterval, "capacity is not polled, only refreshed on changes (upstream would poll without pause)")
 	}
-	if o.kubeAPICapacityQPS <= 0 || o.kubeAPICapacityBurst <= 0 {
-		errs = append(errs, fmt.Errorf("--kube-api-capacity-qps (%v) and --kube-api-capacity-burst (%d) must be positive", o.kubeAPICapacityQPS, o.kubeAPICapacityBurst))
+	// client-go's rules, as for --kube-api-qps.
+	if o.kubeAPICapacityQPS > 0 && o.kubeAPICapacityBurst <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-capacity-burst must be positive when --kube-api-capacity-qps is (%v), got %d", o.kubeAPICapacityQPS, o.kubeAPICapacityBurst))
 	}
 	if o.capacityNamespace = getenv("NAMESPACE"); o.capacityNamespace == "" {
 		o.capacityNamespace = getenv("POD_NAMESPACE")

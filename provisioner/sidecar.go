@@ -40,7 +40,11 @@ var (
 	_ lifecycle.Sidecar       = &Sidecar{}
 	_ lifecycle.FeatureGated  = &Sidecar{}
 	_ lifecycle.FlagValidator = &Sidecar{}
+	_ lifecycle.CallTimeout   = &Sidecar{}
 )
+
+// CallTimeout implements lifecycle.CallTimeout: --timeout also bounds each driver probe.
+func (s *Sidecar) CallTimeout() time.Duration { return s.opts.timeout }
 
 // Name implements lifecycle.Sidecar.
 func (*Sidecar) Name() string { return "provisioner" }

@@ -401,7 +401,7 @@ func withFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
 // interval until intake ends: a finalizer whose restore is over (a crash, a claim deleted
 // meanwhile) goes.
 func (c *controller) sweepSnapshots(intake context.Context, interval time.Duration) {
-	if c.snapshots == nil {
+	if c.snapshots == nil || interval <= 0 {
 		return
 	}
 	wait.UntilWithContext(intake, func(context.Context) {

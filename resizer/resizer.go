@@ -2,7 +2,6 @@ package resizer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -89,27 +88,29 @@ func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
 
 // ValidateFlags implements lifecycle.FlagValidator.
 func (s *Sidecar) ValidateFlags() error {
-	var errs []error
 	if s.workers <= 0 {
-		errs = append(errs, fmt.Errorf("--workers must be positive, got %d", s.workers))
+		lifecycle.WarnFlag("workers", s.workers, "no workers: nothing is resized or modified")
 	}
 	if s.timeout <= 0 {
-		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", s.timeout))
+		lifecycle.WarnFlag("timeout", s.timeout, "every CSI call times out at once")
 	}
 	if s.resync < 0 {
-		errs = append(errs, fmt.Errorf("--resync-period must not be negative, got %v", s.resync))
+		lifecycle.WarnFlag("resync-period", s.resync, "treated as the informers' default resync")
 	}
 	if s.retryStart <= 0 {
-		errs = append(errs, fmt.Errorf("--retry-interval-start must be positive, got %v", s.retryStart))
+		lifecycle.WarnFlag("retry-interval-start", s.retryStart, "failed operations are retried without delay")
 	}
 	if s.retryMax < s.retryStart {
-		errs = append(errs, fmt.Errorf("--retry-interval-max (%v) must not be below --retry-interval-start (%v)", s.retryMax, s.retryStart))
+		lifecycle.WarnFlag("retry-interval-max", s.retryMax, "retries wait at most this long, less than --retry-interval-start")
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // LeaseName implements lifecycle.Sidecar with upstream's Lease name.
 func (*Sidecar) LeaseName(driver string) string { return "external-resizer-" + driver }
+
+// CallTimeout implements lifecycle.CallTimeout: --timeout also bounds each driver probe.
+func (s *Sidecar) CallTimeout() time.Duration { return s.timeout }
 
 // Setup implements lifecycle.Sidecar: it decides from the driver's capabilities which
 // controllers run, and registers their informers on every replica (P7).

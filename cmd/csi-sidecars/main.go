@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 
+	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/attacher"
@@ -18,11 +19,15 @@ import (
 var version = "dev"
 
 func main() {
-	root := lifecycle.NewRootCommand("csi-sidecars", version,
+	code := lifecycle.Execute(context.Background(), newRoot(), os.Args[1:], os.Stderr)
+	klog.FlushAndExit(klog.ExitFlushTimeout, code)
+}
+
+// newRoot is the command with every sidecar: adding one is one line here.
+func newRoot() *cobra.Command {
+	return lifecycle.NewRootCommand("csi-sidecars", version,
 		attacher.New(),
 		resizer.New(),
 		provisioner.New(),
 	)
-	code := lifecycle.Execute(context.Background(), root, os.Args[1:], os.Stderr)
-	klog.FlushAndExit(klog.ExitFlushTimeout, code)
 }

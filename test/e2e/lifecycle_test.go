@@ -382,3 +382,29 @@ func TestReleaseGateOffLeavesTheLeaseToExpire(t *testing.T) {
 		t.Errorf("Lease holder %q, want replica-a (not released with the gate off)", h)
 	}
 }
+
+// Upstream's --version prints the version and exits 0, on the binary and on a subcommand.
+func TestVersionFlag(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"attacher", "--version"}, {"provisioner", "--version", "--csi-address=/x"}} {
+		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), "csi-sidecars ") {
+			t.Errorf("%v: %v, output %q; want the version and exit 0", args, err, out)
+		}
+	}
+}
+
+// --enable-pprof serves Go's profiles on the diagnostics endpoint, as upstream's
+// provisioner; without it they are not served.
+func TestEnablePprofServesProfilesOnTheHTTPEndpoint(t *testing.T) {
+	s := newScenario(t, testdriver.Config{})
+	on := s.startReplica("with-pprof", "--enable-pprof")
+	off := s.startReplica("without-pprof")
+	on.WaitReady(t)
+	off.WaitReady(t)
+	if code, body := on.Get("/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("with --enable-pprof: /debug/pprof/ %d", code)
+	}
+	if code, _ := off.Get("/debug/pprof/"); code != 404 {
+		t.Errorf("without --enable-pprof: /debug/pprof/ %d, want 404", code)
+	}
+}
