@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	csitrans "k8s.io/csi-translation-lib"
 )
 
 // defaultProbeTimeout bounds one Probe call when no hosted sidecar has a --timeout;
@@ -22,49 +23,55 @@ const defaultProbeTimeout = 10 * time.Second
 
 // driver is what the core learned from the CSI driver at start-up.
 type driver struct {
-	conn                   *grpc.ClientConn
+	conn *grpc.ClientConn
+	// metrics records every call on conn (csi_sidecar_operations_seconds).
+	metrics                metrics.CSIMetricsManager
 	name                   string
 	pluginCapabilities     rpc.PluginCapabilitySet
 	controllerCapabilities rpc.ControllerCapabilitySet
 }
 
 // connectDriver connects to the driver socket (retrying until ctx ends), waits until it
-// is ready and reads its name and capabilities. onLoss is called once if the connection is
-// lost later, until lifetime ends (through the drain: a driver that dies while calls drain
-// must keep the Lease); the connection is then not re-established, as upstream does, so
-// the process shuts down instead of talking to a restarted driver that forgot its
-// in-flight work.
-func connectDriver(ctx, lifetime context.Context, address string, probeTimeout time.Duration, mm metrics.CSIMetricsManager, onLoss func()) (*driver, error) {
+// is ready and reads its name and capabilities. A driver that replaced an in-tree plugin
+// gets upstream's "migrated" label on its call metrics: that needs the driver's name
+// before the connection, so such a driver is connected to a second time, as upstream does.
+// onLoss is called once if the connection is lost later, until lifetime ends (through the
+// drain: a driver that dies while calls drain must keep the Lease); the connection is then
+// not re-established, as upstream does, so the process shuts down instead of talking to a
+// restarted driver that forgot its in-flight work.
+func connectDriver(ctx, lifetime context.Context, address string, probeTimeout time.Duration, onLoss func()) (*driver, error) {
 	var lost atomic.Bool
-	conn, err := connection.Connect(ctx, address, mm, connection.OnConnectionLoss(func(context.Context) bool {
+	loss := func() {
 		if lost.CompareAndSwap(false, true) {
 			onLoss()
 		}
-		return false
-	}))
-	if err != nil {
-		return nil, fmt.Errorf("connecting to CSI driver at %s: %w", address, err)
 	}
-	d := &driver{conn: conn}
-	if err := rpc.ProbeForever(ctx, conn, probeTimeout); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("probing CSI driver at %s: %w", address, err)
+	d := &driver{metrics: metrics.NewCSIMetricsManagerWithOptions("")}
+	conn, err := dialAndProbe(ctx, address, probeTimeout, d.metrics, loss)
+	if err != nil {
+		return nil, err
 	}
 	if d.name, err = rpc.GetDriverName(ctx, conn); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("getting CSI driver name: %w", err)
 	}
+	if csitrans.New().IsMigratedCSIDriverByName(d.name) {
+		conn.Close()
+		d.metrics = metrics.NewCSIMetricsManagerWithOptions(d.name, metrics.WithMigration())
+		if conn, err = dialAndProbe(ctx, address, probeTimeout, d.metrics, loss); err != nil {
+			return nil, err
+		}
+	} else {
+		d.metrics.SetDriverName(d.name)
+	}
+	d.conn = conn
 	if d.pluginCapabilities, err = rpc.GetPluginCapabilities(ctx, conn); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("getting CSI plugin capabilities: %w", err)
 	}
 	// gRPC only redials when a call is made, so an idle sidecar would not notice a driver
 	// that went away; watching the channel's state does.
-	go watchConnection(lifetime, conn, func() {
-		if lost.CompareAndSwap(false, true) {
-			onLoss()
-		}
-	})
+	go watchConnection(lifetime, conn, loss)
 	d.controllerCapabilities = rpc.ControllerCapabilitySet{}
 	if d.pluginCapabilities[csi.PluginCapability_Service_CONTROLLER_SERVICE] {
 		if d.controllerCapabilities, err = rpc.GetControllerCapabilities(ctx, conn); err != nil {
@@ -73,6 +80,23 @@ func connectDriver(ctx, lifetime context.Context, address string, probeTimeout t
 		}
 	}
 	return d, nil
+}
+
+// dialAndProbe connects to the driver with its calls recorded in mm and waits until the
+// driver answers Probe as ready.
+func dialAndProbe(ctx context.Context, address string, probeTimeout time.Duration, mm metrics.CSIMetricsManager, onLoss func()) (*grpc.ClientConn, error) {
+	conn, err := connection.Connect(ctx, address, mm, connection.OnConnectionLoss(func(context.Context) bool {
+		onLoss()
+		return false
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to CSI driver at %s: %w", address, err)
+	}
+	if err := rpc.ProbeForever(ctx, conn, probeTimeout); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("probing CSI driver at %s: %w", address, err)
+	}
+	return conn, nil
 }
 
 // watchConnection calls onLoss when a ready connection stops being ready.

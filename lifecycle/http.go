@@ -10,14 +10,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
 	// Registers client-go's workqueue metrics (workqueue_depth{name}, ...) in the legacy
 	// registry; the provider is process-wide in client-go, so queue names must be unique.
 	_ "k8s.io/component-base/metrics/prometheus/workqueue"
+
+	// Registers client-go's leader-election metrics (leader_election_master_status{name},
+	// named after the Lease) in the legacy registry, as upstream's sidecars serve them.
+	_ "k8s.io/component-base/metrics/prometheus/clientgo/leaderelection"
 )
 
 // leaderHealthTimeout is how long a leader may go without renewing its Lease before
@@ -70,11 +74,11 @@ func (h *health) leaderElection(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveHTTP starts the diagnostics server on addr and returns a function that stops it.
-func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, mm metrics.CSIMetricsManager, h *health) (func(), error) {
+// gatherers are served on metricsPath: the core's registry, client-go's process-wide one
+// (workqueue, leader election, Go runtime and process metrics) and the CSI call metrics.
+func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, gatherers prometheus.Gatherer, h *health) (func(), error) {
 	mux := http.NewServeMux()
-	// Our registry (CSI call metrics and the core's) plus client-go's process-wide one
-	// (workqueue, Go runtime and process metrics).
-	mm.WithAdditionalRegistry(legacyregistry.DefaultGatherer).RegisterToServer(mux, metricsPath)
+	mux.Handle(metricsPath, metrics.HandlerFor(gatherers, metrics.HandlerOpts{ErrorHandling: metrics.ContinueOnError}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
 	mux.HandleFunc("/healthz/leader-election", h.leaderElection)
 	mux.HandleFunc("/readyz", h.readyz)

@@ -9,12 +9,15 @@ import (
 	"sync"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/cache"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -204,8 +207,17 @@ func newLeaseWatch(identity string) *leaseWatch {
 
 // start runs an informer on the one Lease until run ends and returns once it has synced,
 // or when synced ends first. A draining leader keeps watching, so a takeover during the
-// drain still fences it at once.
-func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string) error {
+// drain still fences it at once. Where RBAC allows no list and watch on Leases (older
+// upstream roles), it polls the Lease every retry period instead, as client-go does, with
+// one warning: a released Lease is then taken up to a retry period later.
+func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string, retryPeriod time.Duration) error {
+	if !mayListAndWatch(synced, client, namespace) {
+		klog.FromContext(run).Info("Warning: RBAC does not allow list and watch on Leases here; polling the Lease every --leader-election-retry-period instead", "lease", namespace+"/"+name, "retryPeriod", retryPeriod)
+		leases := client.CoordinationV1().Leases(namespace)
+		w.pollOnce(synced, leases, name)
+		go wait.UntilWithContext(run, func(ctx context.Context) { w.pollOnce(ctx, leases, name) }, retryPeriod)
+		return synced.Err()
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -225,6 +237,35 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 		return synced.Err()
 	}
 	return nil
+}
+
+// mayListAndWatch asks the API server whether this client may list and watch Leases in
+// namespace. When it cannot tell, it assumes so: the informer then reports what fails.
+func mayListAndWatch(ctx context.Context, client kubernetes.Interface, namespace string) bool {
+	for _, verb := range []string{"list", "watch"} {
+		review, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: namespace, Verb: verb, Group: coordinationv1.GroupName, Resource: "leases",
+			}},
+		}, metav1.CreateOptions{})
+		if err == nil && !review.Status.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// pollOnce reads the Lease and records what it saw.
+func (w *leaseWatch) pollOnce(ctx context.Context, leases coordinationclient.LeaseInterface, name string) {
+	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		w.observe(nil, nil, time.Now())
+	case err != nil:
+		klog.FromContext(ctx).V(4).Info("Cannot read the Lease", "lease", name, "err", err.Error())
+	default:
+		w.observeLease(lease)
+	}
 }
 
 func (w *leaseWatch) observeLease(obj any) {

@@ -11,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -111,9 +110,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 
 // leaseEventRecorder records "became leader" / "stopped leading" on the Lease, as upstream.
 func leaseEventRecorder(ctx context.Context, kube kubernetes.Interface, namespace, lease, identity string) record.EventRecorder {
-	b := record.NewBroadcaster(record.WithContext(ctx))
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(namespace)})
-	return b.NewRecorder(scheme.Scheme, v1.EventSource{Component: lease + "/" + identity})
+	return newEventBroadcaster(ctx, kube, namespace).NewRecorder(scheme.Scheme, v1.EventSource{Component: lease + "/" + identity})
 }
 
 // campaign is the member's whole life after set-up: lead at once without leader election;
@@ -124,7 +121,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	if !p.opts.LeaderElection {
 		return m.finish(ctx, p, nil, m.lead(ctx, p, term{leading: context.Background()}))
 	}
-	if err := m.watch.start(ctx, p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName); err != nil {
+	if err := m.watch.start(ctx, p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
 		return p.exitCode(ExitOK)
 	}

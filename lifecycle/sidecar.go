@@ -51,7 +51,8 @@ type CallTimeout interface {
 type Env struct {
 	// Kube is the clientset for the sidecar's work (rate limited by --kube-api-qps/burst).
 	Kube kubernetes.Interface
-	// RestConfig builds further clients (CRDs); it carries the same limits as Kube.
+	// RestConfig builds further clients (CRDs); it carries the same limits as Kube, and
+	// JSON (Kube speaks protobuf, which custom resources do not have).
 	RestConfig *rest.Config
 	// Informers is the process's shared informer factory; the core starts it on every
 	// replica after every Setup, and waits for its caches before leading.

@@ -320,7 +320,8 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 		r    *e2e.Replica
 		want []string
 	}{
-		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`}},
+		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`,
+			`leader_election_master_status{name="` + s.leaseName + `"} 1`}},
 		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"}`, "go_goroutines"}},
 	} {
 		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {

@@ -1,0 +1,56 @@
+package lifecycle
+
+import (
+	"context"
+	"sync/atomic"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// newEventBroadcaster records events into namespace ("" for the objects' own) through a
+// sink that tolerates RBAC without events.
+func newEventBroadcaster(ctx context.Context, kube kubernetes.Interface, namespace string) record.EventBroadcaster {
+	b := record.NewBroadcaster(record.WithContext(ctx))
+	b.StartRecordingToSink(&tolerantSink{EventSink: &typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(namespace)}, logger: klog.FromContext(ctx)})
+	return b
+}
+
+// tolerantSink writes events unless RBAC does not allow it: upstream's external-attacher
+// role, for one, grants no events. Then it logs one warning and drops events from then on,
+// instead of a refusal in the log per event; no work depends on an event.
+type tolerantSink struct {
+	record.EventSink
+	logger  klog.Logger
+	refused atomic.Bool
+}
+
+func (s *tolerantSink) Create(e *v1.Event) (*v1.Event, error) {
+	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Create(e) })
+}
+
+func (s *tolerantSink) Update(e *v1.Event) (*v1.Event, error) {
+	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Update(e) })
+}
+
+func (s *tolerantSink) Patch(e *v1.Event, data []byte) (*v1.Event, error) {
+	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Patch(e, data) })
+}
+
+func (s *tolerantSink) write(e *v1.Event, do func() (*v1.Event, error)) (*v1.Event, error) {
+	if s.refused.Load() {
+		return e, nil
+	}
+	written, err := do()
+	if apierrors.IsForbidden(err) {
+		if s.refused.CompareAndSwap(false, true) {
+			s.logger.Info("Warning: RBAC does not allow writing events here; events are not recorded from now on", "namespace", e.Namespace, "reason", e.Reason)
+		}
+		return e, nil
+	}
+	return written, err
+}
