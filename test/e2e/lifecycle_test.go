@@ -132,17 +132,10 @@ func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
 // P5: a second signal during the drain exits at once, non-zero.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
-	a := s.startReplica("replica-a", "--drain-timeout=60s")
-	s.waitForHolder("replica-a")
-	a.WaitReady(t)
-	s.createWork(1)
-	s.WaitForCalls("a call in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 1 })
+	a := s.leaderBusy("replica-a", 1, "--drain-timeout=60s")
 
 	a.Signal(t, syscall.SIGTERM)
-	s.WaitUntil("replica-a is draining", func() bool {
-		_, body := a.Get("/readyz")
-		return strings.Contains(body, "draining")
-	})
+	s.waitDraining(a)
 	a.Signal(t, syscall.SIGTERM)
 	if code := a.Wait(t, 10*time.Second); code == 0 {
 		t.Errorf("exit code 0 after a second signal, want non-zero")

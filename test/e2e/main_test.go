@@ -78,3 +78,24 @@ func (s *scenario) results() map[string]string {
 func callsOn(calls []testdriver.Call, r *e2e.Replica) []testdriver.Call {
 	return e2e.CallsOn(calls, r, testdriver.MethodCreateVolume)
 }
+
+// leaderBusy starts replica name, waits until it leads, creates n work items and waits
+// until n of its calls are in flight.
+func (s *scenario) leaderBusy(name string, n int, extra ...string) *e2e.Replica {
+	s.T.Helper()
+	r := s.startReplica(name, extra...)
+	s.waitForHolder(name)
+	r.WaitReady(s.T)
+	s.createWork(n)
+	s.WaitForCalls(fmt.Sprintf("%d calls in flight on %s", n, name), func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, r)) == n })
+	return r
+}
+
+// waitDraining waits until r reports on /readyz that it drains.
+func (s *scenario) waitDraining(r *e2e.Replica) {
+	s.T.Helper()
+	s.WaitUntil(r.Name+" is draining", func() bool {
+		_, body := r.Get("/readyz")
+		return strings.Contains(body, "draining")
+	})
+}

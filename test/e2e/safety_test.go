@@ -32,11 +32,7 @@ const leaseDuration = 6 * time.Second
 // overlaps.
 func TestCrashedLeaderRestartedUnderItsOwnNameWaitsForTheLease(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 4 * time.Second}})
-	a := s.startReplica("replica-a", fastLease...)
-	s.waitForHolder("replica-a")
-	a.WaitReady(t)
-	s.createWork(8)
-	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
+	a := s.leaderBusy("replica-a", 4, fastLease...)
 	before := s.lease()
 
 	killed := a.Signal(t, syscall.SIGKILL)
@@ -54,7 +50,7 @@ func TestCrashedLeaderRestartedUnderItsOwnNameWaitsForTheLease(t *testing.T) {
 	if after.Spec.AcquireTime.Equal(before.Spec.AcquireTime) {
 		t.Errorf("the restarted process renewed the dead process's record instead of taking the Lease anew")
 	}
-	s.WaitUntil("all 8 results recorded", func() bool { return countResults(s.results(), "ok") == 8 })
+	s.WaitUntil("all 4 results recorded", func() bool { return countResults(s.results(), "ok") == 4 })
 	if o := s.Driver.Overlaps(); len(o) != 0 {
 		t.Errorf("driver saw %d overlapping operations: %+v", len(o), o)
 	}
@@ -180,17 +176,10 @@ func TestShortAPIServerStallDoesNotFenceTheLeader(t *testing.T) {
 // Lease is kept (it expires) and the exit code is 1.
 func TestDriverKilledDuringADrainKeepsTheLease(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 5 * time.Second}})
-	a := s.startReplica("replica-a")
-	s.waitForHolder("replica-a")
-	a.WaitReady(t)
-	s.createWork(2)
-	s.WaitForCalls("2 calls in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 2 })
+	a := s.leaderBusy("replica-a", 2)
 
 	a.Signal(t, syscall.SIGTERM)
-	s.WaitUntil("replica-a is draining", func() bool {
-		_, body := a.Get("/readyz")
-		return strings.Contains(body, "draining")
-	})
+	s.waitDraining(a)
 	a.Driver.Stop()
 	if code := a.Wait(t, 30*time.Second); code != 1 {
 		t.Errorf("exit code %d after the driver died during the drain, want 1", code)
@@ -325,7 +314,7 @@ func TestAPIServerRestartDuringADrainLosesNoWorkAndReleasesNoEarlier(t *testing.
 		t.Fatal(err)
 	}
 	code := a.Wait(t, 40*time.Second)
-	s.WaitUntil("all 8 results recorded", func() bool { return countResults(s.results(), "ok") == 8 })
+	s.WaitUntil("all 4 results recorded", func() bool { return countResults(s.results(), "ok") == 4 })
 
 	calls := s.Driver.Journal()
 	var lastEnd time.Time
