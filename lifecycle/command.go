@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/automaxprocs/maxprocs"
 	"k8s.io/klog/v2"
 )
@@ -26,15 +28,20 @@ func WarnFlag(flag string, value any, effect string) {
 }
 
 // NewRootCommand builds the csi-sidecars command: the shared flags as persistent flags, one
-// subcommand per sidecar, and a version subcommand. The sidecars' feature gates join the
-// shared --feature-gates flag.
+// subcommand per sidecar, a version subcommand, and combined mode on the root:
+// `--controllers=attacher,resizer` runs several sidecars in one process (KEP-4958's form),
+// each sidecar's own flags then spelled with its name as prefix (--attacher-worker-threads).
+// The sidecars' feature gates join the shared --feature-gates flag.
 func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 	opts := NewOptions()
+	var controllers []string
 	root := &cobra.Command{
 		Use:           name,
 		Short:         "Kubernetes CSI sidecars in one binary, with one lifecycle core",
+		Long:          "Run one sidecar with its subcommand, or several in one process with --controllers.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          noArgs,
 	}
 	for _, s := range sidecars {
 		if g, ok := s.(FeatureGated); ok {
@@ -42,16 +49,53 @@ func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 				panic(fmt.Sprintf("feature gates of %s clash with another sidecar's: %v", s.Name(), err))
 			}
 		}
-		root.AddCommand(sidecarCommand(opts, s, version))
+		sub := sidecarCommand(opts, s, version)
+		root.AddCommand(sub)
+		// The same flag values, prefixed, for combined mode.
+		sub.Flags().VisitAll(func(f *pflag.Flag) {
+			root.Flags().AddFlag(&pflag.Flag{Name: s.Name() + "-" + f.Name, Usage: f.Usage + " (" + s.Name() + ")",
+				Value: f.Value, DefValue: f.DefValue, NoOptDefVal: f.NoOptDefVal})
+		})
 	}
 	opts.AddFlags(root.PersistentFlags())
-	// `csi-sidecars --version`, beside the subcommands' --version, as upstream's binaries.
-	root.RunE = func(cmd *cobra.Command, _ []string) error {
-		if opts.ShowVersion {
-			fmt.Fprintln(cmd.OutOrStdout(), name, version)
+	root.Flags().StringSliceVar(&controllers, "controllers", nil, "Run these sidecars in one process, for example attacher,provisioner,resizer: one CSI connection, one HTTP server, shared informers, a Lease per sidecar. Their own flags take the sidecar's name as prefix (--attacher-worker-threads).")
+	selected := func() ([]Sidecar, error) {
+		var out []Sidecar
+		for _, c := range controllers {
+			i := slices.IndexFunc(sidecars, func(s Sidecar) bool { return s.Name() == strings.TrimSpace(c) })
+			if i < 0 {
+				return nil, fmt.Errorf("--controllers: unknown sidecar %q", c)
+			}
+			if !slices.Contains(out, sidecars[i]) {
+				out = append(out, sidecars[i])
+			}
+		}
+		return out, nil
+	}
+	root.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		if opts.ShowVersion || len(controllers) == 0 {
 			return nil
 		}
-		return cmd.Help()
+		run, err := selected()
+		if err != nil {
+			return UsageError{err}
+		}
+		return validate(cmd, opts, run)
+	}
+	root.RunE = func(cmd *cobra.Command, _ []string) error {
+		switch {
+		case opts.ShowVersion:
+			// `csi-sidecars --version`, beside the subcommands' --version, as upstream's binaries.
+			fmt.Fprintln(cmd.OutOrStdout(), name, version)
+			return nil
+		case len(controllers) == 0:
+			return cmd.Help()
+		}
+		run, err := selected()
+		if err != nil {
+			return UsageError{err}
+		}
+		return runSidecars(cmd, opts, run)
 	}
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
@@ -63,56 +107,76 @@ func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 	return root
 }
 
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return UsageError{fmt.Errorf("unexpected arguments %q", args)}
+	}
+	return nil
+}
+
 func sidecarCommand(opts *Options, s Sidecar, version string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   s.Name(),
 		Short: "Run the " + s.Name() + " sidecar",
-		Args: func(_ *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return UsageError{fmt.Errorf("unexpected arguments %q", args)}
-			}
-			return nil
-		},
+		Args:  noArgs,
 		// Everything that can refuse the flags runs here, before anything connects.
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.ShowVersion {
 				return nil
 			}
-			if err := opts.Validate(); err != nil {
-				return UsageError{err}
-			}
-			// klog is process-wide: a dry run (ValidateArgs) checks it but must not apply it.
-			if cmd.Context() == nil || cmd.Context().Value(dryRun{}) == nil {
-				if err := opts.ApplyLogging(); err != nil {
-					return UsageError{err}
-				}
-			}
-			if v, ok := s.(FlagValidator); ok {
-				if err := v.ValidateFlags(); err != nil {
-					return UsageError{err}
-				}
-			}
-			return nil
+			return validate(cmd, opts, []Sidecar{s})
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.ShowVersion {
 				fmt.Fprintln(cmd.OutOrStdout(), cmd.Root().Name(), version)
 				return nil
 			}
-			ctx := klog.NewContext(cmd.Context(), klog.Background())
-			if opts.Automaxprocs {
-				if _, err := maxprocs.Set(maxprocs.Logger(klog.Infof)); err != nil {
-					klog.FromContext(ctx).Error(err, "Cannot set GOMAXPROCS from the CPU quota")
-				}
-			}
-			if code := Run(ctx, opts, s); code != ExitOK {
-				return exitCode(code)
-			}
-			return nil
+			return runSidecars(cmd, opts, []Sidecar{s})
 		},
 	}
 	s.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// validate runs every check that can refuse the flags of these sidecars: the shared ones,
+// then each sidecar's own (named after it when there are several).
+func validate(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
+	if err := opts.Validate(); err != nil {
+		return UsageError{err}
+	}
+	// klog is process-wide: a dry run (ValidateArgs) checks it but must not apply it.
+	if cmd.Context() == nil || cmd.Context().Value(dryRun{}) == nil {
+		if err := opts.ApplyLogging(); err != nil {
+			return UsageError{err}
+		}
+	}
+	for _, s := range sidecars {
+		v, ok := s.(FlagValidator)
+		if !ok {
+			continue
+		}
+		if err := v.ValidateFlags(); err != nil {
+			if len(sidecars) > 1 {
+				err = fmt.Errorf("%s: %w", s.Name(), err)
+			}
+			return UsageError{err}
+		}
+	}
+	return nil
+}
+
+// runSidecars runs the sidecars in this process until it should end.
+func runSidecars(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
+	ctx := klog.NewContext(cmd.Context(), klog.Background())
+	if opts.Automaxprocs {
+		if _, err := maxprocs.Set(maxprocs.Logger(klog.Infof)); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot set GOMAXPROCS from the CPU quota")
+		}
+	}
+	if code := Run(ctx, opts, sidecars...); code != ExitOK {
+		return exitCode(code)
+	}
+	return nil
 }
 
 // ValidateArgs parses args (without the program name) for root's subcommand and runs every
@@ -132,7 +196,7 @@ func ValidateArgs(root *cobra.Command, args []string) error {
 		}
 	}
 	if cmd.PreRunE == nil {
-		return fmt.Errorf("%q is not a sidecar", cmd.Name())
+		return fmt.Errorf("%q runs no sidecar", cmd.Name())
 	}
 	cmd.SetContext(context.WithValue(context.Background(), dryRun{}, true))
 	return cmd.PreRunE(cmd, cmd.Flags().Args())
