@@ -11,10 +11,13 @@
 //
 // It never handles signals, Leases or process exit, and keeps no package-level state.
 //
+// A detach removes the finalizer before it writes the status, as upstream, so a crash
+// between the two writes never repeats ControllerUnpublishVolume.
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that
-// would be visible for an instant only; see patch.go.
+// could only fail with NotFound; see patch.go.
 package attacher
 
 import (

@@ -356,18 +356,17 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 	}
 	logger.V(2).Info("Detached")
 	written, err := c.markDetached(ctx, va)
-	if err != nil {
-		return err
-	}
 	if len(written) > 0 {
 		// The last write is the current copy; the object we started from and every earlier
-		// write are copies a stale cache may still hand us. (Built in a new slice: appending
+		// write are copies a stale cache may still hand us. Recorded even when the status
+		// write failed after the finalizer was removed: a retry from the stale copy, which
+		// still shows the finalizer, would unpublish again. (Built in a new slice: appending
 		// to written[:last] would overwrite the last write before it is read.)
 		latest := written[len(written)-1]
 		replaced := append([]*storagev1.VolumeAttachment{va}, written[:len(written)-1]...)
 		c.settled(va.Name, latest, replaced...)
 	}
-	return nil
+	return err
 }
 
 func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment) error {

@@ -307,14 +307,49 @@ func TestDetach(t *testing.T) {
 			},
 		},
 		{
-			name:       "with another finalizer left, writes attached=false first",
+			name:       "with another finalizer left, removes ours first, then writes attached=false",
 			va:         newVA("va", "pv", attachedWith("other/finalizer", ourFinalizer), deleting),
 			wantCall:   true,
 			wantNodeID: testNodeID,
-			wantWrites: []string{"patch volumeattachments/status", "patch volumeattachments"},
+			wantWrites: []string{"patch volumeattachments", "patch volumeattachments/status"},
 			check: func(t *testing.T, va *storagev1.VolumeAttachment) {
 				wantTrue(t, "only the other finalizer left", slices.Equal(va.Finalizers, []string{"other/finalizer"}))
 				wantTrue(t, "detached, metadata cleared", !va.Status.Attached && va.Status.AttachmentMetadata == nil)
+			},
+		},
+		{
+			name:       "a stale detachError is cleared when the VolumeAttachment stays",
+			va:         newVA("va", "pv", attachedWith("other/finalizer", ourFinalizer), deleting, withDetachError),
+			wantCall:   true,
+			wantNodeID: testNodeID,
+			wantWrites: []string{"patch volumeattachments", "patch volumeattachments/status"},
+			check: func(t *testing.T, va *storagev1.VolumeAttachment) {
+				wantTrue(t, "detachError cleared", va.Status.DetachError == nil)
+				wantTrue(t, "only the other finalizer left, detached", slices.Equal(va.Finalizers, []string{"other/finalizer"}) && !va.Status.Attached)
+			},
+		},
+		{
+			name: "a stale detachError is cleared also when attached was already false",
+			va: newVA("va", "pv", attachedWith("other/finalizer", ourFinalizer), deleting, withDetachError, func(va *storagev1.VolumeAttachment) {
+				va.Status.Attached = false
+				va.Status.AttachmentMetadata = nil
+			}),
+			wantCall:   true,
+			wantNodeID: testNodeID,
+			wantWrites: []string{"patch volumeattachments", "patch volumeattachments/status"},
+			check: func(t *testing.T, va *storagev1.VolumeAttachment) {
+				wantTrue(t, "detachError cleared", va.Status.DetachError == nil)
+				wantTrue(t, "only the other finalizer left", slices.Equal(va.Finalizers, []string{"other/finalizer"}))
+			},
+		},
+		{
+			name:       "with a stale detachError and the last finalizer, the finalizer removal is the only write",
+			va:         newVA("va", "pv", attachedWith(ourFinalizer), deleting, withDetachError),
+			wantCall:   true,
+			wantNodeID: testNodeID,
+			wantWrites: []string{"patch volumeattachments"},
+			check: func(t *testing.T, va *storagev1.VolumeAttachment) {
+				wantTrue(t, "finalizer removed", len(va.Finalizers) == 0)
 			},
 		},
 		{
@@ -386,6 +421,51 @@ func TestDetach(t *testing.T) {
 				tc.check(t, f.va("va"))
 			}
 		})
+	}
+}
+
+// A detach that stops between its two writes (the status write fails, or the process dies
+// there) has already removed the finalizer: neither a retry nor a new process unpublishes
+// the volume again. With the status written first, the finalizer would still be there and
+// the next sync would call ControllerUnpublishVolume a second time.
+func TestDetachStoppedBetweenWritesDoesNotUnpublishAgain(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	objs := []runtime.Object{
+		newPV("pv", volID, withFinalizer),
+		newVA("va", "pv", attachedWith("other/finalizer", ourFinalizer), deleting),
+		newCSINode(testNode, testNodeID),
+	}
+	f := newFixture(t, defaultConfig(), backend, objs...)
+	publishDirectly(t, f, volID, testNodeID)
+	f.kube.PrependReactor("patch", "volumeattachments", failStatusOnce())
+
+	if err := f.sync("va"); err == nil {
+		t.Fatal("sync returned nil, want the status write's error (requeue)")
+	}
+	if got, want := f.writes(), []string{"patch volumeattachments", "patch volumeattachments/status"}; !slices.Equal(got, want) {
+		t.Fatalf("API writes %q, want %q: the finalizer first, then the (failed) status", got, want)
+	}
+	stored := f.va("va")
+	if hasFinalizer(stored.Finalizers, ourFinalizer) {
+		t.Fatalf("finalizers %v after the failed status write, want ours removed", stored.Finalizers)
+	}
+
+	// The same controller retries once its cache shows the write.
+	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return !hasFinalizer(va.Finalizers, ourFinalizer) })
+	if err := f.sync("va"); err != nil {
+		t.Errorf("retry: %v", err)
+	}
+	// A new process starts from what the API server holds.
+	restarted := newFixture(t, defaultConfig(), backend, f.pv("pv"), stored, newCSINode(testNode, testNodeID))
+	if err := restarted.sync("va"); err != nil {
+		t.Errorf("sync after a restart: %v", err)
+	}
+
+	if n := countCalls(backend.Journal(), testdriver.MethodControllerUnpublishVolume); n != 1 {
+		t.Errorf("%d ControllerUnpublishVolume calls, want 1", n)
+	}
+	if v, _ := backend.Volume(volID); len(v.Published) != 0 {
+		t.Errorf("driver: still published to %v", v.Published)
 	}
 }
 

@@ -316,3 +316,8 @@ func attachedWith(finalizers ...string) func(*storagev1.VolumeAttachment) {
 		va.Status.AttachmentMetadata = map[string]string{"devicePath": "/dev/x"}
 	}
 }
+
+// withDetachError leaves the error of an earlier failed detach in the status.
+func withDetachError(va *storagev1.VolumeAttachment) {
+	va.Status.DetachError = &storagev1.VolumeError{Message: "earlier attempt failed", Time: metav1.Now()}
+}
