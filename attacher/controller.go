@@ -60,7 +60,17 @@ type config struct {
 	reconcile bool
 	// errorCodes records the gRPC code in attachError (MutableCSINodeAllocatableCount).
 	errorCodes bool
+	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
+	queueMetrics workqueue.MetricsProvider
 }
+
+// Upstream's queue names (NewCSIAttachController): they label client-go's process-wide
+// workqueue metrics (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of
+// the process uses them.
+const (
+	vaQueueName = "csi-attacher-va"
+	pvQueueName = "csi-attacher-pv"
+)
 
 // Controller attaches and detaches the VolumeAttachments of one driver.
 type Controller struct {
@@ -102,11 +112,9 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		forceSync: map[string]bool{},
 		finished:  map[string]map[string]bool{},
 	}
-	// Queue names are upstream's: they label client-go's process-wide workqueue metrics,
-	// and no other sidecar uses them.
 	c.vaQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-va"})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: vaQueueName, MetricsProvider: cfg.queueMetrics})
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -117,11 +125,13 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		return nil, fmt.Errorf("watching VolumeAttachments: %w", err)
 	}
 	if cfg.trivial {
+		// No PV queue: the trivial handler puts no finalizer on PVs (upstream creates the
+		// queue anyway, so its workqueue series exist there with nothing to do).
 		return c, nil
 	}
 	c.pvQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-pv"})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: pvQueueName, MetricsProvider: cfg.queueMetrics})
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{

@@ -647,6 +647,31 @@ func TestTrivialHandler(t *testing.T) {
 	}
 }
 
+// The queues report client-go's workqueue metrics under upstream's names (dashboards
+// select on them); the trivial handler has no PV queue.
+func TestQueueNamesAreUpstreams(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		trivial bool
+		want    []string
+	}{
+		{name: "publishing driver", want: []string{"csi-attacher-va", "csi-attacher-pv"}},
+		{name: "trivial handler", trivial: true, want: []string{"csi-attacher-va"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			names := &queueRecorder{}
+			cfg := defaultConfig()
+			cfg.trivial = tc.trivial
+			cfg.queueMetrics = names
+			backend, _ := newBackendWithVolume(t)
+			newFixture(t, cfg, backend)
+			if got := names.list(); !slices.Equal(got, tc.want) {
+				t.Errorf("queues %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 // Helpers.
 
 // standard is a PV for the volume with context and mount options, its VolumeAttachment and
