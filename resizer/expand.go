@@ -19,6 +19,8 @@ import (
 type expansionConfig struct {
 	writer
 	expander        expander
+	queueName       string
+	queueMetrics    workqueue.MetricsProvider // nil: client-go's process-wide provider
 	informers       informers.SharedInformerFactory
 	resync          time.Duration
 	retryStart      time.Duration
@@ -54,7 +56,7 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 		recoverFailures: cfg.recoverFailures,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-pvc"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them).

@@ -33,6 +33,8 @@ const (
 type modifyConfig struct {
 	writer
 	modifier      *modifier
+	queueName     string
+	queueMetrics  workqueue.MetricsProvider // nil: client-go's process-wide provider
 	informers     informers.SharedInformerFactory
 	resync        time.Duration
 	retryStart    time.Duration
@@ -62,7 +64,7 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		extraMetadata: cfg.extraMetadata,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-modify-pvc"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them);
