@@ -20,7 +20,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -30,12 +29,6 @@ import (
 // apiBudget is how long the API reads and writes of one sync may take on top of the CSI
 // call's --timeout.
 const apiBudget = time.Minute
-
-// Event reasons of failed CSI calls, recorded on the VolumeAttachment.
-const (
-	reasonAttachFailed = "AttachFailed"
-	reasonDetachFailed = "DetachFailed"
-)
 
 // config is what the controller is told: flags and what the driver can do.
 type config struct {
@@ -75,10 +68,9 @@ const (
 // Controller attaches and detaches the VolumeAttachments of one driver.
 type Controller struct {
 	config
-	kube     kubernetes.Interface
-	csi      csi.ControllerClient
-	recorder record.EventRecorder
-	tr       translator
+	kube kubernetes.Interface
+	csi  csi.ControllerClient
+	tr   translator
 	// ops is the parent of every sync's context: CSI call and the writes recording it (P1).
 	ops context.Context
 
@@ -101,12 +93,11 @@ type Controller struct {
 
 // newController builds the controller and registers its handlers on factory. Handlers only
 // enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
-func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, recorder record.EventRecorder, tr translator, ops context.Context) (*Controller, error) {
+func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, tr translator, ops context.Context) (*Controller, error) {
 	c := &Controller{
 		config:    cfg,
 		kube:      kube,
 		csi:       csi.NewControllerClient(conn),
-		recorder:  recorder,
 		tr:        tr,
 		ops:       ops,
 		forceSync: map[string]bool{},
@@ -261,7 +252,7 @@ func (c *Controller) syncAttach(ctx context.Context, va *storagev1.VolumeAttachm
 	logger.V(2).Info("Attaching")
 	va, metadata, err := c.attach(ctx, va)
 	if err != nil {
-		c.recordFailure(ctx, va, err, reasonAttachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+		c.recordFailure(ctx, va, err, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
 			s.AttachError = ve
 		})
 		return fmt.Errorf("failed to attach: %w", err)
@@ -358,7 +349,7 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 	logger := klog.FromContext(ctx)
 	logger.V(2).Info("Detaching")
 	if err := c.detach(ctx, va); err != nil {
-		c.recordFailure(ctx, va, err, reasonDetachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+		c.recordFailure(ctx, va, err, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
 			ve.ErrorCode = nil // upstream records the code of attach errors only
 			s.DetachError = ve
 		})
@@ -410,17 +401,18 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 	return err
 }
 
-// recordFailure writes the error into the status (set puts it in place) and, when the
-// driver certainly stopped working on it, records an Event. A failed write is only
-// logged: the error is retried anyway.
-func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, reason string, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
+// recordFailure writes the error into the status (set puts it in place). A failed write
+// is only logged: the error is retried anyway.
+//
+// No Event, as upstream: the status is where the error is read. kube-controller-manager
+// waits on that status and reports a failed attach as a FailedAttachVolume Event on the
+// Pods that wait for the volume, where users look; and upstream's RBAC, which drop-in users
+// keep, does not grant the attacher events at all.
+func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
 	clone := va.DeepCopy()
 	set(&clone.Status, volumeError(err, c.errorCodes, metav1.Now()))
 	if _, saveErr := c.patchVA(ctx, va, clone, true); saveErr != nil {
 		klog.FromContext(ctx).V(2).Info("Failed to save the error", "err", saveErr.Error())
-	}
-	if lifecycle.IsFinalError(err) {
-		c.recorder.Event(va, corev1.EventTypeWarning, reason, err.Error())
 	}
 }
 

@@ -21,7 +21,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	csitrans "k8s.io/csi-translation-lib"
 
@@ -41,7 +40,6 @@ type fixture struct {
 	ctrl    *Controller
 	backend *testdriver.Backend
 	csi     *recordingClient
-	events  *record.FakeRecorder
 }
 
 // defaultConfig is the configuration of a driver with every capability the attacher uses.
@@ -71,8 +69,7 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 		cancel()
 		factory.Shutdown()
 	})
-	events := record.NewFakeRecorder(100)
-	ctrl, err := newController(cfg, kube, factory, conn, events, csitrans.New(), ops)
+	ctrl, err := newController(cfg, kube, factory, conn, csitrans.New(), ops)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +81,7 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 			t.Fatalf("cache of %v not synced", typ)
 		}
 	}
-	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec, events: events}
+	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec}
 }
 
 // serve serves backend on a new UNIX socket and returns a connection to it.
@@ -167,19 +164,6 @@ func (f *fixture) writes() []string {
 		out = append(out, w)
 	}
 	return out
-}
-
-// drainEvents returns the events recorded so far.
-func (f *fixture) drainEvents() []string {
-	var out []string
-	for {
-		select {
-		case e := <-f.events.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
 }
 
 // waitFor waits until cond holds.
