@@ -11,10 +11,13 @@
 //
 // It never handles signals, Leases or process exit, and keeps no package-level state.
 //
+// A detach removes the finalizer before it writes the status, as upstream, so a crash
+// between the two writes never repeats ControllerUnpublishVolume.
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that
-// would be visible for an instant only; see patch.go.
+// could only fail with NotFound; see patch.go.
 package attacher
 
 import (
@@ -24,8 +27,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/pflag"
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/component-base/featuregate"
 	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
@@ -131,8 +132,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	case cfg.reconcile:
 		logger.Info("CSI driver lists published nodes: reconciling VolumeAttachments with it", "driver", env.DriverName, "reconcileSync", cfg.reconcileSync)
 	}
-	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "csi-attacher " + env.DriverName})
-	ctrl, err := newController(cfg, env.Kube, env.Informers, env.CSI, recorder, csitrans.New(), env.Ops())
+	// No event recorder: upstream's attacher records no Events (see recordFailure).
+	ctrl, err := newController(cfg, env.Kube, env.Informers, env.CSI, csitrans.New(), env.Ops())
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -320,4 +323,81 @@ func countCalls(calls []testdriver.Call, method string) int {
 		}
 	}
 	return n
+}
+
+// Upstream's attacher records no Events: failed attaches and detaches are recorded in the
+// VolumeAttachment's status only (kube-controller-manager turns a failed attach into an
+// Event on the Pod). The sidecar as the core builds it, with the process's broadcaster,
+// records none either, final driver errors included.
+func TestFailuresAreRecordedInStatusNotEvents(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	kube := fake.NewClientset(
+		newPV("pv", volID, withFinalizer), newCSINode(testNode, testNodeID),
+		newVA("attach", "pv"),
+		newVA("detach", "pv", attachedWith(ourFinalizer), deleting),
+	)
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	events := &recordingBroadcaster{recorder: record.NewFakeRecorder(100)}
+	env := lifecycle.Env{
+		Kube: kube, Informers: factory, Events: events, CSI: serve(t, backend), DriverName: testDriver,
+		PluginCapabilities:     rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true},
+		ControllerCapabilities: rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME: true},
+	}.WithOps(context.Background())
+	s := New()
+	fs := pflag.NewFlagSet("attacher", pflag.ContinueOnError)
+	s.AddFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Setup(env); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+	for _, fault := range []testdriver.Fault{
+		{Method: testdriver.MethodControllerPublishVolume, Code: codes.NotFound},
+		{Method: testdriver.MethodControllerUnpublishVolume, Code: codes.Internal},
+	} {
+		if err := backend.InjectFault(fault); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := s.ctrl.syncVA("attach"); err == nil {
+		t.Error("attach: sync returned nil, want the driver's error")
+	}
+	if err := s.ctrl.syncVA("detach"); err == nil {
+		t.Error("detach: sync returned nil, want the driver's error")
+	}
+
+	for name, got := range map[string]func(storagev1.VolumeAttachmentStatus) *storagev1.VolumeError{
+		"attach": func(s storagev1.VolumeAttachmentStatus) *storagev1.VolumeError { return s.AttachError },
+		"detach": func(s storagev1.VolumeAttachmentStatus) *storagev1.VolumeError { return s.DetachError },
+	} {
+		va, err := kube.StorageV1().VolumeAttachments().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ve := got(va.Status); ve == nil || !strings.Contains(ve.Message, "injected") {
+			t.Errorf("%s: status %+v, want the driver's error recorded", name, va.Status)
+		}
+	}
+	if n := len(events.recorder.Events); n != 0 || events.recorders != 0 {
+		t.Errorf("%d events from %d recorders, want none: upstream records no Events", n, events.recorders)
+	}
+}
+
+// recordingBroadcaster hands out one FakeRecorder and counts the recorders asked for; the
+// embedded broadcaster is nil, nothing else of it is used.
+type recordingBroadcaster struct {
+	record.EventBroadcaster
+	recorder  *record.FakeRecorder
+	recorders int
+}
+
+func (b *recordingBroadcaster) NewRecorder(*runtime.Scheme, corev1.EventSource) record.EventRecorderLogger {
+	b.recorders++
+	return b.recorder
 }

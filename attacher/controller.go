@@ -20,7 +20,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -30,12 +29,6 @@ import (
 // apiBudget is how long the API reads and writes of one sync may take on top of the CSI
 // call's --timeout.
 const apiBudget = time.Minute
-
-// Event reasons of failed CSI calls, recorded on the VolumeAttachment.
-const (
-	reasonAttachFailed = "AttachFailed"
-	reasonDetachFailed = "DetachFailed"
-)
 
 // config is what the controller is told: flags and what the driver can do.
 type config struct {
@@ -60,15 +53,24 @@ type config struct {
 	reconcile bool
 	// errorCodes records the gRPC code in attachError (MutableCSINodeAllocatableCount).
 	errorCodes bool
+	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
+	queueMetrics workqueue.MetricsProvider
 }
+
+// Upstream's queue names (NewCSIAttachController): they label client-go's process-wide
+// workqueue metrics (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of
+// the process uses them.
+const (
+	vaQueueName = "csi-attacher-va"
+	pvQueueName = "csi-attacher-pv"
+)
 
 // Controller attaches and detaches the VolumeAttachments of one driver.
 type Controller struct {
 	config
-	kube     kubernetes.Interface
-	csi      csi.ControllerClient
-	recorder record.EventRecorder
-	tr       translator
+	kube kubernetes.Interface
+	csi  csi.ControllerClient
+	tr   translator
 	// ops is the parent of every sync's context: CSI call and the writes recording it (P1).
 	ops context.Context
 
@@ -91,22 +93,19 @@ type Controller struct {
 
 // newController builds the controller and registers its handlers on factory. Handlers only
 // enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
-func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, recorder record.EventRecorder, tr translator, ops context.Context) (*Controller, error) {
+func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, tr translator, ops context.Context) (*Controller, error) {
 	c := &Controller{
 		config:    cfg,
 		kube:      kube,
 		csi:       csi.NewControllerClient(conn),
-		recorder:  recorder,
 		tr:        tr,
 		ops:       ops,
 		forceSync: map[string]bool{},
 		finished:  map[string]map[string]bool{},
 	}
-	// Queue names are upstream's: they label client-go's process-wide workqueue metrics,
-	// and no other sidecar uses them.
 	c.vaQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-va"})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: vaQueueName, MetricsProvider: cfg.queueMetrics})
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -117,11 +116,13 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		return nil, fmt.Errorf("watching VolumeAttachments: %w", err)
 	}
 	if cfg.trivial {
+		// No PV queue: the trivial handler puts no finalizer on PVs (upstream creates the
+		// queue anyway, so its workqueue series exist there with nothing to do).
 		return c, nil
 	}
 	c.pvQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "csi-attacher-pv"})
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: pvQueueName, MetricsProvider: cfg.queueMetrics})
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -251,7 +252,7 @@ func (c *Controller) syncAttach(ctx context.Context, va *storagev1.VolumeAttachm
 	logger.V(2).Info("Attaching")
 	va, metadata, err := c.attach(ctx, va)
 	if err != nil {
-		c.recordFailure(ctx, va, err, reasonAttachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+		c.recordFailure(ctx, va, err, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
 			s.AttachError = ve
 		})
 		return fmt.Errorf("failed to attach: %w", err)
@@ -348,7 +349,7 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 	logger := klog.FromContext(ctx)
 	logger.V(2).Info("Detaching")
 	if err := c.detach(ctx, va); err != nil {
-		c.recordFailure(ctx, va, err, reasonDetachFailed, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
+		c.recordFailure(ctx, va, err, func(s *storagev1.VolumeAttachmentStatus, ve *storagev1.VolumeError) {
 			ve.ErrorCode = nil // upstream records the code of attach errors only
 			s.DetachError = ve
 		})
@@ -356,18 +357,17 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 	}
 	logger.V(2).Info("Detached")
 	written, err := c.markDetached(ctx, va)
-	if err != nil {
-		return err
-	}
 	if len(written) > 0 {
 		// The last write is the current copy; the object we started from and every earlier
-		// write are copies a stale cache may still hand us. (Built in a new slice: appending
+		// write are copies a stale cache may still hand us. Recorded even when the status
+		// write failed after the finalizer was removed: a retry from the stale copy, which
+		// still shows the finalizer, would unpublish again. (Built in a new slice: appending
 		// to written[:last] would overwrite the last write before it is read.)
 		latest := written[len(written)-1]
 		replaced := append([]*storagev1.VolumeAttachment{va}, written[:len(written)-1]...)
 		c.settled(va.Name, latest, replaced...)
 	}
-	return nil
+	return err
 }
 
 func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment) error {
@@ -401,17 +401,18 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 	return err
 }
 
-// recordFailure writes the error into the status (set puts it in place) and, when the
-// driver certainly stopped working on it, records an Event. A failed write is only
-// logged: the error is retried anyway.
-func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, reason string, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
+// recordFailure writes the error into the status (set puts it in place). A failed write
+// is only logged: the error is retried anyway.
+//
+// No Event, as upstream: the status is where the error is read. kube-controller-manager
+// waits on that status and reports a failed attach as a FailedAttachVolume Event on the
+// Pods that wait for the volume, where users look; and upstream's RBAC, which drop-in users
+// keep, does not grant the attacher events at all.
+func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
 	clone := va.DeepCopy()
 	set(&clone.Status, volumeError(err, c.errorCodes, metav1.Now()))
 	if _, saveErr := c.patchVA(ctx, va, clone, true); saveErr != nil {
 		klog.FromContext(ctx).V(2).Info("Failed to save the error", "err", saveErr.Error())
-	}
-	if lifecycle.IsFinalError(err) {
-		c.recorder.Event(va, corev1.EventTypeWarning, reason, err.Error())
 	}
 }
 

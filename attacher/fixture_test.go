@@ -3,6 +3,7 @@ package attacher
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	csitrans "k8s.io/csi-translation-lib"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -39,7 +40,6 @@ type fixture struct {
 	ctrl    *Controller
 	backend *testdriver.Backend
 	csi     *recordingClient
-	events  *record.FakeRecorder
 }
 
 // defaultConfig is the configuration of a driver with every capability the attacher uses.
@@ -69,8 +69,7 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 		cancel()
 		factory.Shutdown()
 	})
-	events := record.NewFakeRecorder(100)
-	ctrl, err := newController(cfg, kube, factory, conn, events, csitrans.New(), ops)
+	ctrl, err := newController(cfg, kube, factory, conn, csitrans.New(), ops)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +81,7 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 			t.Fatalf("cache of %v not synced", typ)
 		}
 	}
-	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec, events: events}
+	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec}
 }
 
 // serve serves backend on a new UNIX socket and returns a connection to it.
@@ -165,19 +164,6 @@ func (f *fixture) writes() []string {
 		out = append(out, w)
 	}
 	return out
-}
-
-// drainEvents returns the events recorded so far.
-func (f *fixture) drainEvents() []string {
-	var out []string
-	for {
-		select {
-		case e := <-f.events.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
 }
 
 // waitFor waits until cond holds.
@@ -316,3 +302,45 @@ func attachedWith(finalizers ...string) func(*storagev1.VolumeAttachment) {
 		va.Status.AttachmentMetadata = map[string]string{"devicePath": "/dev/x"}
 	}
 }
+
+// withDetachError leaves the error of an earlier failed detach in the status.
+func withDetachError(va *storagev1.VolumeAttachment) {
+	va.Status.DetachError = &storagev1.VolumeError{Message: "earlier attempt failed", Time: metav1.Now()}
+}
+
+// queueRecorder is a workqueue.MetricsProvider that records the names of the queues that
+// report to it, in order.
+type queueRecorder struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (q *queueRecorder) list() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.names)
+}
+
+func (q *queueRecorder) NewDepthMetric(name string) workqueue.GaugeMetric {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.names = append(q.names, name)
+	return noopMetric{}
+}
+func (*queueRecorder) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
+func (*queueRecorder) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
+func (*queueRecorder) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
+func (*queueRecorder) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return noopMetric{}
+}
+func (*queueRecorder) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return noopMetric{}
+}
+func (*queueRecorder) NewRetriesMetric(string) workqueue.CounterMetric { return noopMetric{} }
+
+type noopMetric struct{}
+
+func (noopMetric) Inc()            {}
+func (noopMetric) Dec()            {}
+func (noopMetric) Set(float64)     {}
+func (noopMetric) Observe(float64) {}

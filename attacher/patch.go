@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
@@ -80,39 +81,58 @@ func (c *Controller) markAttached(ctx context.Context, va *storagev1.VolumeAttac
 	return c.patchVA(ctx, va, clone, true)
 }
 
-// markDetached records a successful unpublish and removes the finalizer. It returns the
-// objects it wrote, in order.
+// markDetached records a successful unpublish: it removes our finalizer, then writes the
+// status (attached false, no metadata, no detachError). It returns the objects it wrote,
+// in order, also when a later write failed.
 //
-// Fewer writes than upstream: when the VolumeAttachment is being deleted and ours is its
-// last finalizer, removing it deletes the object, so the separate "attached: false" status
-// write upstream makes first would be visible only for the instant before the object
-// disappears; it is skipped. With other finalizers left the object stays, so the status
-// is written first, as upstream does.
+// The order is upstream's, and it is what makes a crash (or a failed write) between the two
+// writes harmless: a VolumeAttachment being deleted without our finalizer counts as
+// detached whatever its status says, so no later sync unpublishes it again. The other order
+// leaves "finalizer present, attached: false" behind, which is also what an attach that
+// timed out looks like, so the next sync would call ControllerUnpublishVolume a second time.
+//
+// The status write follows every finalizer removal, so a detachError left by a failed
+// earlier attempt is cleared on a VolumeAttachment that stays (another finalizer keeps it),
+// even when it no longer said attached.
+//
+// Fewer writes than upstream: when removing ours deletes the VolumeAttachment (being
+// deleted, ours its last finalizer), the status write could only fail with NotFound
+// (upstream sends it and ignores that), so it is skipped; and a status that is already
+// right is not written again (upstream sends an empty patch).
 func (c *Controller) markDetached(ctx context.Context, va *storagev1.VolumeAttachment) ([]*storagev1.VolumeAttachment, error) {
 	finalizer := finalizerName(c.driver)
 	has := hasFinalizer(va.Finalizers, finalizer)
-	remaining := withoutFinalizer(va.Finalizers, finalizer)
-	goesAway := va.DeletionTimestamp != nil && has && len(remaining) == 0
-	var written []*storagev1.VolumeAttachment
-	if va.Status.Attached && !goesAway {
-		clone := va.DeepCopy()
-		clone.Status.Attached = false
-		clone.Status.DetachError = nil
-		clone.Status.AttachmentMetadata = nil
-		var err error
-		if va, err = c.patchVA(ctx, va, clone, true); err != nil {
-			return written, fmt.Errorf("could not mark as detached: %w", err)
-		}
-		written = append(written, va)
+	if !has && !va.Status.Attached {
+		return nil, nil // as upstream: nothing of ours left to undo
 	}
+	var written []*storagev1.VolumeAttachment
 	if has {
+		remaining := withoutFinalizer(va.Finalizers, finalizer)
 		clone := va.DeepCopy()
 		clone.Finalizers = remaining
-		va, err := c.patchVA(ctx, va, clone, false)
+		updated, err := c.patchVA(ctx, va, clone, false)
 		if err != nil {
 			return written, fmt.Errorf("could not remove the finalizer: %w", err)
 		}
-		written = append(written, va)
+		written = append(written, updated)
+		if va.DeletionTimestamp != nil && len(remaining) == 0 {
+			return written, nil // the API server deletes it now
+		}
+		va = updated
+	}
+	clone := va.DeepCopy()
+	clone.Status.Attached = false
+	clone.Status.DetachError = nil
+	clone.Status.AttachmentMetadata = nil
+	updated, err := c.patchVA(ctx, va, clone, true)
+	if apierrors.IsNotFound(err) {
+		return written, nil // deleted meanwhile: nothing left to record
+	}
+	if err != nil {
+		return written, fmt.Errorf("could not mark as detached: %w", err)
+	}
+	if updated != va {
+		written = append(written, updated)
 	}
 	return written, nil
 }

@@ -11,7 +11,8 @@
 //   - modification (modify.go): a PVC whose spec.volumeAttributesClassName differs from its
 //     status gets ControllerModifyVolume with the class's parameters, and
 //     status.modifyVolumeStatus, status.currentVolumeAttributesClassName and the PV's class
-//     are recorded; an Infeasible change can be rolled back.
+//     are recorded; an Infeasible change can be rolled back, and one the user withdraws
+//     (class cleared) while it does not run is marked cancelled (VolumeModifyCanceled).
 //
 // Every CSI call and the API writes that record its outcome run on the core's Ops() context,
 // never on intake, so a SIGTERM lets them finish and be recorded (P1).
@@ -22,7 +23,9 @@
 // condition keeps its lastTransitionTime, the error condition and the Infeasible status of a
 // failed modification go in one patch instead of two, and a PVC that failed because a Pod
 // uses it (offline-only driver) is retried when that Pod goes away instead of on a backoff
-// timer that writes an event on every attempt.
+// timer that writes an event on every attempt. One event upstream does not write: a
+// modification that fails before the driver is called (its secret cannot be read) records
+// VolumeModifyFailed, because nothing in the status says why the PVC stays InProgress.
 //
 // Both controllers read PVCs and PVs through their own writes (a client-go mutation cache
 // over the shared informers' stores): a sync that comes before the informer shows what the

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -19,6 +20,8 @@ import (
 type expansionConfig struct {
 	writer
 	expander        expander
+	queueName       string
+	queueMetrics    workqueue.MetricsProvider // nil: client-go's process-wide provider
 	informers       informers.SharedInformerFactory
 	resync          time.Duration
 	retryStart      time.Duration
@@ -54,7 +57,7 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 		recoverFailures: cfg.recoverFailures,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-pvc"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them).
@@ -217,18 +220,28 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 	}
 	if nodeExpansion {
 		if _, err := c.patchClaim(pvc, markNodePending(pvc, c.recoverFailures), true); err != nil {
-			return fmt.Errorf("marking PVC %s as waiting for node expansion: %w", key, err)
+			return c.markFailed(pvc, fmt.Errorf("mark PVC %q as node expansion required failed: %w", key, err))
 		}
 		c.recorder.Event(pvc, v1.EventTypeNormal, reasonFSResizeRequired, "Require file system resize of volume on node")
 		logger.V(2).Info("Volume expanded, node expansion required", "pv", pv.Name, "size", size.String())
 		return nil
 	}
 	if _, err := c.patchClaim(pvc, markFinished(pvc, size), true); err != nil {
-		return fmt.Errorf("marking PVC %s as resized: %w", key, err)
+		return c.markFailed(pvc, fmt.Errorf("mark PVC %q as resize finished failed: %w", key, err))
 	}
 	c.recorder.Event(pvc, v1.EventTypeNormal, reasonResizeSucceeded, "Resize volume succeeded")
 	logger.V(2).Info("Volume expanded", "pv", pv.Name, "size", size.String())
 	return nil
+}
+
+// markFailed reports that the volume was expanded but recording it on the PVC failed, as
+// upstream: a VolumeResizeFailed event (without RecoverVolumeExpansionFailure upstream
+// leaves conflicts out, as retried silently), and err for a retry.
+func (c *expansionController) markFailed(pvc *v1.PersistentVolumeClaim, err error) error {
+	if c.recoverFailures || !apierrors.IsConflict(err) {
+		c.recorder.Event(pvc, v1.EventTypeWarning, reasonResizeFailed, err.Error())
+	}
+	return err
 }
 
 // recordFailure records a failed controller call and says whether to retry: final errors

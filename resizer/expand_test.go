@@ -1,14 +1,19 @@
 package resizer
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
@@ -360,5 +365,64 @@ func TestExpansionSecrets(t *testing.T) {
 	}
 	if n := len(f.calls(testdriver.MethodControllerExpandVolume)); n != 1 {
 		t.Errorf("%d calls, want 1", n)
+	}
+}
+
+// The volume was expanded but the PVC could not be marked: VolumeResizeFailed with the
+// error, as upstream (which, without RecoverVolumeExpansionFailure, leaves conflicts out),
+// and no success event. The sync fails, so the PVC is retried.
+func TestExpansionRecordingFailureIsAnEvent(t *testing.T) {
+	conflict := apierrors.NewConflict(schema.GroupResource{Resource: "persistentvolumeclaims"}, "claim", errors.New("injected"))
+	internal := apierrors.NewInternalError(errors.New("injected"))
+	for _, tc := range []struct {
+		name          string
+		nodeExpansion bool
+		legacy        bool
+		err           error
+		wantEvent     string // "" for none
+	}{
+		{name: "finished, write fails", err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
+		{name: "node expansion required, write fails", nodeExpansion: true, err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as node expansion required failed`},
+		{name: "conflict", err: conflict, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
+		{name: "legacy, write fails", legacy: true, err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
+		{name: "legacy, conflict: retried silently", legacy: true, err: conflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{NodeExpansionRequired: tc.nodeExpansion})
+			id := f.createVolume("vol", gi(1))
+			pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
+			f, c := newExpansionFixtureWith(t, f, expansionOpts{legacy: tc.legacy}, pvc, pv)
+			f.start()
+			// Every PVC write after the driver expanded the volume fails.
+			f.kube.PrependReactor("patch", "persistentvolumeclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if len(f.calls(testdriver.MethodControllerExpandVolume)) > 0 {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+
+			if err := c.sync("ns/claim"); err == nil {
+				t.Error("sync returned nil, want the write's error (retry)")
+			}
+			if n := len(f.calls(testdriver.MethodControllerExpandVolume)); n != 1 {
+				t.Fatalf("%d ControllerExpandVolume calls, want 1", n)
+			}
+			events := f.events()
+			var failed []string
+			for _, e := range events {
+				if strings.HasPrefix(e, "Warning VolumeResizeFailed") {
+					failed = append(failed, e)
+				}
+			}
+			switch {
+			case tc.wantEvent == "" && len(failed) != 0:
+				t.Errorf("events %q, want no VolumeResizeFailed", events)
+			case tc.wantEvent != "" && (len(failed) != 1 || !strings.HasPrefix(failed[0], tc.wantEvent)):
+				t.Errorf("events %q, want one starting %q", events, tc.wantEvent)
+			}
+			if hasEvent(events, "Normal VolumeResizeSuccessful") || hasEvent(events, "Normal FileSystemResizeRequired") {
+				t.Errorf("events %q: success recorded although the PVC was not marked", events)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -33,6 +34,8 @@ const (
 type modifyConfig struct {
 	writer
 	modifier      *modifier
+	queueName     string
+	queueMetrics  workqueue.MetricsProvider // nil: client-go's process-wide provider
 	informers     informers.SharedInformerFactory
 	resync        time.Duration
 	retryStart    time.Duration
@@ -62,7 +65,7 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		extraMetadata: cfg.extraMetadata,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "resizer-" + cfg.driver + "-modify-pvc"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them);
@@ -172,7 +175,36 @@ func (c *modifyController) sync(key string) error {
 		return c.modifyTo(key, pvc, pv, *target)
 	case target != nil && current != nil && *target == *current && pvc.Status.ModifyVolumeStatus != nil:
 		return c.rollBack(key, pvc, pv, *target)
+	case (target == nil || *target == "") && cancelled(pvc):
+		return c.cancel(pvc)
 	}
+	return nil
+}
+
+// cancelled tells whether the user withdrew a modification that no longer runs: the PVC
+// asks for no class, its last modification is not InProgress, and the ModifyingVolume
+// condition is still there.
+func cancelled(pvc *v1.PersistentVolumeClaim) bool {
+	if s := pvc.Status.ModifyVolumeStatus; s != nil && s.Status == v1.PersistentVolumeClaimModifyVolumeInProgress {
+		return false
+	}
+	return slices.ContainsFunc(pvc.Status.Conditions, func(c v1.PersistentVolumeClaimCondition) bool {
+		return c.Type == v1.PersistentVolumeClaimVolumeModifyingVolume
+	})
+}
+
+// cancel drops the ModifyingVolume condition of a withdrawn modification and says so with
+// upstream's VolumeModifyCanceled event. The modify status stays: it is the outcome of the
+// last modification, as upstream keeps it.
+func (c *modifyController) cancel(pvc *v1.PersistentVolumeClaim) error {
+	out := pvc.DeepCopy()
+	out.Status.Conditions = dropConditions(out.Status.Conditions, func(t v1.PersistentVolumeClaimConditionType) bool {
+		return t == v1.PersistentVolumeClaimVolumeModifyingVolume
+	})
+	if _, err := c.patchClaim(pvc, out, false); err != nil {
+		return fmt.Errorf("marking the modification of PVC %s/%s cancelled: %w", pvc.Namespace, pvc.Name, err)
+	}
+	c.recorder.Event(pvc, v1.EventTypeNormal, reasonModifyCancelled, "Cancelled modify.")
 	return nil
 }
 
@@ -188,14 +220,14 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 	if apierrors.IsNotFound(err) {
 		if c.attempts.uncertain(key) {
 			// The last class may still be applied by the driver: keep it InProgress.
-			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %s does not exist.", class)
+			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %q does not exist.", class)
 			return err
 		}
 		// Pending until the class exists: its creation enqueues the PVC. A PVC already
 		// Pending for it (a resync) gets neither a write nor another event.
 		updated, err := c.patchClaim(pvc, markModifyPending(pvc, class), true)
 		if err == nil && updated != pvc {
-			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %s does not exist.", class)
+			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %q does not exist.", class)
 		}
 		return err
 	}
@@ -206,7 +238,10 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 	if err != nil {
 		return fmt.Errorf("marking the modification in progress: %w", err)
 	}
-	if updated != pvc {
+	// Each new attempt is announced, as upstream: a first one (the status changed), or a
+	// retry after the driver's final refusal (the status stays InProgress). Not a resync of
+	// an attempt the driver may still be carrying out, which upstream continues silently.
+	if updated != pvc || c.attempts.finalError(key) {
 		c.recorder.Eventf(updated, v1.EventTypeNormal, reasonModify, "external resizer is modifying volume %s with vac %s", pvc.Name, class)
 	}
 	return c.apply(key, updated, pv, vac)
@@ -259,24 +294,32 @@ func (c *modifyController) apply(key string, pvc *v1.PersistentVolumeClaim, pv *
 // recordFailure writes the error (and Infeasible for InvalidArgument) in one patch.
 func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, class string, callErr error) error {
 	if _, ok := status.FromError(callErr); !ok {
-		// Failed before the driver was called (a secret could not be read): retry.
+		// Failed before the driver was called (a secret could not be read): retry. Upstream
+		// records no event here; we do, because nothing else tells the user why the PVC
+		// stays InProgress (the status records only the driver's answers), and the cause is
+		// theirs to fix. Expansion records the same failure as VolumeResizeFailed, upstream
+		// too.
 		c.recorder.Event(pvc, v1.EventTypeWarning, reasonModifyFailed, callErr.Error())
 		return callErr
 	}
 	final := lifecycle.IsFinalError(callErr)
 	infeasible := final && status.Code(callErr) == codes.InvalidArgument
 	c.attempts.failed(key, final, infeasible)
-	err := callErr
 	if _, werr := c.patchClaim(pvc, markModifyFailed(pvc, class, callErr, infeasible), true); werr != nil {
-		err = fmt.Errorf("modifying failed with %w and recording it failed: %v", callErr, werr)
+		// As upstream, the event goes with the recorded status: the retry records both.
+		return fmt.Errorf("modifying failed with %w and recording it failed: %v", callErr, werr)
 	}
-	c.recorder.Event(pvc, v1.EventTypeWarning, reasonModifyFailed, callErr.Error())
-	if infeasible && err == callErr {
+	message := callErr.Error()
+	if !final {
+		message += ". Still modifying to VAC " + class // upstream's wording
+	}
+	c.recorder.Event(pvc, v1.EventTypeWarning, reasonModifyFailed, message)
+	if infeasible {
 		// Retried slowly, or at once when the user changes the class.
 		c.queue.AddAfter(key, c.attempts.retryMax)
 		return nil
 	}
-	return err
+	return callErr
 }
 
 func isModifyCondition(t v1.PersistentVolumeClaimConditionType) bool {

@@ -2,15 +2,20 @@ package resizer
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -185,5 +190,136 @@ func TestModifyRollbackAfterUncertainErrorCallsTheDriver(t *testing.T) {
 	}
 	if got := f.pvc("claim"); got.Status.ModifyVolumeStatus != nil {
 		t.Errorf("status %+v after rollback", got.Status.ModifyVolumeStatus)
+	}
+}
+
+// The modify controller's events, reason and message as upstream records them, sync by
+// sync: what each sync records, in order ("Type Reason Message" prefixes).
+func TestModifyEvents(t *testing.T) {
+	modifyingConditions := []v1.PersistentVolumeClaimCondition{
+		{Type: v1.PersistentVolumeClaimVolumeModifyingVolume, Status: v1.ConditionTrue},
+		{Type: v1.PersistentVolumeClaimVolumeModifyVolumeError, Status: v1.ConditionTrue, Message: "refused"},
+	}
+	withdrawn := func(status v1.PersistentVolumeClaimModifyVolumeStatus) func(*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+		return func(pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
+			pvc.Spec.VolumeAttributesClassName = nil
+			pvc.Status.CurrentVolumeAttributesClassName = nil
+			pv.Spec.VolumeAttributesClassName = nil
+			pvc.Status.ModifyVolumeStatus = &v1.ModifyVolumeStatus{TargetVolumeAttributesClassName: "gold", Status: status}
+			pvc.Status.Conditions = slices.Clone(modifyingConditions)
+		}
+	}
+	const fault = "injected " + testdriver.MethodControllerModifyVolume + " fault"
+	for _, tc := range []struct {
+		name       string
+		mutate     func(*v1.PersistentVolumeClaim, *v1.PersistentVolume)
+		noGold     bool
+		fault      *testdriver.Fault
+		failWrites bool // every PVC write after the driver call fails
+		want       [][]string
+		check      func(t *testing.T, pvc *v1.PersistentVolumeClaim)
+	}{
+		{
+			name:   "class does not exist: quoted, as upstream",
+			noGold: true,
+			want:   [][]string{{`Warning VolumeModifyFailed VAC "gold" does not exist.`}},
+		},
+		{
+			name: "succeeds",
+			want: [][]string{{"Normal VolumeModify external resizer is modifying volume claim with vac gold", "Normal VolumeModifySuccessful external resizer modified volume claim with vac gold successfully"}},
+		},
+		{
+			name:  "final error, then the retry is announced again",
+			fault: &testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.Internal, Times: 1},
+			want: [][]string{
+				{"Normal VolumeModify ", "Warning VolumeModifyFailed rpc error: code = Internal desc = " + fault},
+				{"Normal VolumeModify ", "Normal VolumeModifySuccessful "},
+			},
+		},
+		{
+			name:  "uncertain error says it is still modifying; its continuation is not announced",
+			fault: &testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.DeadlineExceeded, Times: 1},
+			want: [][]string{
+				{"Normal VolumeModify ", "Warning VolumeModifyFailed rpc error: code = DeadlineExceeded desc = " + fault + ". Still modifying to VAC gold"},
+				{"Normal VolumeModifySuccessful "},
+			},
+		},
+		{
+			name:       "no failure event when the failure could not be recorded",
+			fault:      &testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.Internal},
+			failWrites: true,
+			want:       [][]string{{"Normal VolumeModify "}},
+		},
+		{
+			name: "failure before the driver call (missing secret): an event, unlike upstream",
+			mutate: func(_ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
+				pv.Spec.CSI.ControllerExpandSecretRef = &v1.SecretReference{Namespace: "ns", Name: "missing"}
+			},
+			want: [][]string{{"Normal VolumeModify ", "Warning VolumeModifyFailed reading the controller-expand secret ns/missing"}},
+		},
+		{
+			name:   "withdrawn after it failed: cancelled",
+			mutate: withdrawn(v1.PersistentVolumeClaimModifyVolumeInfeasible),
+			want:   [][]string{{"Normal VolumeModifyCanceled Cancelled modify."}},
+			check: func(t *testing.T, pvc *v1.PersistentVolumeClaim) {
+				if condition(pvc, v1.PersistentVolumeClaimVolumeModifyingVolume) != nil || condition(pvc, v1.PersistentVolumeClaimVolumeModifyVolumeError) == nil {
+					t.Errorf("conditions %+v, want only ModifyingVolume dropped", pvc.Status.Conditions)
+				}
+				if s := pvc.Status.ModifyVolumeStatus; s == nil || s.Status != v1.PersistentVolumeClaimModifyVolumeInfeasible {
+					t.Errorf("modify status %+v, want the last outcome kept", s)
+				}
+			},
+		},
+		{
+			name:   "withdrawn while InProgress: not cancelled",
+			mutate: withdrawn(v1.PersistentVolumeClaimModifyVolumeInProgress),
+			want:   [][]string{nil},
+			check: func(t *testing.T, pvc *v1.PersistentVolumeClaim) {
+				if condition(pvc, v1.PersistentVolumeClaimVolumeModifyingVolume) == nil {
+					t.Errorf("conditions %+v, want ModifyingVolume kept", pvc.Status.Conditions)
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{})
+			pvc, pv, _ := f.modifyPair("silver", "gold")
+			if tc.mutate != nil {
+				tc.mutate(pvc, pv)
+			}
+			objs := []runtime.Object{pvc, pv, class("silver", "100")}
+			if !tc.noGold {
+				objs = append(objs, class("gold", "500"))
+			}
+			c := newModifyFixtureWith(t, f, false, objs...)
+			if tc.fault != nil {
+				if err := f.driver.InjectFault(*tc.fault); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.failWrites {
+				f.kube.PrependReactor("patch", "persistentvolumeclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+					if len(f.calls(testdriver.MethodControllerModifyVolume)) > 0 {
+						return true, nil, apierrors.NewInternalError(errors.New("injected"))
+					}
+					return false, nil, nil
+				})
+			}
+			for i, want := range tc.want {
+				_ = c.sync("ns/claim")
+				f.settle()
+				got := f.events()
+				ok := len(got) == len(want)
+				for j := 0; ok && j < len(want); j++ {
+					ok = strings.HasPrefix(got[j], want[j])
+				}
+				if !ok {
+					t.Errorf("sync %d: events %q, want %q", i+1, got, want)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, f.pvc("claim"))
+			}
+		})
 	}
 }

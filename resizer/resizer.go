@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
@@ -43,6 +44,8 @@ type Sidecar struct {
 
 	expansion    *expansionController
 	modification *modifyController
+	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
+	queueMetrics workqueue.MetricsProvider
 }
 
 // New returns the resizer sidecar.
@@ -125,11 +128,14 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	// writes as well as its own.
 	base := newWriter(env.Kube, env.Ops, s.timeout, recorder, env.DriverName, env.Informers)
 
+	expandQueue, modifyQueue := queueNames(env.DriverName, caps.expand != nil)
 	if caps.expand != nil {
-		logger.Info("Volume expansion enabled", "mode", caps.expand.mode())
+		logger.Info("Volume expansion enabled", "mode", caps.expand.mode(), "queue", expandQueue)
 		s.expansion, err = newExpansionController(expansionConfig{
 			writer:          base,
 			expander:        caps.expand,
+			queueName:       expandQueue,
+			queueMetrics:    s.queueMetrics,
 			informers:       env.Informers,
 			resync:          s.resync,
 			retryStart:      s.retryStart,
@@ -143,10 +149,12 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		}
 	}
 	if caps.modify != nil {
-		logger.Info("Volume modification enabled")
+		logger.Info("Volume modification enabled", "queue", modifyQueue)
 		s.modification, err = newModifyController(modifyConfig{
 			writer:        base,
 			modifier:      caps.modify,
+			queueName:     modifyQueue,
+			queueMetrics:  s.queueMetrics,
 			informers:     env.Informers,
 			resync:        s.resync,
 			retryStart:    s.retryStart,
@@ -158,6 +166,22 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		}
 	}
 	return nil
+}
+
+// queueNames are the names of the expansion and modification queues, which label
+// client-go's workqueue metrics (workqueue_depth{name="..."}). Upstream names both
+// "<driver>-pvc". Those metrics are per process and keyed by name alone, so two queues of
+// one name would share their series: depth and adds summed, and the unfinished-work and
+// longest-running-processor gauges overwritten by whichever queue reported last. The
+// expansion queue keeps upstream's name; the modification queue has it too when it is the
+// only one (a driver that modifies but cannot expand), and "<driver>-modify-pvc" beside an
+// expansion queue.
+func queueNames(driver string, expands bool) (expand, modify string) {
+	expand, modify = driver+"-pvc", driver+"-pvc"
+	if expands {
+		modify = driver + "-modify-pvc"
+	}
+	return expand, modify
 }
 
 // driverCapabilities is what the resizer will do with this driver.

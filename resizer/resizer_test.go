@@ -2,6 +2,8 @@ package resizer
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -9,7 +11,10 @@ import (
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fakediscovery "k8s.io/client-go/discovery/fake"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -136,3 +141,92 @@ func TestCapabilities(t *testing.T) {
 		})
 	}
 }
+
+// The queues report client-go's workqueue metrics under upstream's name, "<driver>-pvc",
+// and never two under one name: beside the expansion queue the modification queue takes
+// "<driver>-modify-pvc" (upstream gives both the same name, so their series mix).
+func TestQueueNames(t *testing.T) {
+	vacServed := []*metav1.APIResourceList{{GroupVersion: "storage.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "volumeattributesclasses"}}}}
+	expand, modify := csi.ControllerServiceCapability_RPC_EXPAND_VOLUME, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
+	for _, tc := range []struct {
+		name          string
+		ctrlCaps      []csi.ControllerServiceCapability_RPC_Type
+		nodeExpansion bool
+		want          []string
+	}{
+		{name: "expansion and modification", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, want: []string{testDriver + "-pvc", testDriver + "-modify-pvc"}},
+		{name: "controller expansion only", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand}, want: []string{testDriver + "-pvc"}},
+		{name: "node expansion only (trivial resizer)", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{}, nodeExpansion: true, want: []string{testDriver + "-pvc"}},
+		{name: "modification only", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{modify}, want: []string{testDriver + "-pvc"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{NodeExpansion: tc.nodeExpansion, ControllerCapabilities: tc.ctrlCaps})
+			kube := fake.NewClientset()
+			kube.Discovery().(*fakediscovery.FakeDiscovery).Resources = vacServed
+			gates := featuregate.NewFeatureGate()
+			if err := gates.Add(New().Features()); err != nil {
+				t.Fatal(err)
+			}
+			plugin, err := rpc.GetPluginCapabilities(context.Background(), f.conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctrl, err := rpc.GetControllerCapabilities(context.Background(), f.conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := record.NewBroadcaster()
+			t.Cleanup(events.Shutdown)
+			env := lifecycle.Env{
+				Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates,
+				Informers: informers.NewSharedInformerFactory(kube, 0), Events: events,
+			}.WithOps(context.Background())
+			names := &queueRecorder{}
+			s := New()
+			s.queueMetrics = names
+			if err := s.Setup(env); err != nil {
+				t.Fatal(err)
+			}
+			if got := names.list(); !slices.Equal(got, tc.want) {
+				t.Errorf("queues %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// queueRecorder is a workqueue.MetricsProvider that records the names of the queues that
+// report to it, in order.
+type queueRecorder struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (q *queueRecorder) list() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.names)
+}
+
+func (q *queueRecorder) NewDepthMetric(name string) workqueue.GaugeMetric {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.names = append(q.names, name)
+	return noopMetric{}
+}
+func (*queueRecorder) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
+func (*queueRecorder) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
+func (*queueRecorder) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
+func (*queueRecorder) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return noopMetric{}
+}
+func (*queueRecorder) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
+	return noopMetric{}
+}
+func (*queueRecorder) NewRetriesMetric(string) workqueue.CounterMetric { return noopMetric{} }
+
+type noopMetric struct{}
+
+func (noopMetric) Inc()            {}
+func (noopMetric) Dec()            {}
+func (noopMetric) Set(float64)     {}
+func (noopMetric) Observe(float64) {}

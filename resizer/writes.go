@@ -35,6 +35,7 @@ const (
 	reasonModify           = "VolumeModify"
 	reasonModifyFailed     = "VolumeModifyFailed"
 	reasonModifySucceeded  = "VolumeModifySuccessful"
+	reasonModifyCancelled  = "VolumeModifyCanceled"
 )
 
 // writer is what both controllers share to act on the API server: every write of an
