@@ -83,7 +83,7 @@ func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 // Features implements lifecycle.FeatureGated.
 func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
 	return map[featuregate.Feature]featuregate.FeatureSpec{
-		AnnotateFsResize:              {Default: true, PreRelease: featuregate.Beta},
+		AnnotateFsResize:              {Default: false, PreRelease: featuregate.Alpha},
 		RecoverVolumeExpansionFailure: {Default: true, PreRelease: featuregate.GA},
 		VolumeAttributesClass:         {Default: true, PreRelease: featuregate.GA},
 	}

@@ -43,9 +43,10 @@ func TestFlagDefaultsAreUpstreams(t *testing.T) {
 	if err := gates.Add(New().Features()); err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range []featuregate.Feature{AnnotateFsResize, RecoverVolumeExpansionFailure, VolumeAttributesClass} {
-		if !gates.Enabled(g) {
-			t.Errorf("gate %s off by default", g)
+	// Upstream v2.2.1's defaults.
+	for g, want := range map[featuregate.Feature]bool{AnnotateFsResize: false, RecoverVolumeExpansionFailure: true, VolumeAttributesClass: true} {
+		if gates.Enabled(g) != want {
+			t.Errorf("gate %s on by default: %v, want %v", g, gates.Enabled(g), want)
 		}
 	}
 }
