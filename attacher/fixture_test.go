@@ -25,6 +25,7 @@ import (
 	csitrans "k8s.io/csi-translation-lib"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const (
@@ -63,7 +64,8 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 	t.Helper()
 	conn := serve(t, backend)
 	kube := fake.NewClientset(objects...)
-	factory := informers.NewSharedInformerFactory(kube, 0)
+	// Decisions are fed from objects trimmed as the core's caches trim them.
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache))
 	ops, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()

@@ -220,6 +220,7 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
+		informers.WithTransform(TrimForCache),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
 		}))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -79,6 +80,28 @@ func TestValuesAndFlagsUpstreamAcceptsAreAccepted(t *testing.T) {
 	} {
 		if err := lifecycle.ValidateArgs(newRoot(), args); err != nil {
 			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// Combined mode takes KEP-4958's form: --controllers picks the sidecars, their own flags
+// carry their name as prefix, shared flags come once. What a sidecar refuses alone it
+// refuses here too, naming the sidecar.
+func TestCombinedModeFlags(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--controllers=attacher,provisioner,resizer", "--csi-address=/csi/csi.sock", "--leader-election",
+			"--attacher-worker-threads=5", "--provisioner-timeout=30s", "--resizer-workers=3", "--feature-gates=Topology=true"}, ""},
+		{[]string{"--controllers=attacher", "--controllers=resizer"}, ""},
+		{[]string{"--controllers=attacher,snapshotter"}, "--controllers"},
+		{[]string{"--controllers=attacher", "--attacher-worker-threads=0"}, "--worker-threads"},
+		{[]string{"--controllers=attacher", "--worker-threads=5"}, "unknown flag"},
+	} {
+		err := lifecycle.ValidateArgs(newRoot(), c.args)
+		if (c.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.wantErr)) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.wantErr)
 		}
 	}
 }
