@@ -1,0 +1,269 @@
+package provisioner
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// grants is what an RBAC role allows: resource ("resource/subresource" for a subresource)
+// to verbs.
+type grants map[string][]string
+
+// upstreamRBAC is external-provisioner v6.3.0's deploy/kubernetes/rbac.yaml: the
+// ClusterRole external-provisioner-runner and the Role external-provisioner-cfg (leases
+// are the core's, not the provisioner's), with the secrets rule uncommented as the file
+// says to for drivers that use secrets.
+var upstreamRBAC = grants{
+	"persistentvolumes":      {"get", "list", "watch", "create", "patch", "delete"},
+	"persistentvolumeclaims": {"get", "list", "watch", "update"},
+	"storageclasses":         {"get", "list", "watch"},
+	"events":                 {"list", "watch", "create", "update", "patch"},
+	"volumesnapshots":        {"get", "list", "watch", "update"},
+	"volumesnapshotcontents": {"get", "list"},
+	"csinodes":               {"get", "list", "watch"},
+	"nodes":                  {"get", "list", "watch"},
+	"volumeattachments":      {"get", "list", "watch"},
+	"csistoragecapacities":   {"get", "list", "watch", "create", "update", "patch", "delete"},
+	"pods":                   {"get"},
+	"replicasets":            {"get"},
+	"secrets":                {"get", "list"},
+}
+
+// upstreamRBACBeforeV62 is the same file at v6.0.0 and v6.1.x: no watch nor update on
+// volumesnapshots.
+var upstreamRBACBeforeV62 = func() grants {
+	g := grants{}
+	for r, verbs := range upstreamRBAC {
+		g[r] = verbs
+	}
+	g["volumesnapshots"] = []string{"get", "list"}
+	return g
+}()
+
+// apiServer serves a fake clientset from another's object tracker, as an API server
+// would serve a client holding only the granted verbs: everything else is Forbidden and
+// recorded. It also deletes as the API server does, which the fake tracker does not: an
+// object with finalizers only gets a deletion timestamp, and goes when a write removes
+// its last finalizer.
+type apiServer struct {
+	tracker k8stesting.ObjectTracker
+	grants  grants
+
+	mu       sync.Mutex
+	requests []string // "verb resource", every one
+	refused  []string // "verb resource", the refused ones
+}
+
+// kubeClient is a clientset over admin's objects holding the server's grants; admin (the
+// test) still writes freely.
+func (s *apiServer) kubeClient() *fake.Clientset {
+	c := &fake.Clientset{}
+	s.serve(&c.Fake)
+	return c
+}
+
+func (s *apiServer) snapshotClient() *snapfake.Clientset {
+	c := &snapfake.Clientset{}
+	s.serve(&c.Fake)
+	return c
+}
+
+func (s *apiServer) serve(f *k8stesting.Fake) {
+	objects := k8stesting.ObjectReaction(s.tracker)
+	f.AddReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if err := s.authorize(a); err != nil {
+			return true, nil, err
+		}
+		return s.react(a, objects)
+	})
+	f.AddWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		if err := s.authorize(a); err != nil {
+			return true, nil, err
+		}
+		var opts metav1.ListOptions
+		if w, ok := a.(k8stesting.WatchActionImpl); ok {
+			opts = w.ListOptions
+		}
+		w, err := s.tracker.Watch(a.GetResource(), a.GetNamespace(), opts)
+		return true, w, err
+	})
+}
+
+func (s *apiServer) authorize(a k8stesting.Action) error {
+	resource := a.GetResource().Resource
+	if sub := a.GetSubresource(); sub != "" {
+		resource += "/" + sub
+	}
+	request := a.GetVerb() + " " + resource
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = append(s.requests, request)
+	if slices.Contains(s.grants[resource], a.GetVerb()) {
+		return nil
+	}
+	s.refused = append(s.refused, request)
+	return apierrors.NewForbidden(a.GetResource().GroupResource(), "", fmt.Errorf("RBAC: %s on %s is not granted", a.GetVerb(), resource))
+}
+
+// react applies the action to the tracker with the API server's finalizer semantics.
+func (s *apiServer) react(a k8stesting.Action, objects k8stesting.ReactionFunc) (bool, runtime.Object, error) {
+	switch a := a.(type) {
+	case k8stesting.DeleteActionImpl:
+		obj, err := s.tracker.Get(a.GetResource(), a.GetNamespace(), a.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return true, nil, err
+		}
+		if len(m.GetFinalizers()) > 0 {
+			if m.GetDeletionTimestamp() == nil {
+				m.SetDeletionTimestamp(ptr.To(metav1.Now()))
+				err = s.tracker.Update(a.GetResource(), obj, a.GetNamespace())
+			}
+			return true, nil, err
+		}
+	case k8stesting.UpdateActionImpl, k8stesting.PatchActionImpl:
+		handled, obj, err := objects(a)
+		if err != nil || obj == nil {
+			return handled, obj, err
+		}
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return true, nil, err
+		}
+		if m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
+			err = s.tracker.Delete(a.GetResource(), m.GetNamespace(), m.GetName())
+		}
+		return handled, obj, err
+	}
+	return objects(a)
+}
+
+// requestsMade returns the requests so far.
+func (s *apiServer) requestsMade() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}
+
+// refusals returns the refused requests so far.
+func (s *apiServer) refusals() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.refused)
+}
+
+func count(list []string, item string) int {
+	n := 0
+	for _, x := range list {
+		if x == item {
+			n++
+		}
+	}
+	return n
+}
+
+// Deletion with upstream's RBAC (patch, no update, on persistentvolumes): the volume is
+// deleted once, and its PersistentVolume goes, even when the write that removes the
+// finalizer must be retried; a finalizer someone else adds meanwhile stays.
+func TestUnderUpstreamRBACAReleasedVolumeIsDeletedOnceAndItsPersistentVolumeLetGo(t *testing.T) {
+	const other = "example.com/keep"
+	fin := volumehelpers.PVDeletionProtectionFinalizer
+	for _, tc := range []struct {
+		name string
+		// firstPatch, when set, answers the first finalizer patch of the deleted
+		// PersistentVolume instead of the server.
+		firstPatch func(*apiServer) error
+		// wantFinalizers: nil when the PersistentVolume must be gone.
+		wantFinalizers []string
+	}{
+		{name: "nothing in the way"},
+		{name: "the finalizer patch fails once", firstPatch: func(*apiServer) error {
+			return apierrors.NewInternalError(fmt.Errorf("etcd hiccup"))
+		}},
+		{name: "someone adds a finalizer meanwhile", firstPatch: func(s *apiServer) error {
+			// What the resource version precondition turns a concurrent write into.
+			obj, err := s.tracker.Get(v1.SchemeGroupVersion.WithResource("persistentvolumes"), "", "pvc-del")
+			if err != nil {
+				return err
+			}
+			pv := obj.(*v1.PersistentVolume)
+			pv.Finalizers = append(pv.Finalizers, other)
+			if err := s.tracker.Update(v1.SchemeGroupVersion.WithResource("persistentvolumes"), pv, ""); err != nil {
+				return err
+			}
+			return apierrors.NewConflict(v1.Resource("persistentvolumes"), "pvc-del", fmt.Errorf("the object has been modified"))
+		}, wantFinalizers: []string{other}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var server *apiServer
+			var patched sync.Once
+			w := newWorld(t, testdriver.Config{}, func(c *config) {
+				server = &apiServer{tracker: c.kube.(*fake.Clientset).Tracker(), grants: upstreamRBAC}
+				client := server.kubeClient()
+				if tc.firstPatch != nil {
+					client.PrependReactor("patch", "persistentvolumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+						obj, err := server.tracker.Get(a.GetResource(), "", a.(k8stesting.PatchAction).GetName())
+						if err != nil || obj.(*v1.PersistentVolume).DeletionTimestamp == nil {
+							return false, nil, nil
+						}
+						var injected error
+						patched.Do(func() { injected = tc.firstPatch(server) })
+						return injected != nil, nil, injected
+					})
+				}
+				c.kube = client
+			}, class("fast", nil), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}})
+			id := w.createVolume("pvc-del")
+			w.create(releasedPV("pvc-del", id, v1.PersistentVolumeReclaimDelete, fin))
+
+			if tc.wantFinalizers == nil {
+				w.waitFor("the PersistentVolume gone", func() bool { return w.pv("pvc-del") == nil })
+			} else {
+				w.waitFor("our finalizer removed", func() bool {
+					pv := w.pv("pvc-del")
+					return pv != nil && !slices.Contains(pv.Finalizers, fin)
+				})
+				if pv := w.pv("pvc-del"); pv.DeletionTimestamp == nil || !slices.Equal(pv.Finalizers, tc.wantFinalizers) {
+					t.Errorf("PersistentVolume deleting %v with finalizers %v, want deleting with %v", pv.DeletionTimestamp != nil, pv.Finalizers, tc.wantFinalizers)
+				}
+			}
+			if _, ok := w.driver.Volume(id); ok {
+				t.Error("the volume is still in the driver")
+			}
+			// Let any retry in the queue happen before counting.
+			time.Sleep(100 * time.Millisecond)
+			if calls := w.calls(testdriver.MethodDeleteVolume); len(calls) != 1 || calls[0].VolumeID != id {
+				t.Errorf("DeleteVolume calls %+v, want exactly one for %s", calls, id)
+			}
+			if r := server.refusals(); len(r) != 0 {
+				t.Errorf("requests upstream's RBAC refuses: %v", r)
+			}
+			for _, e := range w.events() {
+				if strings.Contains(e, "VolumeFailedDelete") {
+					t.Errorf("event %q about a volume that was deleted", e)
+				}
+			}
+		})
+	}
+}
