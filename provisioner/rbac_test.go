@@ -1,6 +1,7 @@
 package provisioner
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
+	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -266,4 +269,46 @@ func TestUnderUpstreamRBACAReleasedVolumeIsDeletedOnceAndItsPersistentVolumeLetG
 			}
 		})
 	}
+}
+
+// ResourceExhausted on the selected node hands the claim back to the scheduler with the
+// verbs upstream's RBAC grants on claims (update, no patch).
+func TestUnderUpstreamRBACAnExhaustedNodeIsHandedBackToTheScheduler(t *testing.T) {
+	sc := class("late", func(sc *storagev1.StorageClass) {
+		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	})
+	claim := claimFor("data", "uid-1", "late")
+	claim.Annotations[volumehelpers.AnnSelectedNode] = "n1"
+	var server *apiServer
+	w := newWorld(t, testdriver.Config{Topology: true}, func(c *config) {
+		server = &apiServer{tracker: c.kube.(*fake.Clientset).Tracker(), grants: upstreamRBAC}
+		c.kube = server.kubeClient()
+	}, sc, node("n1", map[string]string{testdriver.TopologyKey: "n1"}), csiNode("n1", testdriver.TopologyKey))
+	if err := w.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.ResourceExhausted, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w.create(claim)
+	claims := w.kube.CoreV1().PersistentVolumeClaims("ns")
+	w.waitFor("the selected node removed", func() bool {
+		c, err := claims.Get(context.Background(), "data", metav1.GetOptions{})
+		_, selected := c.Annotations[volumehelpers.AnnSelectedNode]
+		return err == nil && !selected
+	})
+	if calls := w.calls(testdriver.MethodCreateVolume); len(calls) != 1 || calls[0].Code != codes.ResourceExhausted.String() {
+		t.Errorf("CreateVolume calls %+v, want one that ran out of space", calls)
+	}
+	if r := server.refusals(); len(r) != 0 {
+		t.Errorf("requests upstream's RBAC refuses: %v", r)
+	}
+
+	// The scheduler picks again: the claim gets its volume.
+	c, err := claims.Get(context.Background(), "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Annotations[volumehelpers.AnnSelectedNode] = "n1"
+	if _, err := claims.Update(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
 }
