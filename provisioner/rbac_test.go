@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
@@ -311,4 +313,97 @@ func TestUnderUpstreamRBACAnExhaustedNodeIsHandedBackToTheScheduler(t *testing.T
 		t.Fatal(err)
 	}
 	w.waitFor("the PersistentVolume", func() bool { return w.pv("pvc-uid-1") != nil })
+}
+
+// readySnapshot makes a snapshot in the driver of a new volume and returns a ready
+// VolumeSnapshot of it, bound to its content.
+func (w *world) readySnapshot(name string) (*snapshotv1.VolumeSnapshot, *snapshotv1.VolumeSnapshotContent) {
+	w.t.Helper()
+	resp, err := w.ctrl.csi.CreateSnapshot(context.Background(), &csi.CreateSnapshotRequest{SourceVolumeId: w.sourceVolume(), Name: name})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	snap, content := snapshotOf(name, drv)
+	content.Status = &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To(resp.GetSnapshot().GetSnapshotId())}
+	return snap, content
+}
+
+// Restore with the RBAC of upstream before v6.2 (get and list on volumesnapshots): the
+// finalizer cannot go on the snapshot; the volume is restored anyway, and the refusal is
+// one warning.
+func TestARestoreWorksWhenTheSnapshotUpdateIsForbidden(t *testing.T) {
+	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+	snaps := snapfake.NewSimpleClientset()
+	var kubeServer *apiServer
+	snapServer := &apiServer{tracker: snaps.Tracker(), grants: upstreamRBACBeforeV62}
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+		kubeServer = &apiServer{tracker: c.kube.(*fake.Clientset).Tracker(), grants: upstreamRBACBeforeV62}
+		c.kube = kubeServer.kubeClient()
+		c.snapshotClient = snapServer.snapshotClient()
+	}, class("fast", nil))
+	snap, content := w.readySnapshot("snap")
+	ctx := context.Background()
+	if _, err := snaps.SnapshotV1().VolumeSnapshotContents().Create(ctx, content, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snaps.SnapshotV1().VolumeSnapshots("ns").Create(ctx, snap, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim := claimFor("restored", "uid-r", "fast")
+	claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
+	w.create(claim)
+
+	w.waitFor("the restored volume's PersistentVolume", func() bool { return w.pv("pvc-uid-r") != nil })
+	var restored *testdriver.Call
+	for _, c := range w.calls(testdriver.MethodCreateVolume) {
+		if c.VolumeName == "pvc-uid-r" {
+			restored = &c
+		}
+	}
+	if restored == nil {
+		t.Fatal("no CreateVolume for the claim")
+	}
+	if v, _ := w.driver.Volume(restored.VolumeID); v.ContentSource.GetSnapshot().GetSnapshotId() != *content.Status.SnapshotHandle {
+		t.Errorf("volume made from %v, want snapshot %s", v.ContentSource, *content.Status.SnapshotHandle)
+	}
+	if r := snapServer.refusals(); count(r, "update volumesnapshots") == 0 {
+		t.Errorf("refusals %v: the finalizer was never tried", r)
+	}
+	for _, r := range append(snapServer.refusals(), kubeServer.refusals()...) {
+		if r != "update volumesnapshots" && r != "watch volumesnapshots" {
+			t.Errorf("refused %q: not a verb the old RBAC lacks", r)
+		}
+	}
+	if !w.ctrl.snapshots.updateForbidden.warned.Load() {
+		t.Error("no warning about the missing update permission")
+	}
+	got, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(ctx, "snap", metav1.GetOptions{})
+	if err != nil || len(got.Finalizers) != 0 {
+		t.Errorf("snapshot %v, err %v: want it untouched", got.Finalizers, err)
+	}
+}
+
+// A finalizer left on a snapshot (RBAC downgraded since) that cannot be removed is not
+// retried with backoff like a failure: only the informer's next look (a relist, the sweep)
+// tries again.
+func TestAForbiddenSnapshotFinalizerRemovalIsNotRetriedInALoop(t *testing.T) {
+	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+	orphan, content := snapshotOf("orphan", drv, snapshotProtectionFinalizer)
+	snaps := snapfake.NewSimpleClientset(orphan, content)
+	snapServer := &apiServer{tracker: snaps.Tracker(), grants: upstreamRBACBeforeV62}
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+		c.snapshotClient = snapServer.snapshotClient()
+	})
+	w.waitFor("the removal refused", func() bool { return count(snapServer.refusals(), "update volumesnapshots") > 0 })
+	// Retries with backoff (20ms doubling to 200ms here) would try 5 or 6 times.
+	time.Sleep(400 * time.Millisecond)
+	// What may wake the snapshot: each list of the snapshots (the first, and a relist
+	// after a refused watch), and the orphan sweep's first pass, at start.
+	wakes := count(snapServer.requestsMade(), "list volumesnapshots") + 1
+	if n := count(snapServer.refusals(), "update volumesnapshots"); n > wakes {
+		t.Errorf("%d refused removals for %d wakes of the snapshot: retried in a loop", n, wakes)
+	}
+	if !w.ctrl.snapshots.updateForbidden.warned.Load() {
+		t.Error("no warning about the missing update permission")
+	}
 }
