@@ -107,12 +107,16 @@ type controller struct {
 	// until the driver answers for good. It is also what keeps the plan's source protected
 	// while the claim may be gone (sourceUser).
 	inProgress map[string]*plan
+	// deletedVolumes holds the PersistentVolumes whose volume DeleteVolume deleted, until
+	// the informer sees them go: a retry of the API writes after it must not call the
+	// driver again.
+	deletedVolumes map[deletedKey]struct{}
 }
 
 // newController wires the listers, handlers and queues on factory. It must run before the
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
-	c := &controller{config: cfg, inProgress: map[string]*plan{}}
+	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}}
 	limiter := func() workqueue.TypedRateLimiter[string] {
 		return workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.opts.retryIntervalStart, cfg.opts.retryIntervalMax)
 	}
@@ -159,6 +163,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	if _, err := volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueVolume,
 		UpdateFunc: func(_, obj any) { c.enqueueVolume(obj) },
+		DeleteFunc: c.forgetDeletedVolume,
 	}); err != nil {
 		return nil, err
 	}

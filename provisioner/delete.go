@@ -3,6 +3,7 @@ package provisioner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
@@ -22,6 +24,9 @@ import (
 // syncVolume is what happens to one PersistentVolume of the driver: keep its finalizer
 // right, and when it is released with reclaim policy Delete, delete the volume and then the
 // PersistentVolume.
+//
+// Every failure is logged here: the worker only requeues the volume, and a volume stuck
+// Terminating with nothing in the log cannot be diagnosed.
 func (c *controller) syncVolume(name string) error {
 	pv, err := c.volumes.Get(name)
 	if apierrors.IsNotFound(err) {
@@ -32,9 +37,11 @@ func (c *controller) syncVolume(name string) error {
 	if !isDriverVolume(pv, c.driver) {
 		return nil
 	}
-	ctx := klog.NewContext(c.ops, klog.Background().WithValues("pv", name))
+	logger := klog.Background().WithValues("pv", name)
+	ctx := klog.NewContext(c.ops, logger)
 	if finalizers, changed := desiredFinalizers(pv); changed {
 		if pv, err = c.patchFinalizers(ctx, pv, finalizers); err != nil {
+			logger.Error(err, "Cannot set the finalizers of the PersistentVolume, retrying")
 			return err
 		}
 	}
@@ -48,52 +55,126 @@ func (c *controller) syncVolume(name string) error {
 	start := time.Now()
 	err = c.delete(ctx, pv)
 	c.metrics.deleted(pv.Spec.StorageClassName, start, err)
-	if err != nil {
+	var pvErr pvRemovalError
+	switch {
+	case err == nil:
+	case errors.As(err, &pvErr):
+		// The volume is gone: the event a user reads on the PersistentVolume must not say
+		// its deletion failed, and the retry does not call DeleteVolume again.
+		logger.Error(err, "Volume deleted, but its PersistentVolume could not be removed; retrying")
+	default:
+		logger.Error(err, "Volume deletion failed, retrying")
 		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
-		return err
 	}
+	return err
+}
+
+// pvRemovalError is a failure to remove the PersistentVolume of a volume the driver has
+// deleted already.
+type pvRemovalError struct{ err error }
+
+func (e pvRemovalError) Error() string { return e.err.Error() }
+func (e pvRemovalError) Unwrap() error { return e.err }
+
+// delete deletes the volume, then the PersistentVolume, then lets it go by removing the
+// finalizer, all on Ops() (P1). A DeleteVolume that succeeded is not repeated when only the
+// API writes after it are retried (deletedVolumes).
+func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error {
+	logger := klog.FromContext(ctx)
+	if c.volumeDeleted(pv) {
+		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
+	} else {
+		if err := checkCapabilities(c.pluginCaps, c.controllerCaps, false); err != nil {
+			return err
+		}
+		if node := c.attachedTo(pv.Name); node != "" {
+			// Deleting an attached volume would fail in the driver or, worse, succeed.
+			return fmt.Errorf("persistentvolume %s is still attached to node %s", pv.Name, node)
+		}
+		secrets := c.deletionSecrets(ctx, pv)
+		if err := c.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
+			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
+		}
+		c.rememberDeleted(pv)
+		logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
+		c.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
+	}
+	if err := c.removePV(ctx, pv); err != nil {
+		return pvRemovalError{err}
+	}
+	logger.V(2).Info("PersistentVolume deleted")
 	return nil
 }
 
-// delete deletes the volume, then the PersistentVolume, then lets it go by removing the
-// finalizer, all on Ops() (P1).
-func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error {
-	logger := klog.FromContext(ctx)
-	if err := checkCapabilities(c.pluginCaps, c.controllerCaps, false); err != nil {
-		return err
-	}
-	if node := c.attachedTo(pv.Name); node != "" {
-		// Deleting an attached volume would fail in the driver or, worse, succeed.
-		return fmt.Errorf("persistentvolume %s is still attached to node %s", pv.Name, node)
-	}
-	secrets := c.deletionSecrets(ctx, pv)
-	if err := c.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
-		return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
-	}
-	logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
-	c.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
-	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+// removePV deletes the PersistentVolume of a deleted volume and removes the provisioner's
+// finalizer from it, on ctx (Ops()).
+func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) error {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
-	if err := c.kube.CoreV1().PersistentVolumes().Delete(apiCtx, pv.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
+	pvs := c.kube.CoreV1().PersistentVolumes()
+	if pv.DeletionTimestamp == nil {
+		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			// Gone, or another PersistentVolume of the same name: not this one's to touch.
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
+		}
 	}
+	// The Delete changed the resource version (it set the deletion timestamp): the
+	// finalizer patch starts from the server's copy, not the cache's.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		current, err := c.kube.CoreV1().PersistentVolumes().Get(apiCtx, pv.Name, metav1.GetOptions{})
+		current, err := pvs.Get(ctx, pv.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(current.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
+		if current.UID != pv.UID || !slices.Contains(current.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
 			return nil
 		}
-		current.Finalizers = withoutFinalizer(current.Finalizers)
-		_, err = c.kube.CoreV1().PersistentVolumes().Update(apiCtx, current, metav1.UpdateOptions{})
+		_, err = c.patchFinalizers(ctx, current, withoutFinalizer(current.Finalizers))
 		return err
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
 	}
-	logger.V(2).Info("PersistentVolume deleted")
 	return nil
+}
+
+// deletedKey names one PersistentVolume: a PersistentVolume re-created under the same
+// name is another volume.
+type deletedKey struct {
+	name string
+	uid  types.UID
+}
+
+func deletedKeyOf(pv *v1.PersistentVolume) deletedKey { return deletedKey{pv.Name, pv.UID} }
+
+// volumeDeleted tells whether DeleteVolume succeeded for this PersistentVolume in this
+// process. It is memory only, which is enough for what it prevents: the retries of the API
+// writes that follow DeleteVolume, by the same worker queue. A new leader calls DeleteVolume
+// once more, which CSI requires a driver to answer with success for a volume that is gone.
+func (c *controller) volumeDeleted(pv *v1.PersistentVolume) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.deletedVolumes[deletedKeyOf(pv)]
+	return ok
+}
+
+func (c *controller) rememberDeleted(pv *v1.PersistentVolume) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deletedVolumes[deletedKeyOf(pv)] = struct{}{}
+}
+
+// forgetDeletedVolume drops the memory of a PersistentVolume once the informer saw it go.
+func (c *controller) forgetDeletedVolume(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if pv, ok := obj.(*v1.PersistentVolume); ok {
+		c.mu.Lock()
+		delete(c.deletedVolumes, deletedKeyOf(pv))
+		c.mu.Unlock()
+	}
 }
 
 // attachedTo names a node the volume is still attached to, "" for none (or when the
@@ -148,7 +229,8 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 	return secrets
 }
 
-// patchFinalizers sets the PersistentVolume's finalizers, on Ops().
+// patchFinalizers sets the PersistentVolume's finalizers, on Ops(). It patches: upstream's
+// RBAC grants patch on persistentvolumes, not update.
 func (c *controller) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, finalizers []string) (*v1.PersistentVolume, error) {
 	patch, err := finalizerPatch(pv, finalizers)
 	if err != nil {

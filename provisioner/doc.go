@@ -50,6 +50,13 @@
 // failed provisioning) through a hook that only enqueues. The managed-by label of a node
 // deployment is upstream's value, long node names shortened exactly as upstream does.
 //
+// RBAC: the provisioner runs with upstream's own (external-provisioner v6.x,
+// deploy/kubernetes/rbac.yaml), so every API write uses a verb that file grants (rbac.go):
+// PersistentVolumes are created, patched and deleted, never updated; claims are updated,
+// never patched. What some v6 release does not grant (watch and update on VolumeSnapshots
+// before v6.2) degrades the feature it serves, with one warning, as upstream does, and
+// never fails the work.
+//
 // Not implemented: CSI migration of in-tree volumes (claims and volumes of an in-tree
 // plugin migrated to the driver are left alone: no finalizer is put on such a volume, as
 // nothing here could delete it), and cross-namespace data sources.

@@ -57,6 +57,10 @@ type snapshotWatch struct {
 	client   snapclientset.Interface
 	informer cache.SharedIndexInformer
 	lister   snaplisters.VolumeSnapshotLister
+	// updateForbidden and watchForbidden warn, once each, that the RBAC lacks a verb
+	// upstream's grants only from v6.2 on.
+	updateForbidden *forbiddenWarning
+	watchForbidden  *forbiddenWarning
 }
 
 // watchSnapshots makes the snapshot informer and registers its handler; startSnapshots
@@ -73,7 +77,20 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 	}
 	informer := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &snapshotv1.VolumeSnapshot{}, 0,
 		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	c.snapshots = &snapshotWatch{client: client, informer: informer, lister: snaplisters.NewVolumeSnapshotLister(informer.GetIndexer())}
+	c.snapshots = &snapshotWatch{
+		client: client, informer: informer, lister: snaplisters.NewVolumeSnapshotLister(informer.GetIndexer()),
+		updateForbidden: &forbiddenWarning{
+			permission:  "update on volumesnapshots.snapshot.storage.k8s.io",
+			consequence: "volumes are restored without the source-protection finalizer, so a snapshot can be deleted while a volume is restored from it",
+		},
+		watchForbidden: &forbiddenWarning{
+			permission:  "watch on volumesnapshots.snapshot.storage.k8s.io",
+			consequence: "the snapshot cache is refreshed by relisting every snapshot, with backoff, instead of watching",
+		},
+	}
+	if err := informer.SetWatchErrorHandlerWithContext(c.snapshots.watchForbidden.watchErrorHandler); err != nil {
+		return fmt.Errorf("setting the snapshot informer's watch error handler: %w", err)
+	}
 	// A snapshot that still carries our finalizer gets checked, e.g. on a new leader.
 	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueProtectedSnapshot,
@@ -355,33 +372,46 @@ func (c *controller) setClaimFinalizer(ctx context.Context, ref sourceRef, add b
 }
 
 // setSnapshotFinalizer adds or removes the source-protection finalizer of a snapshot.
+//
+// Upstream's RBAC grants update on volumesnapshots only from v6.2 on. Under an older one
+// the write is forbidden and, as upstream, that is no failure: the restore goes on without
+// protection (add), or the finalizer stays for a sweep to retry (remove); a warning says
+// so once.
 func (c *controller) setSnapshotFinalizer(ctx context.Context, ref sourceRef, add bool) error {
 	if c.snapshots == nil {
 		return nil
 	}
+	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
 	snaps := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace)
+	changed := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		snap, err := snaps.Get(ctx, ref.name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		finalizers, changed := withFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
-		if !changed {
+		finalizers, change := withFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
+		if !change {
 			return nil
 		}
 		snap.Finalizers = finalizers
 		_, err = snaps.Update(ctx, snap, metav1.UpdateOptions{})
+		changed = err == nil
 		return err
 	})
-	if apierrors.IsNotFound(err) && !add {
+	switch {
+	case apierrors.IsNotFound(err) && !add:
 		return nil
-	}
-	if err != nil {
+	case apierrors.IsForbidden(err):
+		c.snapshots.updateForbidden.report(logger, err, "snapshot", ref.String(), "protect", add)
+		return nil
+	case err != nil:
 		return fmt.Errorf("setting finalizer %s on snapshot %s (add=%v): %w", snapshotProtectionFinalizer, ref, add, err)
 	}
-	klog.FromContext(ctx).V(3).Info("Snapshot source protection changed", "snapshot", ref.String(), "protected", add)
+	if changed {
+		logger.V(3).Info("Snapshot source protection changed", "snapshot", ref.String(), "protected", add)
+	}
 	return nil
 }
 

@@ -8,8 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -56,16 +56,49 @@ func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error 
 
 // reschedule removes the selected node from the claim so that the scheduler picks again.
 // It returns nil once done: the claim comes back when a node is selected.
+//
+// It updates rather than patches: upstream's RBAC grants update on persistentvolumeclaims,
+// not patch. The update carries the claim's resource version; on a conflict the claim is
+// read again, and a node selected since (the scheduler was faster) is left alone.
 func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeClaim, why error) error {
-	if _, ok := claim.Annotations[volumehelpers.AnnSelectedNode]; !ok {
+	node, ok := claim.Annotations[volumehelpers.AnnSelectedNode]
+	if !ok {
 		return why
 	}
-	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, volumehelpers.AnnSelectedNode)
+	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
-	if _, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("removing annotation %s from claim %s to reschedule (%v): %w", volumehelpers.AnnSelectedNode, klog.KObj(claim), why, err)
+	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
+	current, removed := claim, false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if current.UID != claim.UID || current.Annotations[volumehelpers.AnnSelectedNode] != node {
+			return nil
+		}
+		update := current.DeepCopy()
+		delete(update.Annotations, volumehelpers.AnnSelectedNode)
+		_, err := claims.Update(ctx, update, metav1.UpdateOptions{})
+		removed = err == nil
+		if apierrors.IsConflict(err) {
+			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+			if getErr != nil {
+				return getErr
+			}
+			current = fresh
+		}
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
 	}
-	klog.FromContext(ctx).V(2).Info("Asked the scheduler for another node", "claim", klog.KObj(claim), "reason", why.Error())
+	if err != nil {
+		err = fmt.Errorf("removing annotation %s from claim %s to reschedule (%v): %w", volumehelpers.AnnSelectedNode, klog.KObj(claim), why, err)
+		logger.Error(err, "Cannot ask the scheduler for another node, retrying")
+		return err
+	}
+	if removed {
+		logger.V(2).Info("Asked the scheduler for another node", "claim", klog.KObj(claim), "node", node, "reason", why.Error())
+	} else {
+		logger.V(4).Info("Not rescheduling: the claim is gone or its node changed meanwhile", "claim", klog.KObj(claim), "node", node)
+	}
 	return nil
 }

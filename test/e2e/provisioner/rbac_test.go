@@ -1,0 +1,234 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// Upstream's verbs on volumesnapshots: v6.2 added watch and update (the source-protection
+// finalizer); v6.0 and v6.1 grant get and list only.
+var (
+	snapshotVerbsV62 = []string{"get", "list", "watch", "update"}
+	snapshotVerbsV60 = []string{"get", "list"}
+)
+
+// upstreamClusterRules is the ClusterRole external-provisioner-runner of
+// external-provisioner v6.3.0's deploy/kubernetes/rbac.yaml, with the secrets rule
+// uncommented as the file says to for drivers that use secrets, and the given verbs on
+// volumesnapshots.
+func upstreamClusterRules(snapshotVerbs []string) []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list"}},
+		{APIGroups: []string{""}, Resources: []string{"persistentvolumes"}, Verbs: []string{"get", "list", "watch", "create", "patch", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "list", "watch", "update"}},
+		{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list", "watch", "create", "update", "patch"}},
+		{APIGroups: []string{"snapshot.storage.k8s.io"}, Resources: []string{"volumesnapshots"}, Verbs: snapshotVerbs},
+		{APIGroups: []string{"snapshot.storage.k8s.io"}, Resources: []string{"volumesnapshotcontents"}, Verbs: []string{"get", "list"}},
+		{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csinodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"volumeattachments"}, Verbs: []string{"get", "list", "watch"}},
+	}
+}
+
+// upstreamNamespaceRules is the Role external-provisioner-cfg of the same file.
+var upstreamNamespaceRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "watch", "list", "delete", "update", "create"}},
+	{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"csistoragecapacities"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+	{APIGroups: []string{"apps"}, Resources: []string{"replicasets"}, Verbs: []string{"get"}},
+}
+
+// upstreamServiceAccount creates a ServiceAccount bound to upstream's provisioner RBAC
+// (snapshotVerbs on volumesnapshots), waits until the authorizer applies it, and returns
+// a kubeconfig with a token of it.
+func (s *scenario) upstreamServiceAccount(snapshotVerbs []string) string {
+	s.T.Helper()
+	ctx := s.ctx()
+	const sa = "csi-provisioner"
+	name := s.name("upstream-provisioner")
+	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: s.Namespace}}
+	rbac := s.Client.RbacV1()
+	if _, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: upstreamClusterRules(snapshotVerbs)}, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	if _, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}, Subjects: subjects,
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}}, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	s.T.Cleanup(func() {
+		_ = rbac.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = rbac.ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	if _, err := rbac.Roles(s.Namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "external-provisioner-cfg"}, Rules: upstreamNamespaceRules}, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(s.Namespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "csi-provisioner-role-cfg"}, Subjects: subjects,
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "external-provisioner-cfg"}}, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	// The authorizer reads roles through an informer: wait until both grants apply.
+	user := "system:serviceaccount:" + s.Namespace + ":" + sa
+	for _, attrs := range []authorizationv1.ResourceAttributes{
+		{Verb: "patch", Resource: "persistentvolumes"},
+		{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: s.Namespace},
+	} {
+		s.WaitUntil(fmt.Sprintf("%s granted %s %s", user, attrs.Verb, attrs.Resource), func() bool {
+			review, err := s.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + s.Namespace, "system:authenticated"}, ResourceAttributes: &attrs,
+			}}, metav1.CreateOptions{})
+			return err == nil && review.Status.Allowed
+		})
+	}
+	tr, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).CreateToken(ctx, sa,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	path := filepath.Join(s.Dir, "upstream-provisioner.kubeconfig")
+	if err := s.CP.WriteKubeconfig(path, tr.Status.Token); err != nil {
+		s.T.Fatal(err)
+	}
+	return path
+}
+
+// deleteCalls returns the DeleteVolume calls of the journal for a volume.
+func deleteCalls(calls []testdriver.Call, volumeID string) int {
+	n := 0
+	for _, c := range calls {
+		if c.Method == testdriver.MethodDeleteVolume && c.VolumeID == volumeID {
+			n++
+		}
+	}
+	return n
+}
+
+// With exactly upstream's RBAC (v6.3.0), the provisioner deletes a released volume once
+// and lets its PersistentVolume go, protects a snapshot while restoring from it, and hands
+// a claim whose node ran out of space back to the scheduler; the API server refuses
+// nothing it asks.
+func TestWorksWithUpstreamsRBAC(t *testing.T) {
+	s := newScenario(t, testdriver.Config{Topology: true, ControllerCapabilities: withCapabilities(csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)})
+	snaps := installSnapshotCRDs(t, s)
+	node := s.createNode("n1")
+	fast := s.createClass("fast", nil)
+	late := s.createClass("late", func(sc *storagev1.StorageClass) {
+		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	})
+	r := s.startReplica("replica-a", "--kubeconfig="+s.upstreamServiceAccount(snapshotVerbsV62))
+	s.WaitForHolder(s.leaseName, "replica-a")
+	r.WaitReady(t)
+	ctx := s.ctx()
+
+	// Deletion: the volume goes once, then the PersistentVolume is deleted and loses our
+	// finalizer (the pv-protection one stays: no controller-manager runs to remove it).
+	c := s.createClaim("data", fast.Name, "")
+	pvName := "pvc-" + string(c.UID)
+	s.WaitUntil("the PersistentVolume", func() bool { return s.pvs()[pvName] != nil })
+	pv := s.pvs()[pvName]
+	s.markReleased(pv)
+	s.WaitUntil("the PersistentVolume deleted without our finalizer", func() bool {
+		pv, err := s.Client.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || err == nil && pv.DeletionTimestamp != nil && !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
+	})
+	if _, ok := s.Driver.Volume(pv.Spec.CSI.VolumeHandle); ok {
+		t.Errorf("volume %s is still in the driver", pv.Spec.CSI.VolumeHandle)
+	}
+	if n := deleteCalls(s.Driver.Journal(), pv.Spec.CSI.VolumeHandle); n != 1 {
+		t.Errorf("%d DeleteVolume calls for %s, want 1", n, pv.Spec.CSI.VolumeHandle)
+	}
+
+	// Restore: the snapshot is protected while its volume is made, and let go after.
+	srcHandle := s.provisionBoundSource("src", fast.Name)
+	backend := s.createReadySnapshot(snaps, "snap", srcHandle)
+	s.Driver.SetMethodLatency(testdriver.MethodCreateVolume, time.Second)
+	restore := s.createClaimFrom("restore", fast.Name, v1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"})
+	s.WaitUntil("the source-protection finalizer on the snapshot", func() bool {
+		return slices.Contains(snapshotFinalizers(s, snaps, "snap"), snapshotFinalizer)
+	})
+	s.WaitUntil("the restored PersistentVolume", func() bool { return len(s.pvsByClaim()[restore.UID]) == 1 })
+	s.WaitUntil("the source-protection finalizer gone", func() bool {
+		return !slices.Contains(snapshotFinalizers(s, snaps, "snap"), snapshotFinalizer)
+	})
+	s.checkMadeFrom([]*v1.PersistentVolumeClaim{restore}, func(src *csi.VolumeContentSource) bool { return src.GetSnapshot().GetSnapshotId() == backend.ID })
+	s.Driver.SetMethodLatency(testdriver.MethodCreateVolume, 0)
+
+	// Reschedule: the next CreateVolume (this claim's: nothing else is pending) runs out
+	// of space on the selected node.
+	if err := s.Driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.ResourceExhausted, Times: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.createClaim("full", late.Name, node)
+	s.WaitUntil("the selected node removed from the claim", func() bool {
+		claim, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).Get(ctx, "full", metav1.GetOptions{})
+		_, selected := claim.Annotations[volumehelpers.AnnSelectedNode]
+		return err == nil && !selected
+	})
+
+	if log := r.Stderr(); strings.Contains(log, "forbidden") {
+		t.Errorf("the API server refused requests:\n%s", grepLines(log, "forbidden"))
+	}
+}
+
+// With upstream's RBAC before v6.2 (get and list on volumesnapshots), restores work
+// without source protection, and the missing permissions are one warning each.
+func TestRestoresWithUpstreamsRBACBeforeV62(t *testing.T) {
+	s := newScenario(t, testdriver.Config{ControllerCapabilities: withCapabilities(csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)})
+	snaps := installSnapshotCRDs(t, s)
+	fast := s.createClass("fast", nil)
+	r := s.startReplica("replica-a", "--kubeconfig="+s.upstreamServiceAccount(snapshotVerbsV60))
+	s.WaitForHolder(s.leaseName, "replica-a")
+	r.WaitReady(t)
+
+	srcHandle := s.provisionBoundSource("src", fast.Name)
+	backend := s.createReadySnapshot(snaps, "snap", srcHandle)
+	var restores []*v1.PersistentVolumeClaim
+	for i := range 2 {
+		restores = append(restores, s.createClaimFrom(fmt.Sprintf("restore-%d", i), fast.Name,
+			v1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"}))
+	}
+	s.waitForPVs(3)
+	s.checkMadeFrom(restores, func(src *csi.VolumeContentSource) bool { return src.GetSnapshot().GetSnapshotId() == backend.ID })
+	if f := snapshotFinalizers(s, snaps, "snap"); slices.Contains(f, snapshotFinalizer) {
+		t.Errorf("snapshot finalizers %v: the update was not refused?", f)
+	}
+	log := r.Stderr()
+	for _, permission := range []string{"update on volumesnapshots", "watch on volumesnapshots"} {
+		if n := strings.Count(log, `missingPermission="`+permission); n != 1 {
+			t.Errorf("%d warnings about %s, want 1:\n%s", n, permission, grepLines(log, "missingPermission"))
+		}
+	}
+}
+
+// grepLines returns the lines of log containing s.
+func grepLines(log, s string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
