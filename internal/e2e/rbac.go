@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,6 +58,29 @@ func (s *Scenario) KubeconfigWithRules(name string, rules Rules) string {
 		_ = rbac.ClusterRoleBindings().Delete(context.Background(), full, metav1.DeleteOptions{})
 		_ = rbac.ClusterRoles().Delete(context.Background(), full, metav1.DeleteOptions{})
 	})
+
+	// The authorizer reads roles through an informer: wait until a grant of each applies,
+	// so the replica's first requests are not refused.
+	user := "system:serviceaccount:" + s.Namespace + ":" + name
+	for _, grant := range []struct {
+		rules     []rbacv1.PolicyRule
+		namespace string
+	}{{rules.Cluster, ""}, {rules.Namespace, s.Namespace}} {
+		if len(grant.rules) == 0 {
+			continue
+		}
+		r := grant.rules[0]
+		attrs := authorizationv1.ResourceAttributes{Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: r.Resources[0], Namespace: grant.namespace}
+		if res, sub, ok := strings.Cut(attrs.Resource, "/"); ok {
+			attrs.Resource, attrs.Subresource = res, sub
+		}
+		s.WaitUntil(fmt.Sprintf("%s is granted %s %s", user, attrs.Verb, r.Resources[0]), func() bool {
+			review, err := s.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + s.Namespace, "system:authenticated"}, ResourceAttributes: &attrs,
+			}}, metav1.CreateOptions{})
+			return err == nil && review.Status.Allowed
+		})
+	}
 
 	expiry := int64(3600)
 	tr, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).CreateToken(ctx, name,

@@ -1,9 +1,7 @@
 package provisioner
 
 import (
-	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,8 +9,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -21,6 +17,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
@@ -59,59 +56,10 @@ var upstreamNamespaceRules = []rbacv1.PolicyRule{
 }
 
 // upstreamServiceAccount creates a ServiceAccount bound to upstream's provisioner RBAC
-// (snapshotVerbs on volumesnapshots), waits until the authorizer applies it, and returns
-// a kubeconfig with a token of it.
+// (snapshotVerbs on volumesnapshots) and returns a kubeconfig with a token of it.
 func (s *scenario) upstreamServiceAccount(snapshotVerbs []string) string {
 	s.T.Helper()
-	ctx := s.ctx()
-	const sa = "csi-provisioner"
-	name := s.name("upstream-provisioner")
-	subjects := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: s.Namespace}}
-	rbac := s.Client.RbacV1()
-	if _, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: upstreamClusterRules(snapshotVerbs)}, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	if _, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}, Subjects: subjects,
-		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}}, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	s.T.Cleanup(func() {
-		_ = rbac.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{})
-		_ = rbac.ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
-	if _, err := rbac.Roles(s.Namespace).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "external-provisioner-cfg"}, Rules: upstreamNamespaceRules}, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	if _, err := rbac.RoleBindings(s.Namespace).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "csi-provisioner-role-cfg"}, Subjects: subjects,
-		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "external-provisioner-cfg"}}, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	// The authorizer reads roles through an informer: wait until both grants apply.
-	user := "system:serviceaccount:" + s.Namespace + ":" + sa
-	for _, attrs := range []authorizationv1.ResourceAttributes{
-		{Verb: "patch", Resource: "persistentvolumes"},
-		{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: s.Namespace},
-	} {
-		s.WaitUntil(fmt.Sprintf("%s granted %s %s", user, attrs.Verb, attrs.Resource), func() bool {
-			review, err := s.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + s.Namespace, "system:authenticated"}, ResourceAttributes: &attrs,
-			}}, metav1.CreateOptions{})
-			return err == nil && review.Status.Allowed
-		})
-	}
-	tr, err := s.Client.CoreV1().ServiceAccounts(s.Namespace).CreateToken(ctx, sa,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
-	if err != nil {
-		s.T.Fatal(err)
-	}
-	path := filepath.Join(s.Dir, "upstream-provisioner.kubeconfig")
-	if err := s.CP.WriteKubeconfig(path, tr.Status.Token); err != nil {
-		s.T.Fatal(err)
-	}
-	return path
+	return s.KubeconfigWithRules("csi-provisioner", e2e.Rules{Cluster: upstreamClusterRules(snapshotVerbs), Namespace: upstreamNamespaceRules})
 }
 
 // deleteCalls returns the DeleteVolume calls of the journal for a volume.
@@ -231,4 +179,51 @@ func grepLines(log, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// Upstream's own RBAC is enough: with a token of a ServiceAccount that holds exactly
+// upstream's rules, the provisioner provisions, clones, restores and deletes volumes (the
+// Delete policy: the volume leaves the backend once and the PersistentVolume goes), and no
+// request of it is refused.
+func TestUpstreamRBACIsEnoughToProvisionCloneRestoreAndDelete(t *testing.T) {
+	s := newScenario(t, testdriver.Config{ControllerCapabilities: withCapabilities(
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)})
+	snaps := installSnapshotCRDs(t, s)
+	fast := s.createClass("fast", nil)
+	a := s.startReplica("replica-a", "--kubeconfig="+s.upstreamServiceAccount(snapshotVerbsV62))
+	s.WaitForHolder(s.leaseName, "replica-a")
+	a.WaitReady(t)
+
+	srcHandle := s.provisionBoundSource("src", fast.Name)
+	backend := s.createReadySnapshot(snaps, "snap", srcHandle)
+	clone := s.createClaimFrom("clone", fast.Name, v1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"})
+	restore := s.createClaimFrom("restore", fast.Name,
+		v1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"})
+	s.waitForPVs(3)
+	s.checkMadeFrom([]*v1.PersistentVolumeClaim{clone}, func(src *csi.VolumeContentSource) bool { return src.GetVolume().GetVolumeId() == srcHandle })
+	s.checkMadeFrom([]*v1.PersistentVolumeClaim{restore}, func(src *csi.VolumeContentSource) bool { return src.GetSnapshot().GetSnapshotId() == backend.ID })
+
+	for _, pv := range s.pvs() {
+		s.markReleased(pv)
+	}
+	s.WaitUntil("every volume deleted and its PersistentVolume let go", func() bool {
+		for _, pv := range s.pvs() {
+			if pv.DeletionTimestamp == nil || slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
+				return false
+			}
+		}
+		return len(s.Driver.Volumes()) == 0
+	})
+	deletes := map[string]int{}
+	for _, c := range s.Driver.Journal() {
+		if c.Method == testdriver.MethodDeleteVolume && c.Code == "OK" {
+			deletes[c.VolumeID]++
+		}
+	}
+	for id, n := range deletes {
+		if n != 1 {
+			t.Errorf("volume %s: DeleteVolume succeeded %d times, want once", id, n)
+		}
+	}
+	e2e.NoForbidden(t, a)
 }
