@@ -402,3 +402,20 @@ func TestEnablePprofServesProfilesOnTheHTTPEndpoint(t *testing.T) {
 		t.Errorf("without --enable-pprof: /debug/pprof/ %d, want 404", code)
 	}
 }
+
+// A driver that replaced an in-tree plugin gets upstream's "migrated" label on its CSI call
+// metrics; any other driver does not.
+func TestMigratedDriverGetsTheMigratedMetricsLabel(t *testing.T) {
+	for _, c := range []struct {
+		driver string
+		want   bool
+	}{{"ebs.csi.aws.com", true}, {"", false}} {
+		s := newScenario(t, testdriver.Config{DriverName: c.driver})
+		a := s.startReplica("replica-a")
+		a.WaitReady(t)
+		_, metrics := a.Get("/metrics")
+		if got := strings.Contains(metrics, `migrated="`); got != c.want {
+			t.Errorf("driver %q: migrated label on csi_sidecar_operations_seconds %v, want %v", s.Driver.DriverName(), got, c.want)
+		}
+	}
+}
