@@ -82,6 +82,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	shared.CSI = m.csi
+	shared.Backlog = &Backlog{sidecar: s.Name()}
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {

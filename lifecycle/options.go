@@ -49,6 +49,9 @@ type Options struct {
 	EnablePprof  bool
 	// MaxGRPCLogLength caps every CSI request and response logged at -v=5; negative: no cap.
 	MaxGRPCLogLength int
+	// LogBacklogInterval is --log-backlog-interval: how often queues with items waiting
+	// are logged; 0 is off.
+	LogBacklogInterval time.Duration
 	// ShowVersion is --version: print the version and exit 0.
 	ShowVersion bool
 
@@ -121,6 +124,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "How long in-flight operations may run after the first SIGTERM before they are cancelled and the process exits without releasing the Lease. Keep it below the pod's terminationGracePeriodSeconds.")
 	fs.BoolVar(&o.Automaxprocs, "automaxprocs", o.Automaxprocs, "Set GOMAXPROCS from the container's CPU quota.")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "Enable pprof profiling on the TCP network address specified by --http-endpoint. The HTTP path is `/debug/pprof/`.")
+	fs.DurationVar(&o.LogBacklogInterval, "log-backlog-interval", o.LogBacklogInterval, "How often to log every work queue that has items waiting for a worker, with their number and the age of the oldest. 0 (the default) is off.")
 	fs.IntVar(&o.MaxGRPCLogLength, "max-grpc-log-length", o.MaxGRPCLogLength, "The maximum amount of characters logged for every grpc responses. Defaults to no limit")
 
 	o.Gates.AddFlag(fs)

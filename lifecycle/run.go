@@ -104,6 +104,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	defer endLifetime()
 	registry := k8smetrics.NewKubeRegistry()
 	p.metrics = newCoreMetrics(registry)
+	registry.CustomMustRegister(newBacklogCollector(p.backlogs))
 	p.health = &health{notReady: "starting"}
 	// The CSI call metrics exist once the driver is connected; served from then on.
 	var csiMetrics atomic.Pointer[metrics.CSIMetricsManager]
@@ -203,6 +204,9 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	}
 	p.health.setNotReady("")
 
+	if p.opts.LogBacklogInterval > 0 {
+		go wait.UntilWithContext(lifetime, func(ctx context.Context) { p.logBacklog(ctx) }, p.opts.LogBacklogInterval)
+	}
 	codes := make([]int, len(members))
 	var wg sync.WaitGroup
 	for i, m := range members {
@@ -269,6 +273,29 @@ func (p *process) isDriverLost() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.driverLost
+}
+
+// backlogs are the hosted sidecars' backlogs.
+func (p *process) backlogs() []*Backlog {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*Backlog, 0, len(p.members))
+	for _, m := range p.members {
+		out = append(out, m.env.Backlog)
+	}
+	return out
+}
+
+// logBacklog logs every queue that has items waiting (--log-backlog-interval).
+func (p *process) logBacklog(ctx context.Context) {
+	now := time.Now()
+	for _, b := range p.backlogs() {
+		for _, q := range b.Now(now) {
+			if q.Waiting > 0 {
+				klog.FromContext(ctx).Info("Backlog", "sidecar", b.sidecar, "queue", q.Queue, "waiting", q.Waiting, "oldest", q.Oldest.Round(time.Millisecond).String())
+			}
+		}
+	}
 }
 
 // drainTime is the time since intake ended; ok is false while it has not.

@@ -74,6 +74,10 @@ type Env struct {
 	Gates featuregate.FeatureGate
 	// Identity is this replica's leader-election identity.
 	Identity string
+	// Backlog collects what the sidecar's queues (NewQueue) have waiting, for /metrics
+	// (csi_sidecars_queue_waiting_items, csi_sidecars_queue_oldest_waiting_seconds) and
+	// --log-backlog-interval.
+	Backlog *Backlog
 	// MaxGRPCLogLength is --max-grpc-log-length: a sidecar that logs CSI requests or
 	// responses itself cuts them to this many characters (no cap when not positive).
 	MaxGRPCLogLength int

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -40,7 +39,7 @@ type Sidecar struct {
 	namespace string
 
 	lister corelisters.ConfigMapLister
-	queue  workqueue.TypedRateLimitingInterface[string]
+	queue  *lifecycle.Queue[string]
 }
 
 // New returns the test sidecar, named "test".
@@ -77,9 +76,7 @@ func (s *Sidecar) LeaseName(driver string) string { return "csi-sidecars-" + s.n
 
 // Setup implements lifecycle.Sidecar.
 func (s *Sidecar) Setup(env *lifecycle.Env) error {
-	s.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Second),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: s.name})
+	s.queue = lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: s.name, RetryStart: 100 * time.Millisecond, RetryMax: 5 * time.Second, Backlog: env.Backlog})
 	inf := env.Informers.Core().V1().ConfigMaps()
 	s.lister = inf.Lister()
 	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{

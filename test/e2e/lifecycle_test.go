@@ -315,7 +315,8 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 	}{
 		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`,
 			`leader_election_master_status{name="` + s.leaseName + `"} 1`}},
-		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"}`, "go_goroutines"}},
+		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"}`, "go_goroutines",
+			`csi_sidecars_queue_waiting_items{queue="test",sidecar="test"}`, `csi_sidecars_queue_oldest_waiting_seconds{queue="test",sidecar="test"}`}},
 	} {
 		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {
 			if code, body := c.r.Get(path); code != 200 {
@@ -418,4 +419,21 @@ func TestMigratedDriverGetsTheMigratedMetricsLabel(t *testing.T) {
 			t.Errorf("driver %q: migrated label on csi_sidecar_operations_seconds %v, want %v", s.Driver.DriverName(), got, c.want)
 		}
 	}
+}
+
+// A backlog is visible: the leader exports how many items wait for a worker and the age of
+// the oldest, and with --log-backlog-interval logs them while they wait.
+func TestBacklogIsExportedAndLogged(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 10 * time.Second}})
+	a := s.startReplica("replica-a", "--workers=1", "--log-backlog-interval=100ms")
+	s.waitForHolder("replica-a")
+	a.WaitReady(t)
+	s.createWork(5)
+	s.WaitForCalls("one call in flight", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 1 })
+	s.WaitUntil("4 items waiting on /metrics, the oldest for a while", func() bool {
+		_, metrics := a.Get("/metrics")
+		return strings.Contains(metrics, `csi_sidecars_queue_waiting_items{queue="test",sidecar="test"} 4`) &&
+			!strings.Contains(metrics, `csi_sidecars_queue_oldest_waiting_seconds{queue="test",sidecar="test"} 0`+"\n")
+	})
+	s.WaitUntil("a backlog log line", func() bool { return strings.Contains(a.Stderr(), `"Backlog" sidecar="test" queue="test" waiting=4`) })
 }
