@@ -53,6 +53,25 @@ func newRoot() *cobra.Command {
 	return lifecycle.NewRootCommand("csi-sidecars", "test", attacher.New(), resizer.New(), provisioner.New())
 }
 
+// apiBudget is the --kube-api-qps and --kube-api-burst that args give a csi-sidecars process.
+func apiBudget(t *testing.T, args []string) (qps float64, burst int) {
+	t.Helper()
+	cmd, rest, err := newRoot().Find(lifecycle.NormalizeArgs(args))
+	if err == nil {
+		err = cmd.ParseFlags(rest)
+	}
+	if err == nil {
+		qps, err = cmd.Flags().GetFloat64("kube-api-qps")
+	}
+	if err == nil {
+		burst, err = cmd.Flags().GetInt("kube-api-burst")
+	}
+	if err != nil {
+		t.Fatalf("args %q: %v", args, err)
+	}
+	return qps, burst
+}
+
 // deploy/combined runs the three sidecars in one container that carries every flag of the
 // three containers it replaces: shared flags once, each sidecar's own flags with its name
 // as prefix, and the probes on its one HTTP server.
@@ -95,6 +114,17 @@ func TestCombinedOverlayRunsTheThreeSidecarsInOneContainer(t *testing.T) {
 				t.Errorf("the example's %s container sets %s; the combined container does not", e.Name, env.Name)
 			}
 		}
+	}
+
+	// One API client serves the three sidecars: it needs the three containers' budget.
+	var qps float64
+	var burst int
+	for _, e := range example {
+		q, b := apiBudget(t, e.Args)
+		qps, burst = qps+q, burst+b
+	}
+	if q, b := apiBudget(t, c.Args); q < qps || b < burst {
+		t.Errorf("deploy/combined: --kube-api-qps=%v --kube-api-burst=%d for the three sidecars; the example's three containers have %v and %d together", q, b, qps, burst)
 	}
 
 	var port string
