@@ -11,10 +11,12 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 )
 
-// `make demo` in its short mode: every handover is clean and the summary is printed.
+// `make demo DEMO_FLAGS="-short -combined"`: every handover is clean and the summaries are
+// printed, the single-sidecar one and the combined one, whose one SIGTERM hands each of the
+// three Leases to the combined standby.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the demo starts a control plane and six sidecar processes")
+		t.Skip("-short: the demo starts a control plane and eight sidecar processes")
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {
@@ -22,15 +24,42 @@ func TestDemoShort(t *testing.T) {
 	}
 	defer os.RemoveAll(bin)
 	var out bytes.Buffer
-	_, err = run(context.Background(), options{short: true, bin: filepath.Join(bin, "csi-sidecars"), logDir: t.TempDir()}, &out)
+	rep, err := run(context.Background(), options{short: true, combined: true, bin: filepath.Join(bin, "csi-sidecars"), logDir: t.TempDir()}, &out)
 	t.Log("\n" + out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b"} {
+	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "Summary, combined"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+
+	// What the combined summary claims, from what run observed: a row per sidecar, each
+	// Lease now held by the standby, a clean exit, no overlaps and all work done.
+	sidecars := map[string]bool{"provisioner": false, "attacher": false, "resizer": false}
+	for _, h := range rep.combined {
+		sidecars[h.sidecar] = true
+		if h.leader != "combined-a" || h.standby != "combined-b" {
+			t.Errorf("%s: Lease went %s -> %s; want combined-a -> combined-b", h.sidecar, h.leader, h.standby)
+		}
+		if h.inFlight == 0 {
+			t.Errorf("%s: no call in flight at the SIGTERM; the handover proves nothing", h.sidecar)
+		}
+		if h.exitCode != 0 || h.overlaps != 0 || h.done != h.all {
+			t.Errorf("%s: exit %d, %d overlaps, %d/%d done; want exit 0, no overlaps, all done", h.sidecar, h.exitCode, h.overlaps, h.done, h.all)
+		}
+	}
+	for sidecar, seen := range sidecars {
+		if !seen {
+			t.Errorf("the combined run reports no handover of the %s", sidecar)
+		}
+	}
+	if n := len(rep.combined); n != len(sidecars) {
+		t.Errorf("the combined run reports %d handovers; want %d", n, len(sidecars))
+	}
+	if !strings.Contains(out.String(), "combined-b (three sidecars, one process)") {
+		t.Errorf("output lacks the combined standby's peak RSS beside the single-sidecar standbys'")
 	}
 }
 
@@ -44,11 +73,11 @@ func BenchmarkFailover(b *testing.B) {
 	defer os.RemoveAll(bin)
 	for range b.N {
 		var out bytes.Buffer
-		results, err := run(context.Background(), options{short: true, bin: filepath.Join(bin, "csi-sidecars"), logDir: b.TempDir()}, &out)
+		rep, err := run(context.Background(), options{short: true, bin: filepath.Join(bin, "csi-sidecars"), logDir: b.TempDir()}, &out)
 		if err != nil {
 			b.Fatalf("%v\n%s", err, out.String())
 		}
-		for _, h := range results {
+		for _, h := range rep.single {
 			b.ReportMetric(h.drain.Seconds(), h.sidecar+"-drain-s")
 			b.ReportMetric(h.firstCallAfterExit.Seconds(), h.sidecar+"-takeover-s")
 			b.ReportMetric(float64(h.overlaps), h.sidecar+"-overlaps")

@@ -1,8 +1,10 @@
 // Command demo is `make demo`: on one machine it starts a real kube-apiserver + etcd, the
 // test CSI driver with slow calls, and two replicas of each sidecar; it provisions, attaches
 // and expands volumes, SIGTERMs each leader while its calls are in flight, and prints a live
-// timeline and a summary of each handover. Everything it starts stops with it (also on
-// Ctrl-C); the logs stay in the folder it names.
+// timeline and a summary of each handover. With -combined it then does the same work with
+// two replicas of one process running all three sidecars (csi-sidecars --controllers=...),
+// which one SIGTERM hands over, and compares their memory. Everything it starts stops with
+// it (also on Ctrl-C); the logs stay in the folder it names.
 package main
 
 import (
@@ -14,11 +16,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,19 +36,26 @@ import (
 const (
 	driverName    = "demo.csi.sidecars.io"
 	demoNamespace = "demo"
+	// The combined run has a driver of its own, so Leases, volumes and journal of the two
+	// runs never mix.
+	combinedDriverName = "combined.demo.csi.sidecars.io"
+	combinedNamespace  = "demo-combined"
+	controllers        = "--controllers=attacher,provisioner,resizer"
 )
 
 type options struct {
-	short   bool   // CI mode: fewer volumes, shorter calls
-	bin     string // the csi-sidecars binary
-	logDir  string
-	volumes int
-	latency time.Duration
+	short    bool   // CI mode: fewer volumes, shorter calls
+	combined bool   // after the single-sidecar run, the combined one
+	bin      string // the csi-sidecars binary
+	logDir   string
+	volumes  int
+	latency  time.Duration
 }
 
 func main() {
 	var o options
 	flag.BoolVar(&o.short, "short", false, "fewer volumes and shorter calls (for CI)")
+	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all three sidecars ("+controllers+"), one SIGTERM for the three Leases")
 	flag.StringVar(&o.bin, "bin", "_output/bin/csi-sidecars", "the csi-sidecars binary")
 	flag.StringVar(&o.logDir, "logs", "", "folder for the logs (default _output/demo/<time>)")
 	flag.Parse()
@@ -61,18 +70,45 @@ func main() {
 	}
 }
 
-// demo is one run: the cluster, the driver, the replicas and the timeline.
+// demo is one run: the cluster, the driver, the replicas and the timeline. The combined run
+// is a copy with a driver, namespace and storage of its own.
 type demo struct {
-	o      options
-	out    io.Writer
-	began  time.Time
-	kube   kubernetes.Interface
-	driver *testdriver.Backend
-	cp     *controlplane.ControlPlane
-	store  e2e.Storage
+	o         options
+	out       io.Writer
+	began     time.Time
+	kube      kubernetes.Interface
+	driver    *testdriver.Backend
+	cp        *controlplane.ControlPlane
+	namespace string
+	store     e2e.Storage
+	procs     *procs // of both runs, so that every one is stopped at the end
+}
 
-	mu       sync.Mutex
-	replicas []*replica
+// procs are the replicas started so far.
+type procs struct {
+	mu   sync.Mutex
+	list []*replica
+}
+
+func (p *procs) add(r *replica) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.list = append(p.list, r)
+}
+
+func (p *procs) all() []*replica {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.list)
+}
+
+// report is what run found, for the test and the benchmark.
+type report struct {
+	single []handover // one per sidecar, each its own pair of processes
+	// With -combined: one per sidecar, all in the one pair of combined processes, and the
+	// peak memory of the combined standby that finished the work.
+	combined        []handover
+	combinedPeakRSS int64
 }
 
 // handover is what the summary table shows for one sidecar.
@@ -87,47 +123,39 @@ type handover struct {
 	standbyPeakRSS      int64 // bytes, VmHWM of the standby after it finished the work
 }
 
-// run is the whole demo; it returns each sidecar's handover, for the benchmark.
-func run(ctx context.Context, o options, out io.Writer) (results []handover, err error) {
+// run is the whole demo; it returns each handover, for the test and the benchmark.
+func run(ctx context.Context, o options, out io.Writer) (rep report, err error) {
 	o.volumes, o.latency = 8, 3*time.Second
 	if o.short {
 		o.volumes, o.latency = 4, time.Second
 	}
 	// Sockets live in the log folder; gRPC needs their paths absolute.
 	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
-		return results, err
+		return rep, err
 	}
 	if err := os.MkdirAll(o.logDir, 0o755); err != nil {
-		return results, err
+		return rep, err
 	}
-	d := &demo{o: o, out: out, began: time.Now()}
+	d := &demo{o: o, out: out, began: time.Now(), procs: &procs{}}
 	defer func() {
 		d.cleanUp()
-		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, driver-journal.jsonl)\n", o.logDir)
+		journals := "driver-journal.jsonl"
+		if o.combined {
+			journals += ", driver-journal-combined.jsonl"
+		}
+		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s)\n", o.logDir, journals)
 	}()
 
 	d.say("starting kube-apiserver + etcd on loopback")
 	if d.cp, err = controlplane.Start(ctx, controlplane.Options{LogDir: o.logDir}); err != nil {
-		return results, err
+		return rep, err
 	}
 	d.kube = kubernetes.NewForConfigOrDie(d.cp.Config())
-	journal, err := os.Create(filepath.Join(o.logDir, "driver-journal.jsonl"))
+	closeJournal, err := d.setUp(ctx, driverName, demoNamespace, "demo-fast", "demo-node", "driver-journal.jsonl")
 	if err != nil {
-		return results, err
+		return rep, err
 	}
-	defer journal.Close()
-	d.driver, err = testdriver.New(testdriver.Config{DriverName: driverName, Latency: o.latency, JournalWriter: journal})
-	if err != nil {
-		return results, err
-	}
-	d.say("test CSI driver %s: every controller call takes %v", driverName, o.latency)
-	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: demoNamespace}}, metav1.CreateOptions{}); err != nil {
-		return results, err
-	}
-	d.store = e2e.Storage{Kube: d.kube, Namespace: demoNamespace, Class: "demo-fast", Node: "demo-node", Driver: driverName}
-	if err := d.store.SetUp(ctx, d.driver.NodeID()); err != nil {
-		return results, err
-	}
+	defer closeJournal()
 
 	sanitized := lifecycle.SanitizeName(driverName)
 	phases := []struct {
@@ -141,57 +169,123 @@ func run(ctx context.Context, o options, out io.Writer) (results []handover, err
 		{"resizer", "external-resizer-" + sanitized, testdriver.MethodControllerExpandVolume, []string{"--workers=2"}, d.expandClaims, d.countExpanded},
 	}
 	for _, p := range phases {
-		if err := d.startPair(ctx, p.sidecar, p.lease, p.flags); err != nil {
-			return results, err
+		if err := d.startPair(ctx, p.sidecar, append([]string{p.sidecar}, p.flags...), []string{p.lease}); err != nil {
+			return rep, err
 		}
 	}
 	for _, p := range phases {
 		h, err := d.handover(ctx, p.sidecar, p.lease, p.method, p.work, p.done)
-		results = append(results, h)
+		rep.single = append(rep.single, h)
 		if err != nil {
-			d.summary(results)
-			return results, fmt.Errorf("%s: %w", p.sidecar, err)
+			d.summary(rep.single)
+			return rep, fmt.Errorf("%s: %w", p.sidecar, err)
 		}
 		if p.sidecar == "provisioner" {
 			if err := d.bindAll(ctx); err != nil {
-				return results, err
+				return rep, err
 			}
 		}
 	}
-	d.summary(results)
-	for _, h := range results {
+	d.summary(rep.single)
+	for _, h := range rep.single {
 		if h.exitCode != 0 || h.overlaps != 0 || h.done != h.all {
-			return results, errors.New("a handover was not clean (see the table)")
+			return rep, errors.New("a handover was not clean (see the table)")
 		}
 	}
-	return results, nil
+	if !o.combined {
+		return rep, nil
+	}
+
+	// The single-sidecar replicas are done; stopped, they leave the machine's cores to the
+	// combined run.
+	for _, r := range d.procs.all() {
+		r.kill()
+	}
+	fmt.Fprintf(d.out, "\n== combined: csi-sidecars %s, two replicas, %d volumes\n", controllers, o.volumes)
+	c := *d
+	closeCombined, err := c.setUp(ctx, combinedDriverName, combinedNamespace, "demo-combined", "demo-combined-node", "driver-journal-combined.jsonl")
+	if err != nil {
+		return rep, err
+	}
+	defer closeCombined()
+	rep.combined, rep.combinedPeakRSS, err = c.runCombined(ctx)
+	if len(rep.combined) > 0 {
+		c.combinedSummary(rep)
+	}
+	if err != nil {
+		return rep, fmt.Errorf("combined: %w", err)
+	}
+	for _, h := range rep.combined {
+		if h.exitCode != 0 || h.overlaps != 0 || h.done != h.all || h.standby != "combined-b" {
+			return rep, errors.New("the combined handover was not clean (see the table)")
+		}
+	}
+	return rep, nil
+}
+
+// setUp gives d a driver (journalling into the log folder), a namespace and the storage
+// around them; the returned func closes the journal.
+func (d *demo) setUp(ctx context.Context, driver, namespace, class, node, journalFile string) (func(), error) {
+	journal, err := os.Create(filepath.Join(d.o.logDir, journalFile))
+	if err != nil {
+		return nil, err
+	}
+	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Latency: d.o.latency, JournalWriter: journal})
+	if err != nil {
+		journal.Close()
+		return nil, err
+	}
+	d.say("test CSI driver %s: every controller call takes %v", driver, d.o.latency)
+	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		journal.Close()
+		return nil, err
+	}
+	d.namespace = namespace
+	d.store = e2e.Storage{Kube: d.kube, Namespace: namespace, Class: class, Node: node, Driver: driver}
+	if err := d.store.SetUp(ctx, d.driver.NodeID()); err != nil {
+		journal.Close()
+		return nil, err
+	}
+	return func() { journal.Close() }, nil
 }
 
 func (d *demo) say(format string, args ...any) {
 	fmt.Fprintf(d.out, "[%6.1fs] %s\n", time.Since(d.began).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// startPair starts replica a, waits until it holds the Lease, then starts standby b.
-func (d *demo) startPair(ctx context.Context, sidecar, lease string, flags []string) error {
+// startPair starts replica a of sidecar (a sidecar's name, or "combined") with args (the
+// subcommand or --controllers, and the sidecar's own flags), waits until it holds every one
+// of leases, then starts standby b.
+func (d *demo) startPair(ctx context.Context, sidecar string, args, leases []string) error {
 	for _, id := range []string{"a", "b"} {
 		name := sidecar + "-" + id
 		srv, err := d.driver.Serve(filepath.Join(d.o.logDir, name+".sock"))
 		if err != nil {
 			return err
 		}
-		r, err := startReplica(d.o.bin, sidecar, name, srv.Endpoint(), d.cp.KubeconfigPath(), demoNamespace, d.o.logDir, flags...)
+		r, err := startReplica(d.o.bin, args, name, srv.Endpoint(), d.cp.KubeconfigPath(), d.namespace, d.o.logDir)
 		if err != nil {
 			return err
 		}
+		r.sidecar = sidecar
 		r.socket = srv.Socket() // the driver's journal names the socket, not the endpoint
-		d.mu.Lock()
-		d.replicas = append(d.replicas, r)
-		d.mu.Unlock()
+		d.procs.add(r)
 		if id == "a" {
-			if err := d.waitFor(ctx, name+" leads", func() (bool, error) { return d.holder(ctx, lease) == name, nil }); err != nil {
+			if err := d.waitFor(ctx, name+" leads", func() (bool, error) {
+				for _, lease := range leases {
+					if d.holder(ctx, lease) != name {
+						return false, nil
+					}
+				}
+				return true, nil
+			}); err != nil {
 				return err
 			}
-			d.say("%s leads (Lease %s/%s)", name, demoNamespace, lease)
+			if len(leases) == 1 {
+				d.say("%s leads (Lease %s/%s)", name, d.namespace, leases[0])
+			} else {
+				d.say("%s leads all %d (Leases in %s: %s)", name, len(leases), d.namespace, strings.Join(leases, ", "))
+			}
 		} else {
 			d.say("%s stands by with warm caches", name)
 		}
@@ -260,23 +354,14 @@ func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work
 
 func (d *demo) summary(results []handover) {
 	fmt.Fprintln(d.out, "\nSummary (one SIGTERM per sidecar, calls in flight)")
-	tw := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight at SIGTERM\tdrain\texit\tstandby's first call after exit\toverlaps\tdone\tstandby peak RSS")
-	for _, h := range results {
-		fmt.Fprintf(tw, "%s\t%s -> %s\t%d\t%v\t%d\t%v\t%d\t%d/%d\t%.0f MiB\n", h.sidecar, h.leader, h.standby, h.inFlight,
-			h.drain.Round(time.Millisecond), h.exitCode, h.firstCallAfterExit.Round(time.Millisecond), h.overlaps, h.done, h.all,
-			float64(h.standbyPeakRSS)/(1<<20))
-	}
-	tw.Flush()
+	d.table(results, true)
 	fmt.Fprintln(d.out, "(drain: SIGTERM to exit. The standby may start a few ms before the old process has exited: it")
 	fmt.Fprintln(d.out, " takes over when the Lease is released, which is the old leader's last step; that shows as a negative time.)")
 }
 
 func (d *demo) pair(sidecar, leader string) (*replica, *replica) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	var l, s *replica
-	for _, r := range d.replicas {
+	for _, r := range d.procs.all() {
 		switch {
 		case r.sidecar != sidecar:
 		case r.name == leader:
@@ -289,7 +374,7 @@ func (d *demo) pair(sidecar, leader string) (*replica, *replica) {
 }
 
 func (d *demo) holder(ctx context.Context, lease string) string {
-	l, err := d.kube.CoordinationV1().Leases(demoNamespace).Get(ctx, lease, metav1.GetOptions{})
+	l, err := d.kube.CoordinationV1().Leases(d.namespace).Get(ctx, lease, metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil {
 		return ""
 	}
@@ -322,10 +407,7 @@ func (d *demo) waitCalls(ctx context.Context, cond func([]testdriver.Call) bool)
 }
 
 func (d *demo) cleanUp() {
-	d.mu.Lock()
-	replicas := d.replicas
-	d.mu.Unlock()
-	for _, r := range replicas {
+	for _, r := range d.procs.all() {
 		r.kill()
 	}
 	if d.cp != nil {

@@ -5,13 +5,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
 
 // replica is one sidecar process of the demo.
 type replica struct {
-	sidecar string
+	sidecar string // what it runs: a sidecar's name, or "combined"
 	name    string
 	socket  string
 	cmd     *exec.Cmd
@@ -20,17 +21,17 @@ type replica struct {
 	exited  time.Time
 }
 
-// startReplica runs `csi-sidecars <sidecar>` as identity name on the driver endpoint,
-// logging to logDir/<name>.log.
-func startReplica(bin, sidecar, name, endpoint, kubeconfig, namespace, logDir string, extra ...string) (*replica, error) {
-	args := append([]string{sidecar,
-		"--csi-address=" + endpoint,
-		"--kubeconfig=" + kubeconfig,
+// startReplica runs `csi-sidecars <args>` (a subcommand or --controllers, and the sidecars'
+// own flags) as identity name on the driver endpoint, logging to logDir/<name>.log.
+func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespace, logDir string) (*replica, error) {
+	args = append(slices.Clone(args),
+		"--csi-address="+endpoint,
+		"--kubeconfig="+kubeconfig,
 		"--leader-election",
-		"--leader-election-namespace=" + namespace,
-		"--leader-election-identity=" + name,
+		"--leader-election-namespace="+namespace,
+		"--leader-election-identity="+name,
 		"-v=2",
-	}, extra...)
+	)
 	log, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
 		return nil, err
@@ -43,7 +44,7 @@ func startReplica(bin, sidecar, name, endpoint, kubeconfig, namespace, logDir st
 		log.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	r := &replica{sidecar: sidecar, name: name, cmd: cmd, done: make(chan struct{})}
+	r := &replica{name: name, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		r.exited = time.Now()

@@ -102,13 +102,26 @@ func TestEveryManifestAppliesServerSide(t *testing.T) {
 		}
 	}
 	client := kubernetes.NewForConfigOrDie(cp.Config())
-	d, err := client.AppsV1().Deployments(namespace).Get(context.Background(), "csi-controller", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	containers := func(want int) {
+		t.Helper()
+		d, err := client.AppsV1().Deployments(namespace).Get(context.Background(), "csi-controller", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(d.Spec.Template.Spec.Containers); n != want || *d.Spec.Replicas != 2 {
+			t.Errorf("Deployment: %d containers, %d replicas; want %d and 2", n, *d.Spec.Replicas, want)
+		}
 	}
-	if n := len(d.Spec.Template.Spec.Containers); n != 4 || *d.Spec.Replicas != 2 {
-		t.Errorf("example Deployment: %d containers, %d replicas; want 4 and 2", n, *d.Spec.Replicas)
+	containers(4)
+	// deploy/combined keeps the Deployment's name, so applying it over the example switches
+	// the cluster to combined mode in place (the three sidecar containers go, one comes),
+	// and applying the example again switches back: the same field manager owns both.
+	for range 2 {
+		apply(t, cp, build(t, "combined"))
 	}
+	containers(2)
+	apply(t, cp, build(t, "example"))
+	containers(4)
 }
 
 // token returns a kubeconfig with a TokenRequest token of csi-<sidecar>.
