@@ -83,6 +83,14 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	shared.CSI = m.csi
 	shared.Backlog = &Backlog{sidecar: s.Name()}
+	// Each sidecar writes through a client of its own, with its own --kube-api-qps and
+	// --kube-api-burst budget, as when it ran in a container of its own: in one process
+	// the sidecars neither share nor multiply their rate limits.
+	kube, err := kubernetes.NewForConfig(withProtobuf(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("creating the client of %s: %w", s.Name(), err)
+	}
+	shared.Kube = kube
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
@@ -327,6 +335,10 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	logger := klog.FromContext(ctx)
 	rule := endings[end]
 	outcome := rule.outcome
+	elapsed, stopping := p.drainTime()
+	if end == endDrained && stopping {
+		logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
+	}
 	switch {
 	case lock == nil:
 		outcome = "no_lease"
@@ -349,13 +361,8 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 			logger.Info("Released the Lease", "lease", m.leaseName)
 		}
 	}
-	if end != endStoppedEarly {
-		if elapsed, ok := p.drainTime(); ok {
-			p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
-			if end == endDrained {
-				logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
-			}
-		}
+	if end != endStoppedEarly && stopping {
+		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
 	}
 	return p.exitCode(rule.code)
 }

@@ -152,7 +152,11 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		logger.Error(err, "Cannot use the CSI driver")
 		return ExitError
 	}
-	defer drv.conn.Close()
+	// The connection watch ends first: closing the connection is no loss of the driver.
+	defer func() {
+		endLifetime()
+		drv.conn.Close()
+	}()
 	csiMetrics.Store(&drv.metrics)
 	logger.Info("CSI driver ready", "driver", drv.name)
 

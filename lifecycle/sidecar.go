@@ -49,7 +49,8 @@ type CallTimeout interface {
 // Env is what the core hands a sidecar: shared clients, caches and the CSI connection, and
 // the sidecar's own Ops() context.
 type Env struct {
-	// Kube is the clientset for the sidecar's work (rate limited by --kube-api-qps/burst).
+	// Kube is the sidecar's own clientset for its work, rate limited by --kube-api-qps and
+	// --kube-api-burst (per sidecar, also when several share a process).
 	Kube kubernetes.Interface
 	// RestConfig builds further clients (CRDs); it carries the same limits as Kube, and
 	// JSON (Kube speaks protobuf, which custom resources do not have).
