@@ -45,7 +45,7 @@ func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size 
 	if err != nil {
 		return 0, false, fmt.Errorf("volume capability of PV %s: %w", pv.Name, err)
 	}
-	secrets, err := readSecret(ctx, e.kube, src.ControllerExpandSecretRef)
+	secrets, err := readSecret(ctx, e.kube, src.ControllerExpandSecretRef, "controller-expand")
 	if err != nil {
 		return 0, false, err
 	}
@@ -91,7 +91,8 @@ func (m *modifier) modify(ctx context.Context, pv *v1.PersistentVolume, params m
 	if src == nil || src.VolumeHandle == "" {
 		return fmt.Errorf("PV %s is not a CSI volume with a volume handle", pv.Name)
 	}
-	secrets, err := readSecret(ctx, m.kube, src.ControllerExpandSecretRef)
+	ref, kind := modifySecretRef(pv)
+	secrets, err := readSecret(ctx, m.kube, ref, kind)
 	if err != nil {
 		return err
 	}
@@ -117,15 +118,39 @@ func volumeCapability(spec *v1.PersistentVolumeSpec, singleNodeMultiWriter bool)
 	return c, nil
 }
 
-// readSecret reads the secret a PV names for controller calls (recorded there by the
-// provisioner from csi.storage.k8s.io/controller-expand-secret-*); nil ref, no secrets.
-func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
+// Annotations the provisioner puts on a PV whose StorageClass names a secret for
+// ControllerModifyVolume (csi.storage.k8s.io/controller-modify-secret-*), as upstream reads
+// them. The secret is not in the CSI source, which has no field for it.
+const (
+	annModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
+	annModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
+)
+
+// modifySecretRef is the secret ControllerModifyVolume gets, as upstream's
+// getModifyCredentials picks it: the one the modify annotations name when both are set,
+// else the controller-expand secret of the CSI source (PVs provisioned before modify
+// secrets existed were given that one for every controller call), else none. kind names
+// it in errors.
+func modifySecretRef(pv *v1.PersistentVolume) (ref *v1.SecretReference, kind string) {
+	name, ns := pv.Annotations[annModifySecretName], pv.Annotations[annModifySecretNamespace]
+	if name != "" && ns != "" {
+		return &v1.SecretReference{Namespace: ns, Name: name}, "controller-modify"
+	}
+	if pv.Spec.CSI == nil {
+		return nil, ""
+	}
+	return pv.Spec.CSI.ControllerExpandSecretRef, "controller-expand"
+}
+
+// readSecret reads the secret a PV names for a controller call (kind says which, for the
+// error); nil ref, no secrets.
+func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference, kind string) (map[string]string, error) {
 	if ref == nil {
 		return nil, nil
 	}
 	s, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("reading the controller-expand secret %s/%s: %w", ref.Namespace, ref.Name, err)
+		return nil, fmt.Errorf("reading the %s secret %s/%s: %w", kind, ref.Namespace, ref.Name, err)
 	}
 	out := make(map[string]string, len(s.Data))
 	for k, v := range s.Data {

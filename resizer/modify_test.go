@@ -3,11 +3,15 @@ package resizer
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -319,6 +323,84 @@ func TestModifyEvents(t *testing.T) {
 			}
 			if tc.check != nil {
 				tc.check(t, f.pvc("claim"))
+			}
+		})
+	}
+}
+
+// secretRecorder is the driver's controller client that remembers the secrets each
+// ControllerModifyVolume carried (the test driver's journal leaves them out).
+type secretRecorder struct {
+	csi.ControllerClient
+	mu      sync.Mutex
+	secrets []map[string]string
+}
+
+func (r *secretRecorder) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerModifyVolumeResponse, error) {
+	r.mu.Lock()
+	r.secrets = append(r.secrets, req.GetSecrets())
+	r.mu.Unlock()
+	return r.ControllerClient.ControllerModifyVolume(ctx, req, opts...)
+}
+
+// ControllerModifyVolume gets the secret the PV's controller-modify-secret annotations name
+// (both must be set), else the controller-expand secret of its CSI source, as upstream.
+func TestModifySecrets(t *testing.T) {
+	secret := func(ns, name, value string) *v1.Secret {
+		return &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: map[string][]byte{"key": []byte(value)}}
+	}
+	both := map[string]string{annModifySecretName: "modify", annModifySecretNamespace: "secrets"}
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		expandRef   bool
+		want        map[string]string // nil: no secrets; the call is made unless wantErr
+		wantErr     string
+	}{
+		{name: "none"},
+		{name: "expand secret only: it is used", expandRef: true, want: map[string]string{"key": "expand"}},
+		{name: "modify annotations: the modify secret", annotations: both, expandRef: true, want: map[string]string{"key": "modify"}},
+		{name: "modify annotations without an expand secret", annotations: both, want: map[string]string{"key": "modify"}},
+		{name: "name without namespace: the expand secret", annotations: map[string]string{annModifySecretName: "modify"}, expandRef: true, want: map[string]string{"key": "expand"}},
+		{name: "namespace without name: no secret", annotations: map[string]string{annModifySecretNamespace: "secrets"}},
+		{name: "modify secret missing: no call", annotations: map[string]string{annModifySecretName: "gone", annModifySecretNamespace: "secrets"}, expandRef: true, wantErr: "reading the controller-modify secret secrets/gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, testdriver.Config{})
+			pvc, pv, _ := f.modifyPair("silver", "gold")
+			pv.Annotations = tc.annotations
+			if tc.expandRef {
+				pv.Spec.CSI.ControllerExpandSecretRef = &v1.SecretReference{Namespace: "secrets", Name: "expand"}
+			}
+			rec := &secretRecorder{ControllerClient: f.controllerClient()}
+			f.add(pvc, pv, class("silver", "100"), class("gold", "500"), secret("secrets", "expand", "expand"), secret("secrets", "modify", "modify"))
+			c, err := newModifyController(modifyConfig{
+				writer: f.w, modifier: &modifier{client: rec, kube: f.kube}, informers: f.factory,
+				retryStart: time.Millisecond, retryMax: time.Minute,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.queue.ShutDown)
+			f.start()
+			err = c.sync("ns/claim")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("sync: %v, want %q", err, tc.wantErr)
+				}
+				if n := len(f.calls(testdriver.MethodControllerModifyVolume)); n != 0 {
+					t.Errorf("%d ControllerModifyVolume calls without the secret, want none", n)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rec.secrets) != 1 {
+				t.Fatalf("%d ControllerModifyVolume calls, want 1", len(rec.secrets))
+			}
+			if got := rec.secrets[0]; !maps.Equal(got, tc.want) {
+				t.Errorf("secrets %v, want %v", got, tc.want)
 			}
 		})
 	}
