@@ -92,10 +92,13 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 	return c, nil
 }
 
-// claimUpdated enqueues a PVC whose class (asked for or current) or phase changed: only a
-// user's change or a binding can start work, and the controller's own status writes must
-// not requeue a failure ahead of its backoff. A resync (same resourceVersion) enqueues too,
-// to retry what is due, unless a failure's rate-limited retry is already pending.
+// claimUpdated enqueues a PVC whose class (asked for or current) or phase changed, or
+// whose modification ended (its status cleared, as upstream enqueues): only a user's change,
+// a binding or a finished modification can start work, and the controller's own writes of a
+// failure must not requeue it ahead of its backoff. A finished modification matters when it
+// was resumed: the class the user asked for meanwhile starts now, even if the resumed class
+// was the current one. A resync (same resourceVersion) enqueues too, to retry what is due,
+// unless a failure's rate-limited retry is already pending.
 func (c *modifyController) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
@@ -108,7 +111,8 @@ func (c *modifyController) claimUpdated(oldObj, newObj any) {
 	}
 	if !equalClass(old.Spec.VolumeAttributesClassName, pvc.Spec.VolumeAttributesClassName) ||
 		!equalClass(old.Status.CurrentVolumeAttributesClassName, pvc.Status.CurrentVolumeAttributesClassName) ||
-		old.Status.Phase != pvc.Status.Phase {
+		old.Status.Phase != pvc.Status.Phase ||
+		old.Status.ModifyVolumeStatus != nil && pvc.Status.ModifyVolumeStatus == nil {
 		c.enqueue(pvc)
 	}
 }

@@ -3,6 +3,7 @@ package resizer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -669,5 +670,46 @@ func TestModifySecrets(t *testing.T) {
 				t.Errorf("secrets %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A resumed modification whose class was the current one (a rollback cut off, then another
+// class asked for) changes no class when it finishes; its end still enqueues the PVC, so the
+// class asked for meanwhile is applied without waiting for a resync.
+func TestModifyResumedEndEnqueuesTheClassAskedFor(t *testing.T) {
+	f := newFixture(t, testdriver.Config{})
+	pvc, pv, id := f.modifyPair("silver", "gold")
+	pvc.Status.ModifyVolumeStatus = &v1.ModifyVolumeStatus{TargetVolumeAttributesClassName: "silver", Status: v1.PersistentVolumeClaimModifyVolumeInProgress}
+	c := newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"), class("gold", "500"))
+	f.handled(c.queue, "start")
+	f.syncExpecting(t, c, id, "100", "silver")
+	if queued := f.handled(c.queue, "resumed"); !slices.Equal(queued, []string{"ns/claim"}) {
+		t.Fatalf("queued after the resumed modification ended: %q, want ns/claim", queued)
+	}
+	f.syncExpecting(t, c, id, "500", "gold")
+}
+
+// The watch events of the modify controller's own writes of a failure do not requeue the
+// PVC past its backoff.
+func TestModifyOwnWriteEventsDoNotBypassBackoff(t *testing.T) {
+	f := newFixture(t, testdriver.Config{})
+	pvc, pv, _ := f.modifyPair("silver", "gold")
+	c := newModifyFixtureWith(t, f, false, pvc, pv, class("silver", "100"), class("gold", "500"))
+	f.handled(c.queue, "start")
+	for attempt := range 3 {
+		fault := testdriver.Fault{Method: testdriver.MethodControllerModifyVolume, Code: codes.Internal, Message: fmt.Sprintf("failure %d", attempt), Times: 1}
+		if err := f.driver.InjectFault(fault); err != nil {
+			t.Fatal(err)
+		}
+		f.writes()
+		if err := c.sync("ns/claim"); err == nil {
+			t.Fatalf("attempt %d: sync succeeded against a failing driver", attempt)
+		}
+		if f.writes() == 0 {
+			t.Fatalf("attempt %d: the failure wrote nothing; the test needs a write per failure", attempt)
+		}
+		if queued := f.handled(c.queue, fmt.Sprint(attempt)); len(queued) != 0 {
+			t.Fatalf("attempt %d: %q queued by the watch events of the controller's own writes, without backoff", attempt, queued)
+		}
 	}
 }
