@@ -85,10 +85,13 @@ func (c *expansionController) enqueue(obj any) {
 	}
 }
 
-// claimUpdated enqueues a PVC whose request, resizer annotation, capacity or phase changed;
-// other updates (labels, our own status writes) cannot start a resize, so they must not
-// requeue a failed PVC ahead of its backoff. A resync (same resourceVersion) enqueues too,
-// to retry what is due, unless a failure's rate-limited retry is already pending.
+// claimUpdated enqueues a PVC whose request, resizer annotation, capacity or phase changed,
+// or (with RecoverVolumeExpansionFailure) whose allocatedResourceStatuses took a value the
+// kubelet writes, such as NodeResizeInfeasible, which the controller answers by letting the
+// kubelet retry. Other updates (labels, our own status writes) cannot start a resize, so
+// they must not requeue a failed PVC ahead of its backoff. A resync (same resourceVersion)
+// enqueues too, to retry what is due, unless a failure's rate-limited retry is already
+// pending.
 func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
@@ -103,9 +106,27 @@ func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	oldCap, newCap := old.Status.Capacity[v1.ResourceStorage], pvc.Status.Capacity[v1.ResourceStorage]
 	if newReq.Cmp(oldReq) != 0 || newCap.Cmp(oldCap) != 0 ||
 		old.Annotations[annResizer] != pvc.Annotations[annResizer] ||
-		old.Status.Phase != pvc.Status.Phase {
+		old.Status.Phase != pvc.Status.Phase ||
+		c.recoverFailures && kubeletResizeStatus(old, pvc) {
 		c.enqueue(pvc)
 	}
+}
+
+// kubeletResizeStatus tells whether the PVC's resize status changed to one this controller
+// never writes: the kubelet's (NodeResizeInProgress, NodeResizeInfeasible). Upstream
+// enqueues every change of it; the ones this controller writes itself are left out, so that
+// the watch event of marking an attempt does not run the PVC again past a failure's
+// backoff.
+func kubeletResizeStatus(old, pvc *v1.PersistentVolumeClaim) bool {
+	was, is := old.Status.AllocatedResourceStatuses[v1.ResourceStorage], pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage]
+	if was == is {
+		return false
+	}
+	switch is {
+	case "", v1.PersistentVolumeClaimControllerResizeInProgress, v1.PersistentVolumeClaimControllerResizeInfeasible, v1.PersistentVolumeClaimNodeResizePending:
+		return false
+	}
+	return true
 }
 
 func (c *expansionController) claimDeleted(obj any) {
@@ -140,8 +161,16 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 	pv, ok, err := c.volume(pvc.Spec.VolumeName)
-	if err != nil || !ok {
+	if err != nil {
 		return err
+	}
+	if !ok {
+		if !needsExpansion(pvc) {
+			return nil
+		}
+		// The PV was created moments ago and the informer has not shown it yet (nothing
+		// else would enqueue the PVC when it does): retried with backoff, as upstream.
+		return fmt.Errorf("PV %s of PVC %s is not in the informer cache yet", pvc.Spec.VolumeName, key)
 	}
 	if !ofDriver(pv, c.driver) {
 		return nil

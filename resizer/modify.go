@@ -171,14 +171,22 @@ func (c *modifyController) sync(key string) error {
 	if pvc.Status.Phase != v1.ClaimBound || pvc.Spec.VolumeName == "" {
 		return nil
 	}
+	plan := planModify(pvc, c.attempts.inDoubt(key))
+	if plan.action == modifyNothing {
+		return nil
+	}
 	pv, ok, err := c.volume(pvc.Spec.VolumeName)
-	if err != nil || !ok {
+	if err != nil {
 		return err
+	}
+	if !ok {
+		// The PV was created moments ago and the informer has not shown it yet (nothing
+		// else would enqueue the PVC when it does): retried with backoff, as upstream.
+		return fmt.Errorf("PV %s of PVC %s is not in the informer cache yet", pvc.Spec.VolumeName, key)
 	}
 	if !ofDriver(pv, c.driver) || !boundTo(pv, pvc) {
 		return nil
 	}
-	plan := planModify(pvc, c.attempts.inDoubt(key))
 	switch plan.action {
 	case modifyStart:
 		return c.modifyTo(key, pvc, pv, plan.class)
