@@ -8,6 +8,9 @@
 //     recorded as upstream does: conditions, allocatedResources and
 //     allocatedResourceStatuses, RecoverVolumeExpansionFailure's recovery from an infeasible
 //     request, the pre-resize-capacity and node-expansion-not-required annotations, events.
+//     An in-tree PV whose plugin is migrated to the driver (CSI migration, csi-translation-lib)
+//     is expanded with the translated volume handle once kube-controller-manager names the
+//     driver in the PVC's storage-resizer annotation; the PV keeps its in-tree source.
 //   - modification (modify.go): a PVC whose spec.volumeAttributesClassName differs from its
 //     status gets ControllerModifyVolume with the class's parameters (and the secret the
 //     PV's controller-modify-secret annotations name), and status.modifyVolumeStatus,

@@ -172,7 +172,7 @@ func (c *expansionController) sync(key string) error {
 		// else would enqueue the PVC when it does): retried with backoff, as upstream.
 		return fmt.Errorf("PV %s of PVC %s is not in the informer cache yet", pvc.Spec.VolumeName, key)
 	}
-	if !ofDriver(pv, c.driver) {
+	if !c.handles(pv, pvc) {
 		return nil
 	}
 
@@ -215,6 +215,20 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 	return c.expand(logger, key, pvc, pv, plan)
+}
+
+// handles tells whether the PVC's volume is expanded by this driver: a CSI PV of the
+// driver, or an in-tree PV migrated to it (CSI migration), as upstream's CanSupport
+// decides. An in-tree PV is ours only once kube-controller-manager's expand controller has
+// handed its PVC over by naming the driver in the storage-resizer annotation (it does so
+// when migration of the plugin is on), and only if csi-translation-lib maps the PV's
+// plugin to this driver. Upstream checks the annotation alone; a PV of another plugin
+// would be translated and sent to the wrong driver.
+func (c *expansionController) handles(pv *v1.PersistentVolume, pvc *v1.PersistentVolumeClaim) bool {
+	if pv.Spec.CSI != nil {
+		return pv.Spec.CSI.Driver == c.driver
+	}
+	return pvc.Annotations[annResizer] == c.driver && migratedTo(pv) == c.driver
 }
 
 // expand runs one expansion: mark, call, record. Every step runs on Ops() (P1).
