@@ -55,13 +55,26 @@ func (a *attempts) finalError(key string) bool {
 	return ok && at.final
 }
 
-// uncertain tells whether key's last call failed without a final answer: the driver may
-// still be carrying it out.
-func (a *attempts) uncertain(key string) bool {
+// inDoubt tells whether the driver may still be carrying out key's last call: it failed
+// without a final answer, or this process has no record of it at all. The second matters
+// for an operation the PVC's status says is in progress: a new leader (or this process
+// after a restart) does not know how the call that put it there ended, and the previous
+// process may have ended in the middle of it.
+func (a *attempts) inDoubt(key string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	at, ok := a.last[key]
-	return ok && !at.final
+	return !ok || !at.final
+}
+
+// begin records that nothing of key is in doubt as a new call starts: one made when the
+// PVC's status shows no call in flight, or whose last call ended with a final answer. The
+// call's outcome replaces it; a call that fails before it reaches the driver (its secret
+// cannot be read) leaves it so.
+func (a *attempts) begin(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.last[key] = attempt{final: true}
 }
 
 // infeasibleWait is how long an unchanged request of key must still wait after the driver

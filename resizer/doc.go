@@ -8,11 +8,20 @@
 //     recorded as upstream does: conditions, allocatedResources and
 //     allocatedResourceStatuses, RecoverVolumeExpansionFailure's recovery from an infeasible
 //     request, the pre-resize-capacity and node-expansion-not-required annotations, events.
+//     An in-tree PV whose plugin is migrated to the driver (CSI migration, csi-translation-lib)
+//     is expanded with the translated volume handle once kube-controller-manager names the
+//     driver in the PVC's storage-resizer annotation; the PV keeps its in-tree source.
 //   - modification (modify.go): a PVC whose spec.volumeAttributesClassName differs from its
-//     status gets ControllerModifyVolume with the class's parameters, and
-//     status.modifyVolumeStatus, status.currentVolumeAttributesClassName and the PV's class
-//     are recorded; an Infeasible change can be rolled back, and one the user withdraws
-//     (class cleared) while it does not run is marked cancelled (VolumeModifyCanceled).
+//     status gets ControllerModifyVolume with the class's parameters (and the secret the
+//     PV's controller-modify-secret annotations name), and status.modifyVolumeStatus,
+//     status.currentVolumeAttributesClassName and the PV's class are recorded. As upstream
+//     (pkg/modifycontroller), a modification whose outcome is unknown (a call cut off,
+//     timed out or refused as busy, or one a previous leader left InProgress: a new leader
+//     has no record of how it ended) is finished with its own class before a new class or a
+//     rollback is applied, so the class recorded is the one the volume has; a failed change
+//     can be rolled back, which applies the current class again; and one the user withdraws
+//     (class cleared) is carried on while InProgress, and marked cancelled
+//     (VolumeModifyCanceled) otherwise.
 //
 // Every CSI call and the API writes that record its outcome run on the core's Ops() context,
 // never on intake, so a SIGTERM lets them finish and be recorded (P1).

@@ -3,15 +3,18 @@ package resizer
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
+	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
 )
 
@@ -37,15 +40,19 @@ func (*csiExpander) controllerExpands() bool { return true }
 func (*csiExpander) mode() string            { return "ControllerExpandVolume" }
 
 func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size int64) (int64, bool, error) {
-	src := pv.Spec.CSI
-	if src == nil || src.VolumeHandle == "" {
-		return 0, false, fmt.Errorf("PV %s is not a CSI volume with a volume handle", pv.Name)
+	spec, migrated, err := csiSpec(ctx, pv)
+	if err != nil {
+		return 0, false, err
 	}
-	capability, err := volumeCapability(&pv.Spec, e.singleNodeMultiWr)
+	src := spec.CSI
+	if src.VolumeHandle == "" {
+		return 0, false, fmt.Errorf("PV %s has no volume handle", pv.Name)
+	}
+	capability, err := volumeCapability(spec, e.singleNodeMultiWr)
 	if err != nil {
 		return 0, false, fmt.Errorf("volume capability of PV %s: %w", pv.Name, err)
 	}
-	secrets, err := readSecret(ctx, e.kube, src.ControllerExpandSecretRef)
+	secrets, err := readSecret(ctx, e.kube, src.ControllerExpandSecretRef, "controller-expand")
 	if err != nil {
 		return 0, false, err
 	}
@@ -57,7 +64,7 @@ func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size 
 	}
 	logger := klog.FromContext(ctx)
 	logger.V(5).Info("ControllerExpandVolume", "request", protosanitizer.StripSecrets(req))
-	rsp, err := e.client.ControllerExpandVolume(ctx, req)
+	rsp, err := e.client.ControllerExpandVolume(markMigrated(ctx, migrated), req)
 	if err != nil {
 		return 0, false, err
 	}
@@ -67,6 +74,49 @@ func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size 
 		reached = size
 	}
 	return reached, rsp.GetNodeExpansionRequired(), nil
+}
+
+// csiSpec is the CSI view of a PV the expansion handles (expansionController.handles): its
+// own spec, or for an in-tree PV migrated to the driver the spec csi-translation-lib
+// translates it to (migrated set), as upstream's csiResizer.Resize does. The PV object
+// itself keeps its in-tree source.
+func csiSpec(ctx context.Context, pv *v1.PersistentVolume) (spec *v1.PersistentVolumeSpec, migrated bool, err error) {
+	if pv.Spec.CSI != nil {
+		return &pv.Spec, false, nil
+	}
+	translated, err := csitrans.New().TranslateInTreePVToCSI(klog.FromContext(ctx), pv)
+	if err != nil {
+		return nil, false, fmt.Errorf("translating in-tree PV %s to CSI: %w", pv.Name, err)
+	}
+	if translated.Spec.CSI == nil {
+		return nil, false, fmt.Errorf("PV %s translated to no CSI source", pv.Name)
+	}
+	return &translated.Spec, true, nil
+}
+
+// migratedTo is the CSI driver an in-tree PV is migrated to, as csi-translation-lib maps
+// in-tree plugins to drivers; "" for a CSI PV or one no driver replaces.
+func migratedTo(pv *v1.PersistentVolume) string {
+	if pv.Spec.CSI != nil {
+		return ""
+	}
+	tr := csitrans.New()
+	plugin, err := tr.GetInTreePluginNameFromSpec(pv, nil)
+	if err != nil {
+		return ""
+	}
+	driver, err := tr.GetCSINameFromInTreeName(plugin)
+	if err != nil {
+		return ""
+	}
+	return driver
+}
+
+// markMigrated labels the CSI call's metrics (migrated="true" for a translated in-tree
+// volume), as upstream does; the label exists only for a driver that replaces an in-tree
+// plugin.
+func markMigrated(ctx context.Context, migrated bool) context.Context {
+	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: strconv.FormatBool(migrated)})
 }
 
 // trivialExpander serves drivers that grow volumes only on the node: no controller call,
@@ -91,7 +141,8 @@ func (m *modifier) modify(ctx context.Context, pv *v1.PersistentVolume, params m
 	if src == nil || src.VolumeHandle == "" {
 		return fmt.Errorf("PV %s is not a CSI volume with a volume handle", pv.Name)
 	}
-	secrets, err := readSecret(ctx, m.kube, src.ControllerExpandSecretRef)
+	ref, kind := modifySecretRef(pv)
+	secrets, err := readSecret(ctx, m.kube, ref, kind)
 	if err != nil {
 		return err
 	}
@@ -117,15 +168,39 @@ func volumeCapability(spec *v1.PersistentVolumeSpec, singleNodeMultiWriter bool)
 	return c, nil
 }
 
-// readSecret reads the secret a PV names for controller calls (recorded there by the
-// provisioner from csi.storage.k8s.io/controller-expand-secret-*); nil ref, no secrets.
-func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
+// Annotations the provisioner puts on a PV whose StorageClass names a secret for
+// ControllerModifyVolume (csi.storage.k8s.io/controller-modify-secret-*), as upstream reads
+// them. The secret is not in the CSI source, which has no field for it.
+const (
+	annModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
+	annModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
+)
+
+// modifySecretRef is the secret ControllerModifyVolume gets, as upstream's
+// getModifyCredentials picks it: the one the modify annotations name when both are set,
+// else the controller-expand secret of the CSI source (PVs provisioned before modify
+// secrets existed were given that one for every controller call), else none. kind names
+// it in errors.
+func modifySecretRef(pv *v1.PersistentVolume) (ref *v1.SecretReference, kind string) {
+	name, ns := pv.Annotations[annModifySecretName], pv.Annotations[annModifySecretNamespace]
+	if name != "" && ns != "" {
+		return &v1.SecretReference{Namespace: ns, Name: name}, "controller-modify"
+	}
+	if pv.Spec.CSI == nil {
+		return nil, ""
+	}
+	return pv.Spec.CSI.ControllerExpandSecretRef, "controller-expand"
+}
+
+// readSecret reads the secret a PV names for a controller call (kind says which, for the
+// error); nil ref, no secrets.
+func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference, kind string) (map[string]string, error) {
 	if ref == nil {
 		return nil, nil
 	}
 	s, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("reading the controller-expand secret %s/%s: %w", ref.Namespace, ref.Name, err)
+		return nil, fmt.Errorf("reading the %s secret %s/%s: %w", kind, ref.Namespace, ref.Name, err)
 	}
 	out := make(map[string]string, len(s.Data))
 	for k, v := range s.Data {

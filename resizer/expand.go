@@ -85,10 +85,13 @@ func (c *expansionController) enqueue(obj any) {
 	}
 }
 
-// claimUpdated enqueues a PVC whose request, resizer annotation, capacity or phase changed;
-// other updates (labels, our own status writes) cannot start a resize, so they must not
-// requeue a failed PVC ahead of its backoff. A resync (same resourceVersion) enqueues too,
-// to retry what is due, unless a failure's rate-limited retry is already pending.
+// claimUpdated enqueues a PVC whose request, resizer annotation, capacity or phase changed,
+// or (with RecoverVolumeExpansionFailure) whose allocatedResourceStatuses took a value the
+// kubelet writes, such as NodeResizeInfeasible, which the controller answers by letting the
+// kubelet retry. Other updates (labels, our own status writes) cannot start a resize, so
+// they must not requeue a failed PVC ahead of its backoff. A resync (same resourceVersion)
+// enqueues too, to retry what is due, unless a failure's rate-limited retry is already
+// pending.
 func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
@@ -103,9 +106,27 @@ func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	oldCap, newCap := old.Status.Capacity[v1.ResourceStorage], pvc.Status.Capacity[v1.ResourceStorage]
 	if newReq.Cmp(oldReq) != 0 || newCap.Cmp(oldCap) != 0 ||
 		old.Annotations[annResizer] != pvc.Annotations[annResizer] ||
-		old.Status.Phase != pvc.Status.Phase {
+		old.Status.Phase != pvc.Status.Phase ||
+		c.recoverFailures && kubeletResizeStatus(old, pvc) {
 		c.enqueue(pvc)
 	}
+}
+
+// kubeletResizeStatus tells whether the PVC's resize status changed to one this controller
+// never writes: the kubelet's (NodeResizeInProgress, NodeResizeInfeasible). Upstream
+// enqueues every change of it; the ones this controller writes itself are left out, so that
+// the watch event of marking an attempt does not run the PVC again past a failure's
+// backoff.
+func kubeletResizeStatus(old, pvc *v1.PersistentVolumeClaim) bool {
+	was, is := old.Status.AllocatedResourceStatuses[v1.ResourceStorage], pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage]
+	if was == is {
+		return false
+	}
+	switch is {
+	case "", v1.PersistentVolumeClaimControllerResizeInProgress, v1.PersistentVolumeClaimControllerResizeInfeasible, v1.PersistentVolumeClaimNodeResizePending:
+		return false
+	}
+	return true
 }
 
 func (c *expansionController) claimDeleted(obj any) {
@@ -140,10 +161,18 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 	pv, ok, err := c.volume(pvc.Spec.VolumeName)
-	if err != nil || !ok {
+	if err != nil {
 		return err
 	}
-	if !ofDriver(pv, c.driver) {
+	if !ok {
+		if !needsExpansion(pvc) {
+			return nil
+		}
+		// The PV was created moments ago and the informer has not shown it yet (nothing
+		// else would enqueue the PVC when it does): retried with backoff, as upstream.
+		return fmt.Errorf("PV %s of PVC %s is not in the informer cache yet", pvc.Spec.VolumeName, key)
+	}
+	if !c.handles(pv, pvc) {
 		return nil
 	}
 
@@ -186,6 +215,20 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 	return c.expand(logger, key, pvc, pv, plan)
+}
+
+// handles tells whether the PVC's volume is expanded by this driver: a CSI PV of the
+// driver, or an in-tree PV migrated to it (CSI migration), as upstream's CanSupport
+// decides. An in-tree PV is ours only once kube-controller-manager's expand controller has
+// handed its PVC over by naming the driver in the storage-resizer annotation (it does so
+// when migration of the plugin is on), and only if csi-translation-lib maps the PV's
+// plugin to this driver. Upstream checks the annotation alone; a PV of another plugin
+// would be translated and sent to the wrong driver.
+func (c *expansionController) handles(pv *v1.PersistentVolume, pvc *v1.PersistentVolumeClaim) bool {
+	if pv.Spec.CSI != nil {
+		return pv.Spec.CSI.Driver == c.driver
+	}
+	return pvc.Annotations[annResizer] == c.driver && migratedTo(pv) == c.driver
 }
 
 // expand runs one expansion: mark, call, record. Every step runs on Ops() (P1).

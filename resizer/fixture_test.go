@@ -46,6 +46,12 @@ type fixture struct {
 func newFixture(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *fixture {
 	t.Helper()
 	cfg.DriverName = testDriver
+	return newFixtureOf(t, cfg, objs...)
+}
+
+// newFixtureOf is newFixture for the driver cfg names.
+func newFixtureOf(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *fixture {
+	t.Helper()
 	d, err := testdriver.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +65,7 @@ func newFixture(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *fi
 		factory:  informers.NewSharedInformerFactory(kube, 0),
 		recorder: record.NewFakeRecorder(100),
 	}
-	f.w = newWriter(kube, context.Background, 5*time.Second, f.recorder, testDriver, f.factory)
+	f.w = newWriter(kube, context.Background, 5*time.Second, f.recorder, cfg.DriverName, f.factory)
 	f.add(objs...)
 	return f
 }

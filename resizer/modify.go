@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -52,9 +54,11 @@ type modifyController struct {
 	pvcs  corelisters.PersistentVolumeClaimLister
 	vacs  storagelisters.VolumeAttributesClassLister
 	queue workqueue.TypedRateLimitingInterface[string]
-	// attempts says whether the last ControllerModifyVolume ended without a final answer
-	// (the driver may still be applying that class, so a rollback must call it again), and
-	// holds back a class refused as infeasible for --retry-interval-max.
+	// attempts says whether the driver may still be applying the class of a modification
+	// the PVC's status says is InProgress (its last call ended without a final answer, or
+	// this process never made it: a previous leader did), which must then be finished
+	// before another class or a rollback is applied; and it holds back a class refused as
+	// infeasible for --retry-interval-max.
 	attempts *attempts
 }
 
@@ -88,10 +92,13 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 	return c, nil
 }
 
-// claimUpdated enqueues a PVC whose class (asked for or current) or phase changed: only a
-// user's change or a binding can start work, and the controller's own status writes must
-// not requeue a failure ahead of its backoff. A resync (same resourceVersion) enqueues too,
-// to retry what is due, unless a failure's rate-limited retry is already pending.
+// claimUpdated enqueues a PVC whose class (asked for or current) or phase changed, or
+// whose modification ended (its status cleared, as upstream enqueues): only a user's change,
+// a binding or a finished modification can start work, and the controller's own writes of a
+// failure must not requeue it ahead of its backoff. A finished modification matters when it
+// was resumed: the class the user asked for meanwhile starts now, even if the resumed class
+// was the current one. A resync (same resourceVersion) enqueues too, to retry what is due,
+// unless a failure's rate-limited retry is already pending.
 func (c *modifyController) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*v1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*v1.PersistentVolumeClaim)
@@ -104,7 +111,8 @@ func (c *modifyController) claimUpdated(oldObj, newObj any) {
 	}
 	if !equalClass(old.Spec.VolumeAttributesClassName, pvc.Spec.VolumeAttributesClassName) ||
 		!equalClass(old.Status.CurrentVolumeAttributesClassName, pvc.Status.CurrentVolumeAttributesClassName) ||
-		old.Status.Phase != pvc.Status.Phase {
+		old.Status.Phase != pvc.Status.Phase ||
+		old.Status.ModifyVolumeStatus != nil && pvc.Status.ModifyVolumeStatus == nil {
 		c.enqueue(pvc)
 	}
 }
@@ -149,7 +157,8 @@ func (c *modifyController) run(intake context.Context, workers int) {
 	lifecycle.RunWorkers(intake, c.queue, workers, c.sync)
 }
 
-// sync applies one PVC's class to its volume, or rolls back to the class it has.
+// sync applies one PVC's class to its volume, finishes a modification that may still run
+// in the driver, or records that the user withdrew one.
 func (c *modifyController) sync(key string) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -162,35 +171,91 @@ func (c *modifyController) sync(key string) error {
 	if pvc.Status.Phase != v1.ClaimBound || pvc.Spec.VolumeName == "" {
 		return nil
 	}
+	plan := planModify(pvc, c.attempts.inDoubt(key))
+	if plan.action == modifyNothing {
+		return nil
+	}
 	pv, ok, err := c.volume(pvc.Spec.VolumeName)
-	if err != nil || !ok {
+	if err != nil {
 		return err
+	}
+	if !ok {
+		// The PV was created moments ago and the informer has not shown it yet (nothing
+		// else would enqueue the PVC when it does): retried with backoff, as upstream.
+		return fmt.Errorf("PV %s of PVC %s is not in the informer cache yet", pvc.Spec.VolumeName, key)
 	}
 	if !ofDriver(pv, c.driver) || !boundTo(pv, pvc) {
 		return nil
 	}
-	target, current := pvc.Spec.VolumeAttributesClassName, pvc.Status.CurrentVolumeAttributesClassName
-	switch {
-	case target != nil && *target != "" && (current == nil || *current != *target):
-		return c.modifyTo(key, pvc, pv, *target)
-	case target != nil && current != nil && *target == *current && pvc.Status.ModifyVolumeStatus != nil:
-		return c.rollBack(key, pvc, pv, *target)
-	case (target == nil || *target == "") && cancelled(pvc):
+	switch plan.action {
+	case modifyStart:
+		return c.modifyTo(key, pvc, pv, plan.class)
+	case modifyResume:
+		return c.resume(key, pvc, pv, plan.class)
+	case modifyCancel:
 		return c.cancel(pvc)
 	}
 	return nil
 }
 
-// cancelled tells whether the user withdrew a modification that no longer runs: the PVC
-// asks for no class, its last modification is not InProgress, and the ModifyingVolume
-// condition is still there.
-func cancelled(pvc *v1.PersistentVolumeClaim) bool {
-	if s := pvc.Status.ModifyVolumeStatus; s != nil && s.Status == v1.PersistentVolumeClaimModifyVolumeInProgress {
-		return false
+// modifyAction is what one sync does about a PVC's class.
+type modifyAction int
+
+const (
+	// modifyNothing: the volume has the class asked for, or the user withdrew a change
+	// that is already recorded as withdrawn.
+	modifyNothing modifyAction = iota
+	// modifyStart applies the class the PVC asks for: InProgress, VolumeModify, the call.
+	modifyStart
+	// modifyResume calls the driver again with the class of the modification in progress,
+	// whatever the PVC asks for now: the driver may still be applying it, and a different
+	// class (or the current one, a rollback) must not race it or be recorded while the
+	// volume may end up with it.
+	modifyResume
+	// modifyCancel records that the user withdrew a modification that no longer runs.
+	modifyCancel
+)
+
+// modifyPlan is the decision of one sync: what to do, and with which class.
+type modifyPlan struct {
+	action modifyAction
+	class  string
+}
+
+// planModify decides as upstream's modify (pkg/modifycontroller/modify_volume.go).
+// inDoubt says whether the driver may still be carrying out the PVC's last call: it matters
+// only for a modification whose status is InProgress. Such a modification is finished with
+// its own class before anything else is applied, and so is one whose class the user cleared
+// (a PVC without a current class may drop its spec's class again): the driver may apply it
+// whatever the PVC asks for now, or already has. Every other change, including the return
+// to the current class after a failure, is applied through the driver, since a refused or
+// failed call may still have changed the volume.
+func planModify(pvc *v1.PersistentVolumeClaim, inDoubt bool) modifyPlan {
+	target := ptr.Deref(pvc.Spec.VolumeAttributesClassName, "")
+	current := ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "")
+	st := pvc.Status.ModifyVolumeStatus
+	if st == nil && target == current {
+		return modifyPlan{}
 	}
-	return slices.ContainsFunc(pvc.Status.Conditions, func(c v1.PersistentVolumeClaimCondition) bool {
-		return c.Type == v1.PersistentVolumeClaimVolumeModifyingVolume
-	})
+	inProgress := st != nil && st.Status == v1.PersistentVolumeClaimModifyVolumeInProgress
+	switch {
+	case target == "" && !inProgress:
+		if hasCondition(pvc, v1.PersistentVolumeClaimVolumeModifyingVolume) {
+			return modifyPlan{action: modifyCancel}
+		}
+		return modifyPlan{}
+	case inProgress && (inDoubt || target == ""):
+		if st.TargetVolumeAttributesClassName == "" {
+			// Nothing names the class to finish; only a user's new class can start again.
+			return modifyPlan{}
+		}
+		return modifyPlan{action: modifyResume, class: st.TargetVolumeAttributesClassName}
+	}
+	return modifyPlan{action: modifyStart, class: target}
+}
+
+func hasCondition(pvc *v1.PersistentVolumeClaim, t v1.PersistentVolumeClaimConditionType) bool {
+	return slices.ContainsFunc(pvc.Status.Conditions, func(c v1.PersistentVolumeClaimCondition) bool { return c.Type == t })
 }
 
 // cancel drops the ModifyingVolume condition of a withdrawn modification and says so with
@@ -218,11 +283,6 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 	}
 	vac, err := c.vacs.Get(class)
 	if apierrors.IsNotFound(err) {
-		if c.attempts.uncertain(key) {
-			// The last class may still be applied by the driver: keep it InProgress.
-			c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %q does not exist.", class)
-			return err
-		}
 		// Pending until the class exists: its creation enqueues the PVC. A PVC already
 		// Pending for it (a resync) gets neither a write nor another event.
 		updated, err := c.patchClaim(pvc, markModifyPending(pvc, class), true)
@@ -232,32 +292,30 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 		return err
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("getting VolumeAttributesClass %s: %w", class, err)
 	}
-	updated, err := c.patchClaim(pvc, markModifyInProgress(pvc, class), true)
+	updated, err := c.patchClaim(pvc, markModifyInProgress(pvc, class, metav1.Now()), true)
 	if err != nil {
 		return fmt.Errorf("marking the modification in progress: %w", err)
 	}
-	// Each new attempt is announced, as upstream: a first one (the status changed), or a
-	// retry after the driver's final refusal (the status stays InProgress). Not a resync of
-	// an attempt the driver may still be carrying out, which upstream continues silently.
-	if updated != pvc || c.attempts.finalError(key) {
-		c.recorder.Eventf(updated, v1.EventTypeNormal, reasonModify, "external resizer is modifying volume %s with vac %s", pvc.Name, class)
-	}
+	// Each attempt is announced, as upstream: a first one, or a retry after the driver's
+	// final refusal. A resumed one is not (resume).
+	c.recorder.Eventf(updated, v1.EventTypeNormal, reasonModify, "external resizer is modifying volume %s with vac %s", pvc.Name, class)
+	// Nothing is in doubt now (planModify): a call that fails before reaching the driver
+	// leaves it so, and the user may change the class.
+	c.attempts.begin(key)
 	return c.apply(key, updated, pv, vac)
 }
 
-// rollBack returns a PVC to the class it has after a modification failed or waits: if the
-// driver may still be applying the other class, the current one is applied again;
-// otherwise only the status is cleared.
-func (c *modifyController) rollBack(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class string) error {
-	if !c.attempts.uncertain(key) {
-		_, err := c.patchClaim(pvc, markModifyCompleted(pvc, class), true)
-		return err
-	}
+// resume calls the driver again with the class of the modification in progress, without
+// marking it again or announcing it, as upstream continues an uncertain one.
+func (c *modifyController) resume(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class string) error {
 	vac, err := c.vacs.Get(class)
+	if apierrors.IsNotFound(err) {
+		c.recorder.Eventf(pvc, v1.EventTypeWarning, reasonModifyFailed, "VAC %q does not exist.", class)
+	}
 	if err != nil {
-		return fmt.Errorf("rolling back to VolumeAttributesClass %s: %w", class, err)
+		return fmt.Errorf("getting VolumeAttributesClass %s of the modification in progress: %w", class, err)
 	}
 	return c.apply(key, pvc, pv, vac)
 }
@@ -291,7 +349,8 @@ func (c *modifyController) apply(key string, pvc *v1.PersistentVolumeClaim, pv *
 	return nil
 }
 
-// recordFailure writes the error (and Infeasible for InvalidArgument) in one patch.
+// recordFailure writes the error conditions (and Infeasible for InvalidArgument) in one
+// patch.
 func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, class string, callErr error) error {
 	if _, ok := status.FromError(callErr); !ok {
 		// Failed before the driver was called (a secret could not be read): retry. Upstream
@@ -305,7 +364,7 @@ func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeCla
 	final := lifecycle.IsFinalError(callErr)
 	infeasible := final && status.Code(callErr) == codes.InvalidArgument
 	c.attempts.failed(key, final, infeasible)
-	if _, werr := c.patchClaim(pvc, markModifyFailed(pvc, class, callErr, infeasible), true); werr != nil {
+	if _, werr := c.patchClaim(pvc, markModifyFailed(pvc, class, callErr, metav1.Now()), true); werr != nil {
 		// As upstream, the event goes with the recorded status: the retry records both.
 		return fmt.Errorf("modifying failed with %w and recording it failed: %v", callErr, werr)
 	}
@@ -334,20 +393,56 @@ func markModifyPending(pvc *v1.PersistentVolumeClaim, class string) *v1.Persiste
 }
 
 // markModifyInProgress: the driver is about to be asked for class.
-func markModifyInProgress(pvc *v1.PersistentVolumeClaim, class string) *v1.PersistentVolumeClaim {
+func markModifyInProgress(pvc *v1.PersistentVolumeClaim, class string, now metav1.Time) *v1.PersistentVolumeClaim {
 	out := pvc.DeepCopy()
 	out.Status.ModifyVolumeStatus = &v1.ModifyVolumeStatus{TargetVolumeAttributesClassName: class, Status: v1.PersistentVolumeClaimModifyVolumeInProgress}
-	out.Status.Conditions = setCondition(out.Status.Conditions, newCondition(v1.PersistentVolumeClaimVolumeModifyingVolume, "ModifyVolume operation in progress."))
+	out.Status.Conditions = probeConditions(out.Status.Conditions, now, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimVolumeModifyingVolume, Status: v1.ConditionTrue,
+		Message: fmt.Sprintf("Modifying volume to %q is in progress.", class),
+	})
 	return out
 }
 
-// markModifyFailed: the error condition, and Infeasible when the driver refused the class.
-func markModifyFailed(pvc *v1.PersistentVolumeClaim, class string, err error, infeasible bool) *v1.PersistentVolumeClaim {
+// markModifyFailed records a failed call for class with upstream's conditions: the
+// ModifyingVolume condition says whether the driver may still be applying it, and the
+// ModifyVolumeError condition carries the gRPC code as its reason and the driver's message.
+// Only InvalidArgument makes the modification Infeasible; every other error leaves it
+// InProgress, retried.
+func markModifyFailed(pvc *v1.PersistentVolumeClaim, class string, err error, now metav1.Time) *v1.PersistentVolumeClaim {
 	out := pvc.DeepCopy()
-	out.Status.Conditions = setCondition(out.Status.Conditions, newCondition(v1.PersistentVolumeClaimVolumeModifyVolumeError,
-		"ModifyVolume failed with error: "+err.Error()+". Waiting for retry."))
-	if infeasible {
-		out.Status.ModifyVolumeStatus = &v1.ModifyVolumeStatus{TargetVolumeAttributesClassName: class, Status: v1.PersistentVolumeClaimModifyVolumeInfeasible}
+	st := status.Convert(err)
+	state := v1.PersistentVolumeClaimModifyVolumeInProgress
+	if lifecycle.IsFinalError(err) && st.Code() == codes.InvalidArgument {
+		state = v1.PersistentVolumeClaimModifyVolumeInfeasible
+	}
+	out.Status.ModifyVolumeStatus = &v1.ModifyVolumeStatus{TargetVolumeAttributesClassName: class, Status: state}
+	modifying := fmt.Sprintf("Modifying volume to %q is still in progress.", class)
+	if lifecycle.IsFinalError(err) {
+		modifying = fmt.Sprintf("Modifying volume to %q failed. Waiting for retry.", class)
+	}
+	out.Status.Conditions = probeConditions(out.Status.Conditions, now,
+		v1.PersistentVolumeClaimCondition{Type: v1.PersistentVolumeClaimVolumeModifyingVolume, Status: v1.ConditionTrue, Message: modifying},
+		v1.PersistentVolumeClaimCondition{Type: v1.PersistentVolumeClaimVolumeModifyVolumeError, Status: v1.ConditionTrue, Reason: st.Code().String(), Message: st.Message()},
+	)
+	return out
+}
+
+// probeConditions sets the modify conditions as upstream's MergePVCConditions does: each
+// is replaced and probed now (lastProbeTime), and keeps its lastTransitionTime unless its
+// status or reason changed. Other conditions are left alone.
+func probeConditions(conds []v1.PersistentVolumeClaimCondition, now metav1.Time, set ...v1.PersistentVolumeClaimCondition) []v1.PersistentVolumeClaimCondition {
+	out := slices.Clone(conds)
+	for _, c := range set {
+		c.LastProbeTime, c.LastTransitionTime = now, now
+		i := slices.IndexFunc(out, func(old v1.PersistentVolumeClaimCondition) bool { return old.Type == c.Type })
+		if i < 0 {
+			out = append(out, c)
+			continue
+		}
+		if out[i].Status == c.Status && out[i].Reason == c.Reason {
+			c.LastTransitionTime = out[i].LastTransitionTime
+		}
+		out[i] = c
 	}
 	return out
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/util/workqueue"
@@ -42,6 +44,9 @@ type Sidecar struct {
 	handleInUse         bool
 	extraModifyMetadata bool
 
+	// discoveryBackoff paces the retries of the VolumeAttributesClass discovery at start.
+	discoveryBackoff wait.Backoff
+
 	expansion    *expansionController
 	modification *modifyController
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
@@ -57,6 +62,9 @@ func New() *Sidecar {
 		retryStart:  time.Second,
 		retryMax:    5 * time.Minute,
 		handleInUse: true,
+		// About 15 s in all: enough for an API server that restarts, short enough for
+		// a start-up.
+		discoveryBackoff: wait.Backoff{Duration: time.Second, Factor: 2, Steps: 5},
 	}
 }
 
@@ -218,11 +226,7 @@ func (s *Sidecar) capabilities(env *lifecycle.Env) (driverCapabilities, error) {
 		}
 	}
 	if env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME] {
-		on, err := volumeAttributesClassEnabled(env.Gates, env.Kube.Discovery())
-		if err != nil {
-			return caps, err
-		}
-		if on {
+		if volumeAttributesClassEnabled(env.Ops(), env.Gates, env.Kube.Discovery(), s.discoveryBackoff) {
 			caps.modify = &modifier{client: ctrl, kube: env.Kube}
 		}
 	}
@@ -249,30 +253,47 @@ func nodeExpands(env *lifecycle.Env, timeout time.Duration) (bool, error) {
 // volumeAttributesClassEnabled applies the VolumeAttributesClass gate. Left at its default,
 // the gate is turned off when the API server does not serve storage.k8s.io/v1
 // VolumeAttributesClass (older clusters), so the resizer still starts there; set
-// explicitly, it is obeyed.
-func volumeAttributesClassEnabled(gates featuregate.FeatureGate, disc discovery.DiscoveryInterface) (bool, error) {
+// explicitly, it is obeyed. A discovery request that fails (an API server restarting, a
+// timeout) is retried along backoff; when it still fails, the gate stays on, as upstream
+// (cmd/csi-resizer) leaves it after logging the error, instead of stopping the process.
+func volumeAttributesClassEnabled(ctx context.Context, gates featuregate.FeatureGate, disc discovery.DiscoveryInterface, backoff wait.Backoff) bool {
 	if !gates.Enabled(VolumeAttributesClass) {
-		return false, nil
+		return false
 	}
 	if g, ok := gates.(interface {
 		ExplicitlySet(featuregate.Feature) bool
 	}); ok && g.ExplicitlySet(VolumeAttributesClass) {
-		return true, nil
+		return true
 	}
-	list, err := disc.ServerResourcesForGroupVersion("storage.k8s.io/v1")
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("discovering storage.k8s.io/v1 for the VolumeAttributesClass feature gate: %w", err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == "volumeattributesclasses" {
+	logger := klog.FromContext(ctx)
+	var served, found bool
+	var lastErr error
+	err := wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+		list, err := discovery.ToServerResourcesInterfaceWithContext(disc).ServerResourcesForGroupVersionWithContext(ctx, "storage.k8s.io/v1")
+		switch {
+		case apierrors.IsNotFound(err):
 			return true, nil
+		case err != nil:
+			lastErr = err
+			logger.V(2).Info("Discovering storage.k8s.io/v1 for the VolumeAttributesClass feature gate failed, retrying", "err", err)
+			return false, nil
 		}
+		found = true
+		served = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == "volumeattributesclasses" })
+		return true, nil
+	})
+	if err != nil {
+		logger.Error(lastErr, "Cannot discover whether the API server serves storage.k8s.io/v1 VolumeAttributesClass: feature gate VolumeAttributesClass left on, as upstream")
+		return true
 	}
-	klog.Background().Info("The API server does not serve storage.k8s.io/v1 VolumeAttributesClass: feature gate VolumeAttributesClass turned off")
-	return false, nil
+	if !served {
+		reason := "does not serve storage.k8s.io/v1 VolumeAttributesClass"
+		if !found {
+			reason = "does not serve storage.k8s.io/v1"
+		}
+		logger.Info("The API server " + reason + ": feature gate VolumeAttributesClass turned off")
+	}
+	return served
 }
 
 // Run implements lifecycle.Sidecar: both controllers' workers run until intake ends and

@@ -5,14 +5,19 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/component-base/featuregate"
@@ -86,9 +91,12 @@ func TestCapabilities(t *testing.T) {
 		nodeExpansion bool
 		served        []*metav1.APIResourceList
 		gates         map[string]bool
-		wantMode      string // "" no expansion
-		wantModify    bool
-		wantUsage     bool
+		// discoveryFails is how many discovery requests fail before the API server answers;
+		// -1: all of them.
+		discoveryFails int
+		wantMode       string // "" no expansion
+		wantModify     bool
+		wantUsage      bool
 	}{
 		{name: "controller expansion and modify", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, served: vacServed, wantMode: "ControllerExpandVolume", wantModify: true},
 		{name: "node expansion only: trivial resizer", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{}, nodeExpansion: true, wantMode: "node only (trivial resizer)"},
@@ -97,13 +105,26 @@ func TestCapabilities(t *testing.T) {
 		{name: "gate set explicitly: discovery not consulted", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, gates: map[string]bool{"VolumeAttributesClass": true}, wantMode: "ControllerExpandVolume", wantModify: true},
 		{name: "gate turned off", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, served: vacServed, gates: map[string]bool{"VolumeAttributesClass": false}, wantMode: "ControllerExpandVolume"},
 		{name: "modify only but gate off: nothing to do", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{modify}, served: vacServed, gates: map[string]bool{"VolumeAttributesClass": false}, wantUsage: true},
+		{name: "discovery fails at first, then serves VAC: retried", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, served: vacServed, discoveryFails: 2, wantMode: "ControllerExpandVolume", wantModify: true},
+		{name: "discovery fails at first, then no v1 VAC: off", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, discoveryFails: 2, wantMode: "ControllerExpandVolume"},
+		{name: "discovery keeps failing: gate left on, as upstream", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{expand, modify}, discoveryFails: -1, wantMode: "ControllerExpandVolume", wantModify: true},
+		{name: "modify only, discovery keeps failing: starts", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{modify}, discoveryFails: -1, wantModify: true},
 		{name: "neither expansion nor modification", ctrlCaps: []csi.ControllerServiceCapability_RPC_Type{}, wantUsage: true},
 		{name: "no controller service", noController: true, wantUsage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, testdriver.Config{NodeExpansion: tc.nodeExpansion, ControllerCapabilities: tc.ctrlCaps, DisableControllerService: tc.noController})
 			kube := fake.NewClientset()
-			kube.Discovery().(*fakediscovery.FakeDiscovery).Resources = tc.served
+			disc := kube.Discovery().(*fakediscovery.FakeDiscovery)
+			disc.Resources = tc.served
+			failed := 0
+			disc.PrependReactor("get", "resource", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if tc.discoveryFails >= 0 && failed >= tc.discoveryFails {
+					return false, nil, nil
+				}
+				failed++
+				return true, nil, apierrors.NewServiceUnavailable("injected")
+			})
 			gates := featuregate.NewFeatureGate()
 			if err := gates.Add(New().Features()); err != nil {
 				t.Fatal(err)
@@ -122,7 +143,9 @@ func TestCapabilities(t *testing.T) {
 				}
 			}
 			env := lifecycle.Env{Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates}.WithOps(context.Background())
-			caps, err := New().capabilities(env)
+			s := New()
+			s.discoveryBackoff = wait.Backoff{Duration: time.Millisecond, Factor: 1, Steps: 4}
+			caps, err := s.capabilities(env)
 			if tc.wantUsage {
 				if !lifecycle.IsUsageError(err) {
 					t.Fatalf("got %v, want a usage error (exit 2)", err)
@@ -138,6 +161,9 @@ func TestCapabilities(t *testing.T) {
 			}
 			if mode != tc.wantMode || (caps.modify != nil) != tc.wantModify {
 				t.Errorf("expansion %q modify %v, want %q %v", mode, caps.modify != nil, tc.wantMode, tc.wantModify)
+			}
+			if tc.discoveryFails > 0 && failed != tc.discoveryFails {
+				t.Errorf("%d discovery requests failed, want %d before the answer", failed, tc.discoveryFails)
 			}
 		})
 	}

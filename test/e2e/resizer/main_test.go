@@ -89,6 +89,32 @@ type pair struct {
 // provisioner and the PV controller would; vac, if set, is the class both start with.
 func (s *scenario) createPair(name, vac string) pair {
 	s.T.Helper()
+	p, _ := s.newPair(name, vac, true)
+	return p
+}
+
+// createPV creates a PV createClaimFirst returned, and deletes it at the end of the test.
+func (s *scenario) createPV(pv *v1.PersistentVolume) {
+	s.T.Helper()
+	if _, err := s.Client.CoreV1().PersistentVolumes().Create(context.Background(), pv, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
+	}
+	s.T.Cleanup(func() {
+		_ = s.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
+}
+
+// createClaimFirst is createPair without creating the PV, which it returns: the PVC is
+// bound to a PV the API server does not have yet.
+func (s *scenario) createClaimFirst(name, vac string) (pair, *v1.PersistentVolume) {
+	s.T.Helper()
+	return s.newPair(name, vac, false)
+}
+
+// newPair creates the backend volume and the PVC, and the PV when withPV is set, before
+// the PVC's status says it is bound (as the PV controller binds).
+func (s *scenario) newPair(name, vac string, withPV bool) (pair, *v1.PersistentVolume) {
+	s.T.Helper()
 	ctx := context.Background()
 	rsp, err := s.csi.CreateVolume(ctx, &csi.CreateVolumeRequest{
 		Name:               s.Namespace + "-" + name,
@@ -128,12 +154,9 @@ func (s *scenario) createPair(name, vac string) pair {
 			PersistentVolumeSource:    v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: s.Driver.DriverName(), VolumeHandle: p.volumeID}},
 		},
 	}
-	if _, err := s.Client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
+	if withPV {
+		s.createPV(pv)
 	}
-	s.T.Cleanup(func() {
-		_ = s.Client.CoreV1().PersistentVolumes().Delete(context.Background(), p.pv, metav1.DeleteOptions{})
-	})
 	pvc.Status = v1.PersistentVolumeClaimStatus{
 		Phase:                            v1.ClaimBound,
 		AccessModes:                      pvc.Spec.AccessModes,
@@ -143,7 +166,7 @@ func (s *scenario) createPair(name, vac string) pair {
 	if _, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
 		s.T.Fatal(err)
 	}
-	return p
+	return p, pv
 }
 
 func (s *scenario) pvc(name string) *v1.PersistentVolumeClaim {

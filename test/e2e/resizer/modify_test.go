@@ -2,13 +2,18 @@ package resizer
 
 import (
 	"context"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
@@ -37,7 +42,8 @@ func (s *scenario) setClass(name, class string) {
 }
 
 // A VolumeAttributesClass change is applied with ControllerModifyVolume and recorded; a
-// class the driver refuses is Infeasible, and going back to the current class rolls back.
+// class the driver refuses is Infeasible, and going back to the current class rolls back,
+// applying that class again as upstream does (the refused call may have changed the volume).
 func TestVolumeAttributesClassChange(t *testing.T) {
 	s := newScenario(t, testdriver.Config{})
 	silver := s.createClass("silver", map[string]string{"iops": "100"})
@@ -82,7 +88,89 @@ func TestVolumeAttributesClassChange(t *testing.T) {
 			modifies++
 		}
 	}
-	if modifies != 2 {
-		t.Errorf("%d ControllerModifyVolume calls, want 2 (gold, refused bad; the rollback needs none)", modifies)
+	if modifies != 3 {
+		t.Errorf("%d ControllerModifyVolume calls, want 3 (gold, refused bad, gold again)", modifies)
 	}
+}
+
+// shortLease lets a standby take over soon after a leader is killed.
+var shortLease = []string{"--leader-election-lease-duration=3s", "--leader-election-renew-deadline=2s", "--leader-election-retry-period=500ms"}
+
+// A leader killed while ControllerModifyVolume runs leaves the PVC InProgress, and the
+// driver finishes the call. The user then rolls back to the current class. The new leader
+// has no record of how the call ended: it finishes the class in progress first, so the PVC
+// records the class the volume got, then applies the rollback through the driver. Recording
+// the rollback without a call would leave the volume with the other class.
+func TestModifyCutOffByLeaderDeathIsFinishedBeforeRollback(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodControllerModifyVolume: 3 * time.Second}})
+	silver := s.createClass("silver", map[string]string{"iops": "100"})
+	gold := s.createClass("gold", map[string]string{"iops": "500"})
+	p := s.createPair("claim", silver)
+	a := s.startReplica("replica-a", shortLease...)
+	s.WaitForHolder(s.leaseName, "replica-a")
+	a.WaitReady(t)
+
+	s.setClass(p.name, gold)
+	s.WaitForCalls("replica-a's ControllerModifyVolume running", func(c []testdriver.Call) bool {
+		return e2e.Running(e2e.CallsOn(c, a, testdriver.MethodControllerModifyVolume)) == 1
+	})
+	// Later calls are quick; the one running keeps its latency.
+	s.Driver.SetMethodLatency(testdriver.MethodControllerModifyVolume, 0)
+	a.Signal(t, syscall.SIGKILL)
+	a.Wait(t, 10*time.Second)
+	if st := s.pvc(p.name).Status.ModifyVolumeStatus; st == nil || st.Status != v1.PersistentVolumeClaimModifyVolumeInProgress || st.TargetVolumeAttributesClassName != gold {
+		t.Fatalf("after the kill: modify status %+v, want InProgress %s", st, gold)
+	}
+	s.setClass(p.name, silver)
+	s.WaitForCalls("the cut-off call finished in the driver", func(c []testdriver.Call) bool {
+		calls := e2e.CallsOn(c, a, testdriver.MethodControllerModifyVolume)
+		return len(calls) == 1 && calls[0].Done()
+	})
+	if v, _ := s.Driver.Volume(p.volumeID); v.MutableParameters["iops"] != "500" {
+		t.Fatalf("backend parameters %v after the cut-off call, want iops=500", v.MutableParameters)
+	}
+
+	b := s.startReplica("replica-b", shortLease...)
+	s.WaitForHolder(s.leaseName, "replica-b")
+	s.WaitUntil("the PVC records the rollback", func() bool {
+		pvc := s.pvc(p.name)
+		return pvc.Status.ModifyVolumeStatus == nil && ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "") == silver
+	})
+	if v, _ := s.Driver.Volume(p.volumeID); v.MutableParameters["iops"] != "100" {
+		t.Errorf("backend parameters %v, want iops=100: the PVC records %s", v.MutableParameters, silver)
+	}
+	if c := ptr.Deref(s.pvObject(p.pv).Spec.VolumeAttributesClassName, ""); c != silver {
+		t.Errorf("PV class %q, want %q", c, silver)
+	}
+	if n := len(e2e.CallsOn(s.Driver.Journal(), b, testdriver.MethodControllerModifyVolume)); n != 2 {
+		t.Errorf("replica-b made %d ControllerModifyVolume calls, want 2 (gold finished, silver)", n)
+	}
+	// The order, from what replica-b recorded: gold finished, then silver applied.
+	s.WaitUntil("two VolumeModifySuccessful events", func() bool { return len(s.modifySuccesses(p.name)) >= 2 })
+	if got, want := s.modifySuccesses(p.name), []string{gold, silver}; !slices.Equal(got, want) {
+		t.Errorf("VolumeModifySuccessful for %v, want %v", got, want)
+	}
+	if o := s.Driver.Overlaps(); len(o) != 0 {
+		t.Errorf("overlapping operations: %+v", o)
+	}
+}
+
+// modifySuccesses lists the classes of a PVC's VolumeModifySuccessful events, oldest first.
+func (s *scenario) modifySuccesses(claim string) []string {
+	s.T.Helper()
+	events, err := s.Client.CoreV1().Events(s.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + claim + ",reason=VolumeModifySuccessful"})
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	// Timestamps have whole seconds; the recorder names each event <object>.<creation time
+	// in hex nanoseconds>, which orders them.
+	slices.SortFunc(events.Items, func(a, b v1.Event) int { return strings.Compare(a.Name, b.Name) })
+	var out []string
+	for _, e := range events.Items {
+		// "external resizer modified volume <pvc> with vac <class> successfully"
+		_, rest, _ := strings.Cut(e.Message, " with vac ")
+		class, _, _ := strings.Cut(rest, " ")
+		out = append(out, class)
+	}
+	return out
 }

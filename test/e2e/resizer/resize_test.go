@@ -3,6 +3,8 @@ package resizer
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
@@ -156,4 +159,90 @@ func TestFailingExpansionThenLoweredRequest(t *testing.T) {
 			t.Errorf("no %s event (got %v)", r, reasons)
 		}
 	}
+}
+
+// The kubelet's NodeResizeInfeasible, written after the controller handed a resize to the
+// node, enqueues the PVC at once (not at the next resync, ten minutes away): the controller
+// expands to the allocated size again and hands it back to the node (NodeResizePending), so
+// the kubelet may retry, as upstream.
+func TestNodeResizeInfeasibleIsAnsweredAtOnce(t *testing.T) {
+	s := newScenario(t, testdriver.Config{NodeExpansionRequired: true})
+	p := s.createPair("claim", "")
+	a := s.startReplica("replica-a")
+	s.WaitForHolder(s.leaseName, "replica-a")
+	a.WaitReady(t)
+
+	s.request(p.name, "2Gi")
+	s.WaitUntil("the resize is handed to the node", func() bool {
+		return resizeState(s.pvc(p.name)) == v1.PersistentVolumeClaimNodeResizePending
+	})
+	// Play the kubelet: the file system cannot grow.
+	pvc := s.pvc(p.name)
+	pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage] = v1.PersistentVolumeClaimNodeResizeInfeasible
+	pvc.Status.Conditions = append(pvc.Status.Conditions, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimNodeResizeError, Status: v1.ConditionTrue, LastTransitionTime: metav1.Now(), Message: "injected by the test",
+	})
+	if _, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).UpdateStatus(context.Background(), pvc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitForCalls("a second ControllerExpandVolume", func(c []testdriver.Call) bool {
+		return len(expandCalls(c)[p.volumeID]) == 2
+	})
+	s.WaitUntil("the resize is handed to the node again", func() bool {
+		return resizeState(s.pvc(p.name)) == v1.PersistentVolumeClaimNodeResizePending
+	})
+	pvc = s.pvc(p.name)
+	if a := pvc.Status.AllocatedResources[v1.ResourceStorage]; a.String() != "2Gi" || capacityOf(pvc) != "1Gi" {
+		t.Errorf("allocated %s capacity %s, want 2Gi and 1Gi (the node's part still to do)", a.String(), capacityOf(pvc))
+	}
+	for _, c := range expandCalls(s.Driver.Journal())[p.volumeID] {
+		if c.Code != "OK" {
+			t.Errorf("ControllerExpandVolume %+v, want OK", c)
+		}
+	}
+}
+
+// A PVC bound to a PV the resizer's informer does not show yet is retried with backoff
+// (workqueue_retries_total counts it), and expanded once the PV appears, with no resync to
+// wait for (ten minutes).
+func TestPVCreatedAfterItsPVCIsExpanded(t *testing.T) {
+	s := newScenario(t, testdriver.Config{})
+	a := s.startReplica("replica-a")
+	s.WaitForHolder(s.leaseName, "replica-a")
+	a.WaitReady(t)
+
+	// The PVC first, bound to a PV that does not exist yet, asking for more than it has.
+	p, pv := s.createClaimFirst("claim", "")
+	s.request(p.name, "2Gi")
+	queue := s.Driver.DriverName() + "-pvc"
+	s.WaitUntil("the PVC is retried while its PV is missing", func() bool {
+		return retries(t, a, queue) > 0
+	})
+	if n := len(expandCalls(s.Driver.Journal())); n != 0 {
+		t.Fatalf("%d volumes expanded without a PV", n)
+	}
+
+	s.createPV(pv)
+	s.WaitUntil("the PVC is expanded", func() bool { return capacityOf(s.pvc(p.name)) == "2Gi" })
+	if c := pvCapacity(s.pvObject(p.pv)); c != "2Gi" {
+		t.Errorf("PV capacity %s, want 2Gi", c)
+	}
+}
+
+// retries reads workqueue_retries_total of queue from a replica's metrics.
+func retries(t *testing.T, r *e2e.Replica, queue string) float64 {
+	t.Helper()
+	code, body := r.Get("/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("metrics: %d %s", code, body)
+	}
+	prefix := `workqueue_retries_total{name="` + queue + `"} `
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			var n float64
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return 0
 }
