@@ -22,6 +22,7 @@ type expansionConfig struct {
 	expander        expander
 	queueName       string
 	queueMetrics    workqueue.MetricsProvider // nil: client-go's process-wide provider
+	backlog         *lifecycle.Backlog
 	informers       informers.SharedInformerFactory
 	resync          time.Duration
 	retryStart      time.Duration
@@ -38,7 +39,7 @@ type expansionController struct {
 	annotateFs      bool
 	recoverFailures bool
 
-	queue workqueue.TypedRateLimitingInterface[string]
+	queue *lifecycle.Queue[string]
 	// inUse is nil without --handle-volume-inuse-error.
 	inUse *inUseTracker
 	// attempts says whether the last controller call ended with a final error, so the next
@@ -55,9 +56,8 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 		expander:        cfg.expander,
 		annotateFs:      cfg.annotateFs,
 		recoverFailures: cfg.recoverFailures,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
+		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
+			Metrics: cfg.queueMetrics, Backlog: cfg.backlog}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them).

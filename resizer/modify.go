@@ -38,6 +38,7 @@ type modifyConfig struct {
 	modifier      *modifier
 	queueName     string
 	queueMetrics  workqueue.MetricsProvider // nil: client-go's process-wide provider
+	backlog       *lifecycle.Backlog
 	informers     informers.SharedInformerFactory
 	resync        time.Duration
 	retryStart    time.Duration
@@ -53,7 +54,7 @@ type modifyController struct {
 
 	pvcs  corelisters.PersistentVolumeClaimLister
 	vacs  storagelisters.VolumeAttributesClassLister
-	queue workqueue.TypedRateLimitingInterface[string]
+	queue *lifecycle.Queue[string]
 	// attempts says whether the driver may still be applying the class of a modification
 	// the PVC's status says is InProgress (its last call ended without a final answer, or
 	// this process never made it: a previous leader did), which must then be finished
@@ -67,9 +68,8 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		writer:        cfg.writer,
 		modifier:      cfg.modifier,
 		extraMetadata: cfg.extraMetadata,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryStart, cfg.retryMax),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: cfg.queueName, MetricsProvider: cfg.queueMetrics}),
+		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
+			Metrics: cfg.queueMetrics, Backlog: cfg.backlog}),
 		attempts: newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them);
