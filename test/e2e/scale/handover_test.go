@@ -249,11 +249,17 @@ func repeated(journal []testdriver.Call, leader, standby *e2e.Replica, method st
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
-// table prints one line per handover and, under it, every request of each new leader in
-// its window by verb and resource.
-func table(n int, results []result) string {
+// table prints one line per handover and, under them, every request of each new leader in
+// its window by verb and resource: nine lines, so that a benchmark's log (cut after ten
+// without -v) shows all of it. setup is how long creating the settled volumes took.
+func table(n int, setup string, results []result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nHandover with %d settled volumes (bound, attached) and %d fresh items per sidecar, driver latency %v\n", n, freshVolumes, driverLatency)
+	window := time.Duration(0)
+	if len(results) > 0 {
+		window = results[0].window
+	}
+	fmt.Fprintf(&b, "handover with %d settled volumes (bound, attached; setup %s), %d fresh items per sidecar, driver latency %v; the new leader's requests in its first %v, from the audit log:\n",
+		n, setup, freshVolumes, driverLatency, window)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight\tdrain\texit\ttakeover\tfirst call after Lease\tLISTs\twrites\tto settled objects\tLease writes\tfailed\trepeated calls\tleader peak RSS\tstandby peak RSS")
 	for _, r := range results {
@@ -263,14 +269,10 @@ func table(n int, results []result) string {
 			mib(r.leaderRSS), mib(r.standbyRSS))
 	}
 	tw.Flush()
-	fmt.Fprintln(&b, "(takeover: leader's exit to the standby's first call of the work's method; LISTs, writes (Lease renewals")
-	fmt.Fprintln(&b, " apart) and failed requests: the standby's requests in the window after it took the Lease, from the audit log)")
 	for _, r := range results {
-		fmt.Fprintf(&b, "%s-b, first %v after taking the Lease: %d requests\n", r.sidecar, r.window, len(r.req.all))
-		fmt.Fprintf(&b, "  by verb and resource: %s\n", format(r.req.byKind))
-		fmt.Fprintf(&b, "  LISTs: %s\n", format(r.req.lists))
-		fmt.Fprintf(&b, "  writes: %s\n", format(r.req.writes))
-		fmt.Fprintf(&b, "  writes to settled objects: %s\n", format(r.req.settledWrites))
+		fmt.Fprintf(&b, "%s (%d requests): %s\n", r.standby, len(r.req.all), format(r.req.byKind))
 	}
+	b.WriteString("(takeover: from the leader's exit to the standby's first call of the work's method, negative when before the exit, as the old process " +
+		"releases the Lease last; writes: all but the Lease's; repeated calls: the standby's, for volumes the leader had done)")
 	return b.String()
 }

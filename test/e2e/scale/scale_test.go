@@ -20,8 +20,6 @@ const (
 // settled objects (they are as it wants them). Figures are logged, not asserted.
 func TestHandoverWithSettledVolumesListsNothing(t *testing.T) {
 	w := newWorld(t, shortVolumes)
-	t.Logf("setup of %d settled volumes: %v in the driver, %v in the API", shortVolumes,
-		w.driverSetup.Round(time.Millisecond), w.apiSetup.Round(time.Millisecond))
 	var results []result
 	for _, sc := range sidecars {
 		// handover fails the test when the Lease does not pass to the standby or the
@@ -35,7 +33,7 @@ func TestHandoverWithSettledVolumesListsNothing(t *testing.T) {
 			t.Errorf("%s: the new leader wrote to settled objects in its first %v: %s", sc.name, shortWindow, format(r.req.settledWrites))
 		}
 	}
-	t.Log(table(shortVolumes, results))
+	t.Log(table(shortVolumes, w.setupTime(), results))
 }
 
 // BenchmarkHandoverAt10000 is the handover of each sidecar with 10,000 settled volumes in
@@ -46,8 +44,6 @@ func BenchmarkHandoverAt10000(b *testing.B) {
 	metrics := map[string]float64{}
 	for range b.N {
 		w := newWorld(b, benchVolumes)
-		b.Logf("setup of %d settled volumes: %v in the driver, %v in the API", benchVolumes,
-			w.driverSetup.Round(time.Millisecond), w.apiSetup.Round(time.Millisecond))
 		metrics["setup-s"] += (w.driverSetup + w.apiSetup).Seconds()
 		var results []result
 		for _, sc := range sidecars {
@@ -60,7 +56,7 @@ func BenchmarkHandoverAt10000(b *testing.B) {
 			metrics[sc.name+"-leader-MiB"] += float64(r.leaderRSS) / (1 << 20)
 			metrics[sc.name+"-standby-MiB"] += float64(r.standbyRSS) / (1 << 20)
 		}
-		b.Log(table(benchVolumes, results))
+		b.Log(table(benchVolumes, w.setupTime(), results))
 	}
 	for name, v := range metrics {
 		b.ReportMetric(v/float64(b.N), name)

@@ -79,6 +79,11 @@ func (w *world) isSettled(e auditEvent) bool {
 	return false
 }
 
+// setupTime says how long creating the settled volumes took.
+func (w *world) setupTime() string {
+	return fmt.Sprintf("%v in the driver, %v in the API", w.driverSetup.Round(10*time.Millisecond), w.apiSetup.Round(10*time.Millisecond))
+}
+
 func (w *world) attacherFinalizer() string {
 	return "external-attacher/" + lifecycle.SanitizeName(w.Driver.DriverName())
 }
