@@ -126,6 +126,9 @@ type result struct {
 	// and after how long.
 	takeover  time.Duration
 	firstCall string
+	// workAfterLease is from the standby's taking the Lease to its first call of the work's
+	// method: what its queues had to go through first.
+	workAfterLease time.Duration
 	// repeated counts the standby's calls for volumes whose call the leader had completed.
 	repeated int
 	// req is what the standby asked the API server for in the window after it took the
@@ -177,7 +180,8 @@ func (w *world) handover(sc sidecar, window time.Duration) result {
 		return len(e2e.CallsOn(c, standby, sc.method)) > 0
 	})
 	journal := w.Driver.Journal()
-	r.takeover = e2e.CallsOn(journal, standby, sc.method)[0].Start.Sub(leader.ExitedAt)
+	first := e2e.CallsOn(journal, standby, sc.method)[0].Start
+	r.takeover, r.workAfterLease = first.Sub(leader.ExitedAt), first.Sub(took)
 	for _, c := range journal {
 		if c.Socket == standby.Socket && !c.Start.Before(took) {
 			r.firstCall = fmt.Sprintf("%s +%v", c.Method, c.Start.Sub(took).Round(time.Millisecond))
@@ -261,10 +265,10 @@ func table(n int, setup string, results []result) string {
 	fmt.Fprintf(&b, "handover with %d settled volumes (bound, attached; setup %s), %d fresh items per sidecar, driver latency %v; the new leader's requests in its first %v, from the audit log:\n",
 		n, setup, freshVolumes, driverLatency, window)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight\tdrain\texit\ttakeover\tfirst call after Lease\tLISTs\twrites\tto settled objects\tLease writes\tfailed\trepeated calls\tleader peak RSS\tstandby peak RSS")
+	fmt.Fprintln(tw, "sidecar\tleader -> standby\tin flight\tdrain\texit\ttakeover\tfirst call after Lease\twork call after Lease\tLISTs\twrites\tto settled objects\tLease writes\tfailed\trepeated calls\tleader peak RSS\tstandby peak RSS")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s -> %s\t%d\t%v\t%d\t%v\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.sidecar, r.leader, r.standby, r.inFlight,
-			r.drain.Round(time.Millisecond), r.exitCode, r.takeover.Round(time.Millisecond), r.firstCall,
+		fmt.Fprintf(tw, "%s\t%s -> %s\t%d\t%v\t%d\t%v\t%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.sidecar, r.leader, r.standby, r.inFlight,
+			r.drain.Round(time.Millisecond), r.exitCode, r.takeover.Round(time.Millisecond), r.firstCall, r.workAfterLease.Round(time.Millisecond),
 			sum(r.req.lists), sum(r.req.writes), sum(r.req.settledWrites), r.req.leaseWrites, r.req.failed, r.repeated,
 			mib(r.leaderRSS), mib(r.standbyRSS))
 	}

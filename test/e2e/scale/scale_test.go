@@ -50,6 +50,7 @@ func BenchmarkHandoverAt10000(b *testing.B) {
 			r := w.handover(sc, benchWindow)
 			results = append(results, r)
 			metrics[sc.name+"-takeover-s"] += r.takeover.Seconds()
+			metrics[sc.name+"-work-after-lease-s"] += r.workAfterLease.Seconds()
 			metrics[sc.name+"-lists"] += float64(sum(r.req.lists))
 			metrics[sc.name+"-writes"] += float64(sum(r.req.writes))
 			metrics[sc.name+"-settled-writes"] += float64(sum(r.req.settledWrites))
