@@ -190,7 +190,7 @@ func (w *world) handover(sc sidecar, window time.Duration) result {
 	}
 	w.waitDone(ctx, sc, items)
 
-	// The window is a span of time to observe, not something to wait for.
+	// Waiting out the window: it is the span of time observed, not a stand-in for an event.
 	<-time.After(time.Until(took.Add(window)))
 	events, err := auditUpTo(ctx, w.Client)
 	if err != nil {
