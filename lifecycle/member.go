@@ -70,6 +70,9 @@ type member struct {
 	watch     *leaseWatch
 	elector   *leaderelection.HealthzAdaptor
 	leKube    kubernetes.Interface
+	// watchKube watches the Lease: the same budget as leKube but no request timeout,
+	// which would cut the watch every half renew deadline.
+	watchKube kubernetes.Interface
 
 	inflightAtDriverLoss atomic.Int64
 }
@@ -99,6 +102,9 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
 		m.leKube = leKube
+		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(cfg)); err != nil {
+			return nil, fmt.Errorf("creating the Lease watch client: %w", err)
+		}
 		m.leaseName = SanitizeName(s.LeaseName(shared.DriverName))
 		m.lock, err = rl.NewWithLabels(rl.LeasesResourceLock, p.opts.LeaderElectionNamespace, m.leaseName,
 			leKube.CoreV1(), leKube.CoordinationV1(), rl.ResourceLockConfig{
@@ -130,7 +136,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	if !p.opts.LeaderElection {
 		return m.finish(ctx, p, nil, m.lead(ctx, p, term{leading: context.Background()}))
 	}
-	if err := m.watch.start(ctx, p.intake, m.leKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
+	if err := m.watch.start(ctx, p.intake, m.watchKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
 		return p.exitCode(ExitOK)
 	}
