@@ -147,6 +147,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueClaim,
 		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
+		DeleteFunc: c.forgetClaim,
 	}); err != nil {
 		return nil, err
 	}
@@ -201,6 +202,17 @@ func (c *controller) enqueueClaim(obj any) {
 	// volume must still be finished or undone.
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.driver) || hasRecord(claim)) {
 		c.claimQueue.Add(string(claim.UID))
+	}
+}
+
+// forgetClaim drops what this process remembers about a claim that is gone.
+func (c *controller) forgetClaim(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
+		c.versions.forget(string(claim.UID))
+		c.absent.forget(string(claim.UID))
 	}
 }
 

@@ -111,6 +111,11 @@ func recordOf(claim *v1.PersistentVolumeClaim) (*claimRecord, error) {
 	}
 	value, ok := claim.Annotations[annProvisioning]
 	if !ok {
+		if claim.DeletionTimestamp != nil && slices.Contains(claim.Finalizers, provisioningFinalizer) {
+			// Only a hand edit gets here. A live claim gets its annotation back with its
+			// next record; a deleted one cannot: nothing says which request to undo.
+			return nil, fmt.Errorf("finalizer %s without annotation %s: which volume to undo is unknown", provisioningFinalizer, annProvisioning)
+		}
 		return nil, nil
 	}
 	var r claimRecord
@@ -127,11 +132,11 @@ func recordOf(claim *v1.PersistentVolumeClaim) (*claimRecord, error) {
 	return &r, nil
 }
 
-// hasRecord is the cheap test informer handlers use: the claim carries a record, of any
-// driver, readable or not.
+// hasRecord is the cheap test informer handlers use: the claim carries a record (or half
+// of one), of any driver, readable or not.
 func hasRecord(claim *v1.PersistentVolumeClaim) bool {
 	_, ok := claim.Annotations[annProvisioning]
-	return ok
+	return ok || slices.Contains(claim.Finalizers, provisioningFinalizer)
 }
 
 // sameAs tells whether two records ask for the same volume the same way. Topology is left

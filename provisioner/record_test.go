@@ -157,6 +157,17 @@ func TestUnreadableRecordsAreErrorsAndNoRecordIsNone(t *testing.T) {
 	if r, err := recordOf(claimFor("data", recordUID, "fast")); r != nil || err != nil {
 		t.Errorf("claim without a record: %+v, %v", r, err)
 	}
+	// The finalizer alone (the annotation removed by hand): a live claim gets its
+	// annotation back with its next record; a deleted one cannot be undone.
+	half := claimFor("data", recordUID, "fast")
+	half.Finalizers = []string{provisioningFinalizer}
+	if r, err := recordOf(half); r != nil || err != nil || !hasRecord(half) {
+		t.Errorf("live claim with the finalizer alone: %+v, %v, hasRecord %v; want none, and queued", r, err, hasRecord(half))
+	}
+	half.DeletionTimestamp = ptr.To(metav1.Now())
+	if _, err := recordOf(half); err == nil {
+		t.Error("deleted claim with the finalizer alone: no error")
+	}
 }
 
 func TestWhatARecordAsksFor(t *testing.T) {

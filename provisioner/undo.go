@@ -343,6 +343,12 @@ func (v *claimVersions) replaced(uid string, copies ...*v1.PersistentVolumeClaim
 	}
 }
 
+func (v *claimVersions) forget(uid string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.m, uid)
+}
+
 // behind tells whether the cached claim is a copy replaced by a write of this process.
 // Once the cache shows another version the memory goes.
 func (v *claimVersions) behind(claim *v1.PersistentVolumeClaim) bool {
