@@ -454,3 +454,55 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 		})
 	}
 }
+
+// A driver that cannot answer an undo for a while shows it on the claim (an event each
+// time), never as silence, and the claim goes as soon as the volume is known deleted.
+func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault testdriver.Fault
+		// made: the dead leader's CreateVolume made the volume.
+		made bool
+		want string
+	}{
+		{name: "DeleteVolume fails", made: true, fault: testdriver.Fault{Method: testdriver.MethodDeleteVolume, Code: codes.Internal, Times: 3}, want: "DeleteVolume"},
+		{name: "CreateVolume does not answer", made: true, fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.Unavailable, Times: 3}, want: "Unavailable"},
+		{name: "CreateVolume's answer is lost, the volume made", fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.DeadlineExceeded, Times: 3, ApplyAnyway: true}, want: "DeadlineExceeded"},
+		{name: "the name is taken by a volume made otherwise", made: true, fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.AlreadyExists, Times: 3}, want: "other parameters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+			req := testRequest("pvc-uid-1")
+			req.Secrets = nil
+			if tc.made {
+				if _, err := w.ctrl.csi.CreateVolume(context.Background(), req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.driver.InjectFault(tc.fault); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := newRecord(drv, "", nil, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			value, _ := rec.encode()
+			claim := withRecord(claimFor("data", "uid-1", "fast"), value)
+			claim.DeletionTimestamp = ptr.To(metav1.Now())
+			w.create(claim)
+			w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+			if n := len(w.driver.Volumes()); n != 0 {
+				t.Errorf("%d volumes left in the driver", n)
+			}
+			failed := 0
+			for _, e := range w.events() {
+				if strings.Contains(e, reasonUndoFailed) && strings.Contains(e, tc.want) {
+					failed++
+				}
+			}
+			if failed != tc.fault.Times {
+				t.Errorf("%d %s events saying %q, want one per failed attempt (%d)", failed, reasonUndoFailed, tc.want, tc.fault.Times)
+			}
+		})
+	}
+}
