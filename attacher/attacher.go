@@ -14,6 +14,16 @@
 // A detach removes the finalizer before it writes the status, as upstream, so a crash
 // between the two writes never repeats ControllerUnpublishVolume.
 //
+// No publication outlives its VolumeAttachment, even after SIGKILL: the finalizer goes on
+// the VolumeAttachment (with the node's ID, for a detach after the CSINode is gone) in
+// the write before ControllerPublishVolume, so a VolumeAttachment deleted while its
+// publish is uncertain (the leader killed mid-call, the driver finishing the call on its
+// own) stays until whoever leads next has unpublished it, and only that removes the
+// finalizer. The lifecycle core's Lease rules (P10, P11) keep the next leader's
+// ControllerUnpublishVolume from overlapping the dead leader's publish. The provisioner's
+// counterpart is its provisioning record; both are exercised by the chaos tests in
+// test/e2e (SIGKILL of the leader mid-call, objects deleted during the failover).
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -107,6 +108,11 @@ type controller struct {
 	// until the driver answers for good. It is also what keeps the plan's source protected
 	// while the claim may be gone (sourceUser).
 	inProgress map[string]*plan
+	// versions remembers claim copies this process's own writes replaced.
+	versions claimVersions
+	// absent remembers recorded volumes the driver answered for good that it does not
+	// have, so that their undo needs no CSI call.
+	absent absentVolumes
 	// deletedVolumes holds the PersistentVolumes whose volume DeleteVolume deleted, until
 	// the informer sees them go: a retry of the API writes after it must not call the
 	// driver again.
@@ -141,6 +147,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueClaim,
 		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
+		DeleteFunc: c.forgetClaim,
 	}); err != nil {
 		return nil, err
 	}
@@ -191,8 +198,21 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 }
 
 func (c *controller) enqueueClaim(obj any) {
-	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && mayNeedVolume(claim, c.driver) {
+	// A claim with a record may be bound, deleted or another provisioner's by now: its
+	// volume must still be finished or undone.
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.driver) || hasRecord(claim)) {
 		c.claimQueue.Add(string(claim.UID))
+	}
+}
+
+// forgetClaim drops what this process remembers about a claim that is gone.
+func (c *controller) forgetClaim(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
+		c.versions.forget(string(claim.UID))
+		c.absent.forget(string(claim.UID))
 	}
 }
 
@@ -276,61 +296,131 @@ func (c *controller) pvExists(name string) bool {
 	return err == nil
 }
 
-// syncClaim is what happens to one claim: decide, plan, create the volume, record it.
+// syncClaim is what happens to one claim: a volume that may exist is finished or undone
+// first; otherwise decide, plan, record, create the volume, record it as a
+// PersistentVolume.
 func (c *controller) syncClaim(uid string) error {
 	logger := klog.Background().WithValues("claimUID", uid)
-	p := c.pending(uid)
-	if p == nil {
-		claim := c.claimByUID(uid)
-		if claim == nil {
-			return nil
-		}
+	claim := c.claimByUID(uid)
+	if claim != nil {
 		logger = logger.WithValues("claim", klog.KObj(claim))
-		class, err := c.classFor(claim)
-		if err != nil {
-			return err
-		}
-		if ok, why := wantsVolume(claim, class, c.driver); !ok {
-			logger.V(4).Info("Not provisioning", "reason", why)
+		if c.versions.behind(claim) {
+			logger.V(4).Info("Cache is behind this process's own write of the claim; its event will follow")
 			return nil
 		}
-		// A claim provisioned already but not bound yet comes back on every update and
-		// resync: it must not cost API reads nor report a plan's error (a VAC or secret
-		// deleted since) about a volume that exists. (A bad name is the plan's to report.)
-		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
-			logger.V(4).Info("PersistentVolume exists already", "pv", name)
-			return nil
-		}
-		if c.node != nil {
-			if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
-				return err
-			}
-		}
-		start := time.Now()
-		p, err = c.plan(claim, class)
-		if p == nil {
-			c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
-			return c.planFailed(claim, err)
-		}
-		// The source must stay until CreateVolume is done with it (the finalizer is part
-		// of the operation, on Ops(), P1). The plan is pending from before the finalizer
-		// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
-		// is then the only sign that the source is still in use.
-		c.setPending(uid, p)
-		if err := c.protectSource(klog.NewContext(c.ops, logger), p.source); err != nil {
-			c.finish(uid, p)
-			c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+	}
+	ctx := klog.NewContext(c.ops, logger)
+	p := c.pending(uid)
+	facts := c.recordFacts(claim, p)
+	action, why := decideRecord(facts)
+	if action != recordNone {
+		logger.V(4).Info("Provisioning record", "action", action.String(), "reason", why)
+	}
+	switch action {
+	case recordDrop:
+		return c.recorded(ctx, uid, c.claimWithRecord(uid, p), p)
+	case recordUndo:
+		return c.undo(ctx, uid, c.claimWithRecord(uid, p), p, facts.rec, why)
+	case recordSkip:
+		return nil
+	case recordUntrusted:
+		// Acting on it could delete a volume that is not the claim's; keeping it blocks
+		// only the deletion of this claim, which the event explains.
+		logger.Info("Warning: leaving a provisioning record alone", "reason", why)
+		c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
+		return nil
+	case recordFinish:
+		if p != nil {
+			// Retried as it is, with the same name: the driver may still be making it.
+			start := time.Now()
+			err := c.provision(ctx, uid, p)
+			c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 			return err
 		}
-		c.recorder.Eventf(claim, v1.EventTypeNormal, "Provisioning", "External provisioner is provisioning volume for claim %q", klog.KObj(claim))
-	} else if c.pvExists(p.pvName) {
-		c.finish(uid, p)
+	}
+	if claim == nil {
 		return nil
 	}
+	class, err := c.classFor(claim)
+	if err != nil {
+		return err
+	}
+	if ok, why := wantsVolume(claim, class, c.driver); !ok {
+		logger.V(4).Info("Not provisioning", "reason", why)
+		return nil
+	}
+	// A claim provisioned already but not bound yet comes back on every update and
+	// resync: it must not cost API reads nor report a plan's error (a VAC or secret
+	// deleted since) about a volume that exists. (A bad name is the plan's to report.)
+	if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+		logger.V(4).Info("PersistentVolume exists already", "pv", name)
+		return nil
+	}
+	if c.node != nil {
+		if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
+			return err
+		}
+	}
 	start := time.Now()
-	err := c.provision(klog.NewContext(c.ops, logger), uid, p)
+	p, err = c.plan(claim, class)
+	if p == nil {
+		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
+		return c.planFailed(claim, err)
+	}
+	// The record goes on the claim before anything is asked of the driver (the source's
+	// finalizer, CreateVolume): from then on whoever leads finds the volume, finishes it or
+	// undoes it.
+	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
+		if errors.Is(err, errRecordChanged) {
+			logger.V(2).Info("Claim changed while being recorded; deciding again", "err", err.Error())
+			return err
+		}
+		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
+		return err
+	}
+	// The source must stay until CreateVolume is done with it (the finalizer is part
+	// of the operation, on Ops(), P1). The plan is pending from before the finalizer
+	// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
+	// (and the claim's record) is then the sign that the source is still in use.
+	c.setPending(uid, p)
+	if err := c.protectSource(ctx, p.source); err != nil {
+		c.finish(uid, p)
+		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+		return err
+	}
+	c.recorder.Eventf(claim, v1.EventTypeNormal, "Provisioning", "External provisioner is provisioning volume for claim %q", klog.KObj(claim))
+	err = c.provision(ctx, uid, p)
 	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 	return err
+}
+
+// recordPlan makes sure the claim carries the plan's record before its CreateVolume, and
+// points the plan at the claim as written. A record of the same request (a retry, or a
+// previous leader's) stays as it is. A record of another request stays too while what it
+// asked for is unknown: the volume it may have made is undone first (errRecordChanged
+// sends the claim back to be decided again).
+func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
+	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
+	if err != nil {
+		return err
+	}
+	if existing != nil && existing.sameAs(rec) {
+		p.rec = existing
+		return nil
+	}
+	if existing != nil && !c.absent.is(uid, existing.Volume) {
+		if err := c.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
+	}
+	claim, err := c.writeRecord(ctx, p.claim, rec)
+	if err != nil {
+		return err
+	}
+	p.claim, p.pv.claim, p.rec = claim, claim, rec
+	return nil
 }
 
 // classFor returns the claim's StorageClass; nil, nil for a claim without one.
@@ -360,10 +450,13 @@ func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) erro
 	return err
 }
 
-// provision calls CreateVolume and records the volume as a PersistentVolume, both on Ops()
-// (P1): a volume the driver created is always recorded or retried.
+// provision calls CreateVolume and records the volume as a PersistentVolume, then drops the
+// claim's record, all on Ops() (P1): a volume the driver created is always recorded,
+// retried, or undone.
 func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	logger := klog.FromContext(ctx)
+	// Whatever was known about the name, this call may make it.
+	c.absent.forget(uid)
 	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	resp, err := c.csi.CreateVolume(callCtx, p.req)
 	cancel()
@@ -371,6 +464,11 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		outcome := classifyCreateError(err, p.mayReschedule)
 		logger.Info("CreateVolume failed", "volume", p.pvName, "outcome", outcome.String(), "err", err.Error())
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		if isAbsentAnswer(err, outcome) {
+			// The record stays while the claim wants the volume (the retry needs it); its
+			// undo, if the claim stops wanting it, needs no CSI call.
+			c.absent.mark(uid, p.pvName)
+		}
 		switch outcome {
 		case createInBackground:
 			c.setPending(uid, p)
@@ -386,20 +484,27 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 			return err
 		}
 	}
-	// From here the volume exists: until it is recorded, it stays pending.
+	// From here the volume exists: until it is recorded or deleted, it stays pending.
 	c.setPending(uid, p)
+	id := resp.GetVolume().GetVolumeId()
+	// A claim deleted or rescheduled while CreateVolume ran does not get the volume: it is
+	// deleted now, while its ID is known, rather than recorded for nobody.
+	if act, why := decideRecord(c.recordFacts(c.claimByUID(uid), p)); act == recordUndo {
+		return c.discard(ctx, uid, p, id, why)
+	}
 	in := p.pv
 	in.volume = resp.GetVolume()
 	pv, err := buildPV(in)
 	if err != nil {
 		// The volume does not fit the claim: delete it and start over.
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
-		if cleanupErr := c.deleteBackendVolume(ctx, resp.GetVolume().GetVolumeId(), p.req.GetSecrets()); cleanupErr != nil {
+		if cleanupErr := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); cleanupErr != nil {
 			// Still pending: the retry creates (idempotent) and cleans up again.
 			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
 		}
 		// Nothing is left in the driver: the next attempt is planned from the claim, if
 		// there still is one.
+		c.absent.mark(uid, p.pvName)
 		c.finish(uid, p)
 		return err
 	}
@@ -407,11 +512,42 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "volume %s created but its PersistentVolume could not be saved: %v", p.pvName, err)
 		return err
 	}
-	c.finish(uid, p)
 	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
 	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
+	// The PersistentVolume records the volume now: the claim's record can go. If this
+	// fails the plan stays pending and the retry finds the PersistentVolume.
+	return c.recorded(ctx, uid, c.claimWithRecord(uid, p), p)
+}
+
+// discard deletes a volume just created for a claim that no longer wants it, then drops
+// the record; a failure leaves the plan pending, and the retry undoes it.
+func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
+	claim := c.claimWithRecord(uid, p)
+	if err := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); err != nil {
+		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
+	}
+	c.absent.mark(uid, p.pvName)
+	c.capacityChanged(p.class.Name, nil)
+	if err := c.recorded(ctx, uid, claim, p); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Provisioning undone", "volume", p.pvName, "reason", why)
+	if claim != nil {
+		c.recorder.Eventf(claim, v1.EventTypeNormal, reasonUndone, "Provisioning undone (%s): volume %s deleted", why, p.pvName)
+	}
 	return nil
+}
+
+// claimWithRecord is the freshest copy of the claim known to carry the plan's record: the
+// cache's, unless it does not show the record yet (it lags behind this process's own
+// write), then the copy that write returned; nil when the claim is gone.
+func (c *controller) claimWithRecord(uid string, p *plan) *v1.PersistentVolumeClaim {
+	claim := c.claimByUID(uid)
+	if claim == nil || hasRecord(claim) || p == nil {
+		return claim
+	}
+	return p.claim
 }
 
 // deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).

@@ -28,6 +28,9 @@ type plan struct {
 	// source is the claim or snapshot the volume is made from, protected by a finalizer
 	// while the volume is in creation.
 	source sourceRef
+	// rec is the record on the claim that describes this CreateVolume; set before it is
+	// sent.
+	rec *claimRecord
 }
 
 // rescheduleError is a failure the scheduler should hear about: the selected node cannot

@@ -93,6 +93,7 @@ func (s *apiServer) snapshotClient() *snapfake.Clientset {
 
 func (s *apiServer) serve(f *k8stesting.Fake) {
 	objects := k8stesting.ObjectReaction(s.tracker)
+	stampResourceVersions(f)
 	f.AddReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if err := s.authorize(a); err != nil {
 			return true, nil, err
@@ -296,8 +297,16 @@ func TestUnderUpstreamRBACAnExhaustedNodeIsHandedBackToTheScheduler(t *testing.T
 		_, selected := c.Annotations[volumehelpers.AnnSelectedNode]
 		return err == nil && !selected
 	})
+	// The driver answered for good that it made nothing: the record goes without a call.
+	w.waitFor("the provisioning record gone", func() bool {
+		c, err := claims.Get(context.Background(), "data", metav1.GetOptions{})
+		return err == nil && !hasRecord(c) && !slices.Contains(c.Finalizers, provisioningFinalizer)
+	})
 	if calls := w.calls(testdriver.MethodCreateVolume); len(calls) != 1 || calls[0].Code != codes.ResourceExhausted.String() {
 		t.Errorf("CreateVolume calls %+v, want one that ran out of space", calls)
+	}
+	if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 0 {
+		t.Errorf("%d DeleteVolume calls for a volume the driver never made", n)
 	}
 	if r := server.refusals(); len(r) != 0 {
 		t.Errorf("requests upstream's RBAC refuses: %v", r)

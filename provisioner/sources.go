@@ -294,8 +294,8 @@ func (c *controller) releasableSnapshot(ctx context.Context, snap *snapshotv1.Vo
 }
 
 // sourceUser names a claim of the driver whose volume is still being made from ref: an
-// operation in flight, or a claim that names it, is not deleted and has no
-// PersistentVolume yet; "" for none.
+// operation in flight, a claim carrying a provisioning record, or a claim that names it,
+// is not deleted and has no PersistentVolume yet; "" for none.
 func (c *controller) sourceUser(ref sourceRef) string {
 	c.mu.Lock()
 	for _, p := range c.inProgress {
@@ -312,10 +312,18 @@ func (c *controller) sourceUser(ref sourceRef) string {
 	}
 	for _, obj := range objs {
 		claim, ok := obj.(*v1.PersistentVolumeClaim)
-		if !ok || !mayNeedVolume(claim, c.driver) || claim.DeletionTimestamp != nil {
+		if !ok {
 			continue
 		}
 		if src, err := claimSource(claim); err != nil || src != ref {
+			continue
+		}
+		// A claim whose record is still on (a crash, a deleted claim whose volume is being
+		// undone) may have a volume in creation from the source, whatever else it says.
+		if rec, err := recordOf(claim); err == nil && rec != nil && rec.Driver == c.driver {
+			return klog.KObj(claim).String()
+		}
+		if !mayNeedVolume(claim, c.driver) || claim.DeletionTimestamp != nil {
 			continue
 		}
 		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {

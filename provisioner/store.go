@@ -70,6 +70,7 @@ func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeC
 	defer cancel()
 	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
 	current, removed := claim, false
+	seen := []*v1.PersistentVolumeClaim{claim}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if current.UID != claim.UID || current.Annotations[volumehelpers.AnnSelectedNode] != node {
 			return nil
@@ -84,9 +85,15 @@ func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeC
 				return getErr
 			}
 			current = fresh
+			seen = append(seen, fresh)
 		}
 		return err
 	})
+	if removed {
+		// The copies before the update still select the node: a sync on one of them must
+		// not plan for it again.
+		c.versions.replaced(string(claim.UID), seen...)
+	}
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -44,7 +44,7 @@ type scenario struct {
 	driver    string
 }
 
-func newScenario(t *testing.T, cfg testdriver.Config) *scenario {
+func newScenario(t testing.TB, cfg testdriver.Config) *scenario {
 	s := e2e.NewScenario(t, kube.Get(t), binDir, cfg)
 	driver := s.Driver.DriverName()
 	// Cluster-scoped objects of the test are named after its namespace; remove them after.

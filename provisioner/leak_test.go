@@ -1,0 +1,508 @@
+package provisioner
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// servedWorld is a world whose controller talks to an API server that deletes as the real
+// one does (an object with finalizers only gets a deletion timestamp) and grants exactly
+// upstream's RBAC; admin is a client of the same objects for the test, which may do
+// anything.
+type servedWorld struct {
+	*world
+	server *apiServer
+	admin  *fake.Clientset
+}
+
+func newServedWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *servedWorld {
+	t.Helper()
+	sw := &servedWorld{}
+	sw.world = newWorld(t, dcfg, func(c *config) {
+		tracker := c.kube.(*fake.Clientset).Tracker()
+		sw.server = &apiServer{tracker: tracker, grants: upstreamRBAC}
+		sw.admin = (&apiServer{tracker: tracker, grants: grants{
+			"persistentvolumeclaims": {"get", "create", "update", "delete"},
+			"persistentvolumes":      {"get", "create"},
+			"secrets":                {"create"},
+			"storageclasses":         {"delete"},
+		}}).kubeClient()
+		// The test's change sees the plain fake, to set up objects before anything runs.
+		if change != nil {
+			change(c)
+		}
+		c.kube = sw.server.kubeClient()
+	}, objects...)
+	t.Cleanup(func() {
+		if r := sw.server.refusals(); len(r) != 0 {
+			t.Errorf("requests upstream's RBAC refuses: %v", r)
+		}
+	})
+	return sw
+}
+
+// claim reads a claim of namespace ns; nil when it is gone.
+func (w *servedWorld) claim(name string) *v1.PersistentVolumeClaim {
+	c, err := w.admin.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+func carriesRecord(c *v1.PersistentVolumeClaim) bool {
+	return c != nil && (hasRecord(c) || slices.Contains(c.Finalizers, provisioningFinalizer))
+}
+
+func (w *servedWorld) hasEvent(reason, text string) bool {
+	return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, reason) && strings.Contains(e, text) })
+}
+
+// P1 and the record: the claim carries it before the driver is asked for the volume, and
+// loses it once the PersistentVolume records the volume; no write needs more than
+// upstream's RBAC.
+func TestTheRecordIsOnTheClaimWhileCreateVolumeRunsAndGoesWithThePersistentVolume(t *testing.T) {
+	w := newServedWorld(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 300 * time.Millisecond}},
+		nil, class("fast", nil), claimFor("data", "uid-1", "fast"))
+	w.waitFor("CreateVolume running", func() bool {
+		calls := w.calls(testdriver.MethodCreateVolume)
+		return len(calls) == 1 && !calls[0].Done()
+	})
+	c := w.claim("data")
+	rec, err := recordOf(c)
+	if err != nil || rec == nil || !slices.Contains(c.Finalizers, provisioningFinalizer) {
+		t.Fatalf("while CreateVolume runs the claim has finalizers %v and record %+v (%v): want both", c.Finalizers, rec, err)
+	}
+	if rec.Volume != "pvc-uid-1" || rec.Driver != drv || rec.req.GetParameters()["type"] != "fast" {
+		t.Errorf("record %+v asking %v, want volume pvc-uid-1 of %s as planned", rec, rec.req, drv)
+	}
+	w.waitFor("the PersistentVolume, then the record gone", func() bool { return w.pv("pvc-uid-1") != nil && !carriesRecord(w.claim("data")) })
+}
+
+// A claim deleted while its CreateVolume runs stays only until the volume made for it is
+// deleted: no PersistentVolume, nothing in the driver, one DeleteVolume, and no second
+// CreateVolume (its ID was known).
+func TestAClaimDeletedWhileItsCreateVolumeRunsGoesOnceItsVolumeIsDeleted(t *testing.T) {
+	w := newServedWorld(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 300 * time.Millisecond}},
+		nil, class("fast", nil), claimFor("data", "uid-1", "fast"))
+	w.waitFor("CreateVolume running", func() bool { return len(w.calls(testdriver.MethodCreateVolume)) == 1 })
+	if err := w.admin.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.claim("data"); c == nil || c.DeletionTimestamp == nil {
+		t.Fatalf("claim %v: want it kept by the record while CreateVolume runs", c)
+	}
+	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	if n := len(w.driver.Volumes()); n != 0 {
+		t.Errorf("%d volumes left in the driver", n)
+	}
+	if w.pv("pvc-uid-1") != nil {
+		t.Error("a PersistentVolume was saved for a deleted claim")
+	}
+	if n, d := len(w.calls(testdriver.MethodCreateVolume)), len(w.calls(testdriver.MethodDeleteVolume)); n != 1 || d != 1 {
+		t.Errorf("%d CreateVolume and %d DeleteVolume calls, want 1 and 1", n, d)
+	}
+	if !w.hasEvent(reasonUndone, "being deleted") {
+		t.Error("no event says the provisioning was undone")
+	}
+}
+
+// A final answer from the driver says it has no volume: a claim deleted after one loses its
+// record with no further CSI call.
+func TestAClaimDeletedAfterAFinalErrorLosesItsRecordWithoutAnotherCall(t *testing.T) {
+	w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+	if err := w.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.InvalidArgument, Times: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	w.create(claimFor("data", "uid-1", "fast"))
+	w.waitFor("a failed CreateVolume", func() bool { return len(w.calls(testdriver.MethodCreateVolume)) > 0 })
+	if !carriesRecord(w.claim("data")) {
+		t.Fatal("the claim lost its record while it still wants a volume")
+	}
+	if err := w.admin.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 0 {
+		t.Errorf("%d DeleteVolume calls for a volume the driver never made", n)
+	}
+	if !w.hasEvent(reasonUndone, "the driver had no volume pvc-uid-1") {
+		t.Error("no event says the provisioning was undone")
+	}
+}
+
+// requests records the secrets each CSI call was sent with.
+type secretsSeen struct {
+	csi.ControllerClient
+	mu            sync.Mutex
+	create, erase []map[string]string
+}
+
+func (s *secretsSeen) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest, opts ...grpc.CallOption) (*csi.CreateVolumeResponse, error) {
+	s.mu.Lock()
+	s.create = append(s.create, req.GetSecrets())
+	s.mu.Unlock()
+	return s.ControllerClient.CreateVolume(ctx, req, opts...)
+}
+
+func (s *secretsSeen) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest, opts ...grpc.CallOption) (*csi.DeleteVolumeResponse, error) {
+	s.mu.Lock()
+	s.erase = append(s.erase, req.GetSecrets())
+	s.mu.Unlock()
+	return s.ControllerClient.DeleteVolume(ctx, req, opts...)
+}
+
+func (s *secretsSeen) all() []map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append(slices.Clone(s.create), s.erase...)
+}
+
+// A new leader, or the same process restarted, finds the claims a dead leader recorded and
+// finishes or undoes each as the claim now says; it remembers nothing, the claim tells all.
+func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
+	deleting := func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }
+	late := class("late", func(sc *storagev1.StorageClass) {
+		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+		sc.Parameters[provisionerSecret.nameKey] = "creds"
+		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+	})
+	for _, tc := range []struct {
+		name string
+		// made: the dead leader's CreateVolume made the volume.
+		made bool
+		// change is what happened to the claim since; saved: its PersistentVolume exists.
+		change      func(*v1.PersistentVolumeClaim)
+		saved       bool
+		classGone   bool
+		createFault codes.Code
+		// want: the claim gets (keeps) its volume, on wantNode; else it is gone and so is
+		// every volume.
+		want         bool
+		wantNode     string
+		wantDeletes  int
+		wantCreates  int
+		wantEvent    string
+		wantNoEvents bool
+	}{
+		{name: "still wanted: finished", made: true, want: true, wantNode: "n1", wantCreates: 1},
+		{name: "still wanted, never made: made", want: true, wantNode: "n1", wantCreates: 1},
+		{name: "deleted: its volume is deleted", made: true, change: deleting, wantCreates: 1, wantDeletes: 1, wantEvent: "being deleted"},
+		{name: "deleted, never made: made to learn its ID and deleted", change: deleting, wantCreates: 1, wantDeletes: 1, wantEvent: "volume pvc-uid-1 deleted"},
+		{name: "deleted, its StorageClass too: the recorded request and secret are used", made: true, change: deleting, classGone: true, wantCreates: 1, wantDeletes: 1},
+		{name: "deleted, the driver cannot make it: nothing to delete", change: deleting, createFault: codes.InvalidArgument, wantCreates: 1, wantEvent: "the driver had no volume"},
+		{name: "rescheduled: undone on the old node, made on the new one", made: true, want: true, wantNode: "n2", wantCreates: 2, wantDeletes: 1,
+			change: func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnSelectedNode] = "n2" }, wantEvent: "from node n1 to n2"},
+		{name: "its PersistentVolume was saved: only the record goes", made: true, saved: true, want: true, wantNode: "n1", wantNoEvents: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := &secretsSeen{}
+			creds := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "ns"}, Data: map[string][]byte{"token": []byte("t")}}
+			w := newServedWorld(t, testdriver.Config{Topology: true}, func(c *config) {
+				seen.ControllerClient = c.csi
+				c.csi = seen
+			}, late, creds, node("n1", map[string]string{testdriver.TopologyKey: "n1"}), csiNode("n1", testdriver.TopologyKey),
+				node("n2", map[string]string{testdriver.TopologyKey: "n2"}), csiNode("n2", testdriver.TopologyKey))
+
+			// What the dead leader planned, recorded, and maybe made.
+			claim := claimFor("data", "uid-1", "late")
+			claim.Annotations[volumehelpers.AnnSelectedNode] = "n1"
+			p, err := w.ctrl.plan(claim, late)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err := newRecord(drv, "n1", p.pv.secrets.provisioner, p.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			value, _ := rec.encode()
+			claim = withRecord(claim, value)
+			var made string
+			if tc.made {
+				resp, err := seen.ControllerClient.CreateVolume(context.Background(), p.req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				made = resp.GetVolume().GetVolumeId()
+			}
+			if tc.saved {
+				p.pv.volume = &csi.Volume{VolumeId: made, AccessibleTopology: []*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n1"}}}}
+				pv, err := buildPV(p.pv)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.create(pv)
+			}
+			if tc.classGone {
+				if err := w.admin.StorageV1().StorageClasses().Delete(context.Background(), "late", metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.createFault != codes.OK {
+				if err := w.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: tc.createFault, Times: 1000}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.change != nil {
+				tc.change(claim)
+			}
+			w.create(claim)
+
+			if tc.want {
+				w.waitFor("the PersistentVolume, and the record gone", func() bool { return w.pv("pvc-uid-1") != nil && !carriesRecord(w.claim("data")) })
+				vols := w.driver.Volumes()
+				if len(vols) != 1 || vols[0].ID != w.pv("pvc-uid-1").Spec.CSI.VolumeHandle || vols[0].AccessibleTopology[0].Segments[testdriver.TopologyKey] != tc.wantNode {
+					t.Errorf("volumes %+v, want one on %s, the PersistentVolume's", vols, tc.wantNode)
+				}
+			} else {
+				w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+				if vols := w.driver.Volumes(); len(vols) != 0 || w.pv("pvc-uid-1") != nil {
+					t.Errorf("volumes %+v left in the driver, PersistentVolume %v", vols, w.pv("pvc-uid-1"))
+				}
+			}
+			creates, deletes := 0, w.calls(testdriver.MethodDeleteVolume)
+			for _, c := range w.calls(testdriver.MethodCreateVolume) {
+				if c.VolumeName != "pvc-uid-1" {
+					t.Errorf("CreateVolume of %s", c.VolumeName)
+				}
+				creates++
+			}
+			if tc.made {
+				creates-- // the dead leader's
+			}
+			if creates != tc.wantCreates || len(deletes) != tc.wantDeletes {
+				t.Errorf("%d CreateVolume and %d DeleteVolume calls, want %d and %d", creates, len(deletes), tc.wantCreates, tc.wantDeletes)
+			}
+			if made != "" && tc.wantDeletes > 0 && !tc.want && deletes[0].VolumeID != made {
+				t.Errorf("deleted %s, want the dead leader's %s", deletes[0].VolumeID, made)
+			}
+			for _, s := range seen.all() {
+				if s["token"] != "t" {
+					t.Errorf("a CSI call was sent with secrets %v, want the provisioner secret", s)
+				}
+			}
+			events := w.events()
+			if tc.wantEvent != "" && !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, reasonUndone) && strings.Contains(e, tc.wantEvent) }) {
+				t.Errorf("events %q, want %s saying %q", events, reasonUndone, tc.wantEvent)
+			}
+			if tc.wantNoEvents && len(events) != 0 {
+				t.Errorf("events %q, want none", events)
+			}
+		})
+	}
+}
+
+// The undo of a dead leader's record needs the provisioner secret to ask the driver; without
+// it the claim waits, with an event saying why, and goes once the secret is back.
+func TestAnUndoWithoutItsSecretWaitsWithAnEvent(t *testing.T) {
+	sc := class("fast", func(sc *storagev1.StorageClass) {
+		sc.Parameters[provisionerSecret.nameKey] = "creds"
+		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+	})
+	w := newServedWorld(t, testdriver.Config{}, nil, sc)
+	claim := claimFor("data", "uid-1", "fast")
+	rec, err := newRecord(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	value, _ := rec.encode()
+	claim = withRecord(claim, value)
+	claim.DeletionTimestamp = ptr.To(metav1.Now())
+	w.create(claim)
+	w.waitFor("an event naming the missing secret", func() bool { return w.hasEvent(reasonUndoFailed, "creds") })
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 || w.claim("data") == nil {
+		t.Fatalf("%d CreateVolume calls without the secret, claim %v: want none, and the claim kept", n, w.claim("data"))
+	}
+	if _, err := w.admin.CoreV1().Secrets("ns").Create(context.Background(), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "ns"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	if n := len(w.driver.Volumes()); n != 0 {
+		t.Errorf("%d volumes left", n)
+	}
+}
+
+// A record the provisioner cannot trust (it names a volume that is not made from the
+// claim's UID: edited by hand) is never acted on: another claim's volume is not deleted,
+// and an event says what to do.
+func TestAnEditedRecordIsNotActedOn(t *testing.T) {
+	w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+	other := w.createVolume("pvc-uid-other")
+	claim := claimFor("data", "uid-1", "fast")
+	req := testRequest("pvc-uid-other")
+	req.Parameters, req.CapacityRange = nil, nil
+	rec, err := newRecord(drv, "", nil, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value, _ := rec.encode()
+	claim = withRecord(claim, value)
+	claim.DeletionTimestamp = ptr.To(metav1.Now())
+	w.create(claim)
+	w.waitFor("an event saying the record is not trusted", func() bool { return w.hasEvent(reasonUntrusted, provisioningFinalizer) })
+	if _, ok := w.driver.Volume(other); !ok || len(w.calls(testdriver.MethodDeleteVolume)) != 0 {
+		t.Error("the volume the edited record names was deleted")
+	}
+	if w.claim("data") == nil {
+		t.Error("the claim lost the finalizer nobody checked")
+	}
+}
+
+// A clone or a restore keeps its source protected until its volume is known: the record of
+// a deleted claim, left by a dead leader, keeps the source's finalizer on until the undo
+// has found and deleted the volume.
+func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T) {
+	for _, kind := range []string{"clone", "restore"} {
+		t.Run(kind, func(t *testing.T) {
+			caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CLONE_VOLUME, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+			snaps := snapfake.NewSimpleClientset()
+			src, srcPV := boundSource()
+			var protected func() bool
+			var w *servedWorld
+			w = newServedWorld(t, testdriver.Config{ControllerCapabilities: caps, MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 300 * time.Millisecond}},
+				func(c *config) {
+					// The dead leader's world: the source, protected, and the deleted claim
+					// whose volume it was making from it.
+					c.snapshotClient = noWatchList{snaps}
+					ctx := context.Background()
+					vol, err := c.csi.CreateVolume(ctx, testRequest("source"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					req := testRequest("pvc-uid-dst")
+					claim := claimFor("dst", "uid-dst", "fast")
+					switch kind {
+					case "clone":
+						srcPV.Spec.CSI.VolumeHandle = vol.GetVolume().GetVolumeId()
+						src.Finalizers = []string{cloneProtectionFinalizer}
+						claim.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+						req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.GetVolume().GetVolumeId()}}}
+						protected = func() bool {
+							c := w.claim("src")
+							return c != nil && slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+						}
+					case "restore":
+						made, err := c.csi.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{SourceVolumeId: vol.GetVolume().GetVolumeId(), Name: "snap"})
+						if err != nil {
+							t.Fatal(err)
+						}
+						snap, content := snapshotOf("snap", drv, snapshotProtectionFinalizer)
+						content.Status = &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To(made.GetSnapshot().GetSnapshotId())}
+						if err := snaps.Tracker().Add(snap); err != nil {
+							t.Fatal(err)
+						}
+						if err := snaps.Tracker().Add(content); err != nil {
+							t.Fatal(err)
+						}
+						claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
+						req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: made.GetSnapshot().GetSnapshotId()}}}
+						protected = func() bool {
+							s, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(context.Background(), "snap", metav1.GetOptions{})
+							return err == nil && slices.Contains(s.Finalizers, snapshotProtectionFinalizer)
+						}
+					}
+					rec, err := newRecord(drv, "", nil, req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					value, _ := rec.encode()
+					claim = withRecord(claim, value)
+					claim.DeletionTimestamp = ptr.To(metav1.Now())
+					for _, o := range []runtime.Object{src, srcPV, claim} {
+						if err := c.kube.(*fake.Clientset).Tracker().Add(o); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}, class("fast", nil))
+			w.waitFor("the undo's CreateVolume running", func() bool {
+				for _, c := range w.calls(testdriver.MethodCreateVolume) {
+					if c.VolumeName == "pvc-uid-dst" {
+						return true
+					}
+				}
+				return false
+			})
+			if !protected() {
+				t.Fatal("the source lost its finalizer while the volume made from it was being found")
+			}
+			w.waitFor("the claim gone", func() bool { return w.claim("dst") == nil })
+			w.waitFor("the source's finalizer gone", func() bool { return !protected() })
+			for _, v := range w.driver.Volumes() {
+				if v.Name == "pvc-uid-dst" {
+					t.Errorf("volume %s made from the source is still in the driver", v.ID)
+				}
+			}
+		})
+	}
+}
+
+// A driver that cannot answer an undo for a while shows it on the claim (an event each
+// time), never as silence, and the claim goes as soon as the volume is known deleted.
+func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault testdriver.Fault
+		// made: the dead leader's CreateVolume made the volume.
+		made bool
+		want string
+	}{
+		{name: "DeleteVolume fails", made: true, fault: testdriver.Fault{Method: testdriver.MethodDeleteVolume, Code: codes.Internal, Times: 3}, want: "DeleteVolume"},
+		{name: "CreateVolume does not answer", made: true, fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.Unavailable, Times: 3}, want: "Unavailable"},
+		{name: "CreateVolume's answer is lost, the volume made", fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.DeadlineExceeded, Times: 3, ApplyAnyway: true}, want: "DeadlineExceeded"},
+		{name: "the name is taken by a volume made otherwise", made: true, fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.AlreadyExists, Times: 3}, want: "other parameters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+			req := testRequest("pvc-uid-1")
+			req.Secrets = nil
+			if tc.made {
+				if _, err := w.ctrl.csi.CreateVolume(context.Background(), req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.driver.InjectFault(tc.fault); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := newRecord(drv, "", nil, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			value, _ := rec.encode()
+			claim := withRecord(claimFor("data", "uid-1", "fast"), value)
+			claim.DeletionTimestamp = ptr.To(metav1.Now())
+			w.create(claim)
+			w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+			if n := len(w.driver.Volumes()); n != 0 {
+				t.Errorf("%d volumes left in the driver", n)
+			}
+			failed := 0
+			for _, e := range w.events() {
+				if strings.Contains(e, reasonUndoFailed) && strings.Contains(e, tc.want) {
+					failed++
+				}
+			}
+			if failed != tc.fault.Times {
+				t.Errorf("%d %s events saying %q, want one per failed attempt (%d)", failed, reasonUndoFailed, tc.want, tc.fault.Times)
+			}
+		})
+	}
+}

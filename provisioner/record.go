@@ -1,0 +1,303 @@
+package provisioner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+)
+
+// The provisioning record: what a claim carries while a volume may exist in the driver
+// without a PersistentVolume to say so (the package doc tells the whole story).
+//
+// Both names are under the project's own domain on purpose. Upstream has no such record
+// (its issue 486 is open and KEP-2994 was closed), and provisioner.storage.kubernetes.io is
+// where upstream puts its own claim finalizers: a name there could one day be taken by an
+// upstream finalizer with other rules, and during a rolling upgrade the two provisioners
+// would then read one finalizer two ways. Under our domain upstream treats both as unknown
+// and leaves them alone.
+const (
+	// provisioningFinalizer keeps the claim while its volume may exist without a
+	// PersistentVolume, so that whoever leads next still finds the record.
+	provisioningFinalizer = "provisioner.csi-sidecars.io/provisioning-protection"
+	// annProvisioning holds the record itself (JSON, see claimRecord).
+	annProvisioning = "provisioner.csi-sidecars.io/provisioning"
+)
+
+// recordBudget caps the request kept in a record. A request for an immediate-binding claim
+// lists the topology of every node of the cluster, which in a large cluster would not fit
+// the 256 KiB an object's annotations may hold; beyond this budget the record keeps only
+// the preferred segment the driver most likely used (see recordedRequest).
+const recordBudget = 32 << 10
+
+// claimRecord is the provisioning record of one claim: which volume CreateVolume was (or is
+// about to be) asked for, and how, so that the volume can be finished or undone by a
+// process that remembers nothing.
+type claimRecord struct {
+	// Driver is the provisioner that wrote it; another driver's record is left alone.
+	Driver string `json:"driver"`
+	// Volume is the name CreateVolume is asked for (the PersistentVolume's name).
+	Volume string `json:"volume"`
+	// Node is the claim's selected node when the request was made ("" for none): a claim
+	// that selects another node since no longer wants this volume.
+	Node string `json:"node,omitempty"`
+	// Secret is the provisioner secret the request was sent with, for an undo after the
+	// StorageClass is gone; nil for none. The secret's data is never recorded.
+	Secret *v1.SecretReference `json:"secret,omitempty"`
+	// Request is the CreateVolumeRequest without its secrets, in protobuf JSON: an undo
+	// sends it again to learn the volume's ID.
+	Request json.RawMessage `json:"request"`
+
+	// req is Request decoded.
+	req *csi.CreateVolumeRequest
+}
+
+// newRecord makes the record of a request about to be sent.
+func newRecord(driver, node string, secret *v1.SecretReference, req *csi.CreateVolumeRequest) (*claimRecord, error) {
+	recorded := recordedRequest(req)
+	raw, err := protojson.Marshal(recorded)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the CreateVolume request of %s: %w", req.GetName(), err)
+	}
+	return &claimRecord{Driver: driver, Volume: req.GetName(), Node: node, Secret: secret, Request: raw, req: recorded}, nil
+}
+
+// recordedRequest is the request as recorded: never its secrets, and its topology cut to
+// the first preferred (else requisite) segment when the whole would exceed recordBudget.
+// Cutting it is safe for the undo's purpose: a driver finds an existing volume by its name,
+// and one that does not exist is created wherever the segment says and deleted at once.
+func recordedRequest(req *csi.CreateVolumeRequest) *csi.CreateVolumeRequest {
+	out := proto.Clone(req).(*csi.CreateVolumeRequest)
+	out.Secrets = nil
+	if proto.Size(out) <= recordBudget || out.AccessibilityRequirements == nil {
+		return out
+	}
+	ar := out.AccessibilityRequirements
+	var first *csi.Topology
+	switch {
+	case len(ar.Preferred) > 0:
+		first = ar.Preferred[0]
+	case len(ar.Requisite) > 0:
+		first = ar.Requisite[0]
+	}
+	out.AccessibilityRequirements = nil
+	if first != nil {
+		out.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{first}, Preferred: []*csi.Topology{first}}
+	}
+	return out
+}
+
+func (r *claimRecord) encode() (string, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return "", fmt.Errorf("encoding the provisioning record of %s: %w", r.Volume, err)
+	}
+	return string(b), nil
+}
+
+// recordOf reads the claim's record: nil, nil when it has none; an error when the
+// annotation cannot be read as one (nobody but this provisioner should write it).
+func recordOf(claim *v1.PersistentVolumeClaim) (*claimRecord, error) {
+	if claim == nil {
+		return nil, nil
+	}
+	value, ok := claim.Annotations[annProvisioning]
+	if !ok {
+		if claim.DeletionTimestamp != nil && slices.Contains(claim.Finalizers, provisioningFinalizer) {
+			// Only a hand edit gets here. A live claim gets its annotation back with its
+			// next record; a deleted one cannot: nothing says which request to undo.
+			return nil, fmt.Errorf("finalizer %s without annotation %s: which volume to undo is unknown", provisioningFinalizer, annProvisioning)
+		}
+		return nil, nil
+	}
+	var r claimRecord
+	if err := json.Unmarshal([]byte(value), &r); err != nil {
+		return nil, fmt.Errorf("annotation %s is not a provisioning record: %w", annProvisioning, err)
+	}
+	r.req = &csi.CreateVolumeRequest{}
+	if err := protojson.Unmarshal(r.Request, r.req); err != nil {
+		return nil, fmt.Errorf("annotation %s holds no readable CreateVolume request: %w", annProvisioning, err)
+	}
+	if r.Driver == "" || r.Volume == "" || r.req.GetName() != r.Volume {
+		return nil, fmt.Errorf("annotation %s names volume %q but asks for %q (driver %q)", annProvisioning, r.Volume, r.req.GetName(), r.Driver)
+	}
+	return &r, nil
+}
+
+// hasRecord is the cheap test informer handlers use: the claim carries a record (or half
+// of one), of any driver, readable or not.
+func hasRecord(claim *v1.PersistentVolumeClaim) bool {
+	_, ok := claim.Annotations[annProvisioning]
+	return ok || slices.Contains(claim.Finalizers, provisioningFinalizer)
+}
+
+// sameAs tells whether two records ask for the same volume the same way. Topology is left
+// out: it is recomputed from the cluster's nodes, which come and go, and a driver finds an
+// existing volume by its name whatever topology the retry names.
+func (r *claimRecord) sameAs(o *claimRecord) bool {
+	if r.Driver != o.Driver || r.Volume != o.Volume || r.Node != o.Node || !sameSecret(r.Secret, o.Secret) {
+		return false
+	}
+	a, b := proto.Clone(r.req).(*csi.CreateVolumeRequest), proto.Clone(o.req).(*csi.CreateVolumeRequest)
+	a.AccessibilityRequirements, b.AccessibilityRequirements = nil, nil
+	return proto.Equal(a, b)
+}
+
+func sameSecret(a, b *v1.SecretReference) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// withRecord returns a copy of the claim carrying the record (finalizer and annotation).
+func withRecord(claim *v1.PersistentVolumeClaim, value string) *v1.PersistentVolumeClaim {
+	out := claim.DeepCopy()
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[annProvisioning] = value
+	out.Finalizers, _ = withFinalizer(out.Finalizers, provisioningFinalizer, true)
+	return out
+}
+
+// withoutRecord returns a copy of the claim without the record, and whether it had one.
+func withoutRecord(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, bool) {
+	_, annotated := claim.Annotations[annProvisioning]
+	if !annotated && !slices.Contains(claim.Finalizers, provisioningFinalizer) {
+		return claim, false
+	}
+	out := claim.DeepCopy()
+	delete(out.Annotations, annProvisioning)
+	out.Finalizers, _ = withFinalizer(out.Finalizers, provisioningFinalizer, false)
+	return out, true
+}
+
+// volumeOfClaim tells whether a recorded volume name can be the claim's: <prefix>-<UID>,
+// or <prefix>-<the UID without dashes, cut>, as volumeName makes them under any flags. The
+// claim's owner can edit its annotations; this keeps an edited record from making the
+// provisioner undo, that is delete, the volume of another claim. A cut UID must keep at
+// least minCut characters (the configured length when shorter than 8: its names collide
+// anyway).
+func volumeOfClaim(name string, uid types.UID, minCut int) bool {
+	if uid == "" {
+		return false
+	}
+	if prefix, ok := strings.CutSuffix(name, "-"+string(uid)); ok && prefix != "" {
+		return true
+	}
+	i := strings.LastIndexByte(name, '-')
+	if i < 1 {
+		return false
+	}
+	cut := name[i+1:]
+	compact := strings.ReplaceAll(string(uid), "-", "")
+	return len(cut) >= max(1, min(minCut, 8)) && strings.HasPrefix(compact, cut)
+}
+
+// recordAction is what to do about a claim's record.
+type recordAction int
+
+const (
+	// recordNone: no record of a volume that may exist; provision as usual.
+	recordNone recordAction = iota
+	// recordFinish: the claim still wants the volume: CreateVolume (idempotent by name),
+	// then the PersistentVolume, then the record goes.
+	recordFinish
+	// recordDrop: a PersistentVolume records the volume; the record goes.
+	recordDrop
+	// recordUndo: the claim no longer wants the volume: learn its ID (CreateVolume with
+	// the recorded request), DeleteVolume, then the record goes.
+	recordUndo
+	// recordSkip: another driver's record, or another node's in a node deployment.
+	recordSkip
+	// recordUntrusted: a record this provisioner must not act on; it is reported and left
+	// for an administrator.
+	recordUntrusted
+)
+
+func (a recordAction) String() string {
+	return [...]string{"none", "finish", "drop", "undo", "skip", "untrusted"}[a]
+}
+
+// recordFacts is what decideRecord decides from.
+type recordFacts struct {
+	// claim is nil when it is gone.
+	claim *v1.PersistentVolumeClaim
+	// rec is the record: this process's own when it has one, else the claim's; recErr
+	// when the claim's cannot be read.
+	rec    *claimRecord
+	recErr error
+	// fromMemory: rec is this process's own, not read from the claim.
+	fromMemory bool
+	driver     string
+	// node is the node of a node deployment, "" otherwise.
+	node string
+	// wantName is the claim's volume name under the current flags, "" if none can be made.
+	wantName string
+	// minCut is --volume-name-uuid-length (-1: the whole UID).
+	minCut int
+	// pvExists: a PersistentVolume of the recorded volume's name exists.
+	pvExists bool
+}
+
+// decideRecord decides what a record asks for, and why (for events and the log).
+func decideRecord(f recordFacts) (recordAction, string) {
+	if f.recErr != nil {
+		return recordUntrusted, f.recErr.Error()
+	}
+	r, claim := f.rec, f.claim
+	switch {
+	case r == nil:
+		return recordNone, ""
+	case r.Driver != f.driver:
+		return recordSkip, fmt.Sprintf("the record is driver %s's", r.Driver)
+	case f.node != "" && r.Node != f.node:
+		return recordSkip, fmt.Sprintf("the record is node %s's", r.Node)
+	case !f.fromMemory && claim != nil && !volumeOfClaim(r.Volume, claim.UID, cutLength(f.minCut)):
+		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", annProvisioning, r.Volume, claim.UID)
+	case f.pvExists:
+		// Whoever's it is (a cut UID can collide), the name is recorded: never delete it.
+		return recordDrop, fmt.Sprintf("PersistentVolume %s records the volume", r.Volume)
+	case claim == nil:
+		return recordUndo, "the claim is gone"
+	case claim.DeletionTimestamp != nil:
+		return recordUndo, "the claim is being deleted"
+	case claimProvisioner(claim) != f.driver:
+		return recordUndo, fmt.Sprintf("the claim names provisioner %q now", claimProvisioner(claim))
+	case claim.Spec.VolumeName != "" && claim.Spec.VolumeName != r.Volume:
+		return recordUndo, fmt.Sprintf("the claim is bound to PersistentVolume %s", claim.Spec.VolumeName)
+	}
+	if node := claim.Annotations[volumehelpers.AnnSelectedNode]; node != r.Node {
+		switch {
+		case r.Node == "":
+			return recordUndo, fmt.Sprintf("the claim selects node %s since", node)
+		case node == "":
+			return recordUndo, fmt.Sprintf("the claim was rescheduled away from node %s", r.Node)
+		}
+		return recordUndo, fmt.Sprintf("the claim was rescheduled from node %s to %s", r.Node, node)
+	}
+	if f.wantName != "" && f.wantName != r.Volume {
+		return recordUndo, fmt.Sprintf("the claim's volume is named %s under the current flags", f.wantName)
+	}
+	return recordFinish, ""
+}
+
+func cutLength(uuidLength int) int {
+	if uuidLength < 0 {
+		return 8
+	}
+	return uuidLength
+}
+
+// errRecordChanged: the claim changed under a record write in a way that needs a new
+// decision (deleted, another node, another record); the claim is synced again.
+var errRecordChanged = errors.New("the claim changed while its provisioning record was written")

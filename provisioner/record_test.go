@@ -1,0 +1,259 @@
+package provisioner
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/utils/ptr"
+)
+
+const recordUID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+func testRequest(name string) *csi.CreateVolumeRequest {
+	return &csi.CreateVolumeRequest{
+		Name:          name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}},
+		Parameters: map[string]string{"type": "fast"},
+		Secrets:    map[string]string{"token": "secret-value"},
+	}
+}
+
+func testRecord(t *testing.T, node string) *claimRecord {
+	t.Helper()
+	r, err := newRecord(drv, node, &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-"+recordUID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// claimWithRecord is a claim of the driver carrying rec (nil: none).
+func recordedClaim(t *testing.T, rec *claimRecord, change func(*v1.PersistentVolumeClaim)) *v1.PersistentVolumeClaim {
+	t.Helper()
+	c := claimFor("data", recordUID, "fast")
+	if rec != nil {
+		value, err := rec.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c = withRecord(c, value)
+	}
+	if change != nil {
+		change(c)
+	}
+	return c
+}
+
+func TestARecordKeepsTheRequestButNeverItsSecrets(t *testing.T) {
+	rec := testRecord(t, "n1")
+	value, err := rec.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(value, "secret-value") {
+		t.Fatalf("the record holds a secret's value: %s", value)
+	}
+	read, err := recordOf(recordedClaim(t, rec, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := testRequest("pvc-" + recordUID)
+	want.Secrets = nil
+	if !proto.Equal(read.req, want) || read.Node != "n1" || read.Driver != drv || read.Secret.Name != "creds" || !read.sameAs(rec) {
+		t.Errorf("read back %+v with request %v, want the request without secrets %v", read, read.req, want)
+	}
+}
+
+func TestARecordOfAHugeTopologyKeepsOnlyThePreferredSegment(t *testing.T) {
+	req := testRequest("pvc-" + recordUID)
+	req.AccessibilityRequirements = &csi.TopologyRequirement{}
+	for i := range 2000 {
+		segment := &csi.Topology{Segments: map[string]string{"topology.example.com/node": fmt.Sprintf("node-%04d-with-a-long-name", i)}}
+		req.AccessibilityRequirements.Requisite = append(req.AccessibilityRequirements.Requisite, segment)
+		req.AccessibilityRequirements.Preferred = append([]*csi.Topology{segment}, req.AccessibilityRequirements.Preferred...)
+	}
+	rec, err := newRecord(drv, "", nil, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Request) > recordBudget {
+		t.Errorf("recorded request of %d bytes, budget %d", len(rec.Request), recordBudget)
+	}
+	ar := rec.req.AccessibilityRequirements
+	first := req.AccessibilityRequirements.Preferred[0]
+	if len(ar.GetRequisite()) != 1 || !proto.Equal(ar.Requisite[0], first) || len(ar.GetPreferred()) != 1 || !proto.Equal(ar.Preferred[0], first) {
+		t.Errorf("recorded topology %v, want only the first preferred segment %v", ar, first)
+	}
+	if req.AccessibilityRequirements.Requisite[1] == nil || len(req.Secrets) == 0 {
+		t.Error("recording changed the request to be sent")
+	}
+}
+
+func TestRecordsOfOtherTopologyAskForTheSameVolume(t *testing.T) {
+	a, b := testRecord(t, "n1"), testRecord(t, "n1")
+	b.req.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{"k": "v"}}}}
+	if !a.sameAs(b) {
+		t.Error("a changed topology alone made the requests differ")
+	}
+	b.req.Parameters = map[string]string{"type": "slow"}
+	if a.sameAs(b) {
+		t.Error("other parameters did not make the requests differ")
+	}
+	if c := testRecord(t, "n2"); a.sameAs(c) {
+		t.Error("another node did not make the records differ")
+	}
+}
+
+func TestVolumeNamesThatCanBeAClaims(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		minCut int
+		want   bool
+	}{
+		{"pvc-" + recordUID, 8, true},
+		{"other-prefix-" + recordUID, 8, true},
+		{"pvc-0f1e2d3c4b5a", 8, true},
+		{"pvc-0f1e2d3c", 8, true},
+		{"pvc-0f1e", 8, false},
+		{"pvc-0f1e", 4, true},
+		{"pvc-0f1f2d3c4b5a", 8, false},
+		{"pvc-11111111-2222-3333-4444-555555555555", 8, false},
+		{recordUID, 8, false},
+		{"-" + recordUID, 8, false},
+		{"pvc-", 8, false},
+	} {
+		if got := volumeOfClaim(tc.name, recordUID, tc.minCut); got != tc.want {
+			t.Errorf("volumeOfClaim(%q, min %d) = %v, want %v", tc.name, tc.minCut, got, tc.want)
+		}
+	}
+}
+
+func TestUnreadableRecordsAreErrorsAndNoRecordIsNone(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+	}{
+		{"not JSON", "{"},
+		{"no request", `{"driver":"d","volume":"v"}`},
+		{"request for another name", `{"driver":"d","volume":"v","request":{"name":"w"}}`},
+		{"no driver", `{"volume":"v","request":{"name":"v"}}`},
+	} {
+		c := claimFor("data", recordUID, "fast")
+		c.Annotations[annProvisioning] = tc.value
+		if r, err := recordOf(c); err == nil {
+			t.Errorf("%s: read %+v, want an error", tc.name, r)
+		}
+	}
+	if r, err := recordOf(claimFor("data", recordUID, "fast")); r != nil || err != nil {
+		t.Errorf("claim without a record: %+v, %v", r, err)
+	}
+	// The finalizer alone (the annotation removed by hand): a live claim gets its
+	// annotation back with its next record; a deleted one cannot be undone.
+	half := claimFor("data", recordUID, "fast")
+	half.Finalizers = []string{provisioningFinalizer}
+	if r, err := recordOf(half); r != nil || err != nil || !hasRecord(half) {
+		t.Errorf("live claim with the finalizer alone: %+v, %v, hasRecord %v; want none, and queued", r, err, hasRecord(half))
+	}
+	half.DeletionTimestamp = ptr.To(metav1.Now())
+	if _, err := recordOf(half); err == nil {
+		t.Error("deleted claim with the finalizer alone: no error")
+	}
+}
+
+func TestWhatARecordAsksFor(t *testing.T) {
+	onNode := func(node string) func(*v1.PersistentVolumeClaim) {
+		return func(c *v1.PersistentVolumeClaim) {
+			if node == "" {
+				delete(c.Annotations, volumehelpers.AnnSelectedNode)
+				return
+			}
+			c.Annotations[volumehelpers.AnnSelectedNode] = node
+		}
+	}
+	name := "pvc-" + recordUID
+	for _, tc := range []struct {
+		what string
+		// claim changes the recorded claim; gone drops it.
+		claim     func(*v1.PersistentVolumeClaim)
+		gone      bool
+		recNode   string
+		recDriver string
+		noRecord  bool
+		recErr    error
+		// memory: the record is this process's own.
+		memory   bool
+		node     string
+		wantName string
+		pv       bool
+		want     recordAction
+		why      string
+	}{
+		{what: "no record", noRecord: true, want: recordNone},
+		{what: "unreadable", recErr: errors.New("bad"), want: recordUntrusted, why: "bad"},
+		{what: "another driver's", recDriver: "other.example.com", want: recordSkip},
+		{what: "another node's in a node deployment", node: "n2", recNode: "n1", claim: onNode("n1"), want: recordSkip},
+		{what: "a name not of the claim's UID", claim: func(c *v1.PersistentVolumeClaim) { c.UID = "11111111-2222-3333-4444-555555555555" }, want: recordUntrusted, why: "not made from the claim's UID"},
+		{what: "this process's own, claim cache behind", memory: true, claim: func(c *v1.PersistentVolumeClaim) { c.UID = "11111111-2222-3333-4444-555555555555" }, want: recordFinish},
+		{what: "PersistentVolume saved", pv: true, claim: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }, want: recordDrop},
+		{what: "claim gone", memory: true, gone: true, want: recordUndo, why: "gone"},
+		{what: "claim deleted", claim: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }, want: recordUndo, why: "being deleted"},
+		{what: "another provisioner", claim: func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnStorageProvisioner] = "other" }, want: recordUndo, why: `provisioner "other"`},
+		{what: "bound elsewhere", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = "static-pv" }, want: recordUndo, why: "bound to PersistentVolume static-pv"},
+		{what: "bound to its volume", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = name }, want: recordFinish},
+		{what: "rescheduled to another node", recNode: "n1", claim: onNode("n2"), want: recordUndo, why: "from node n1 to n2"},
+		{what: "handed back to the scheduler", recNode: "n1", claim: onNode(""), want: recordUndo, why: "away from node n1"},
+		{what: "a node selected since", claim: onNode("n1"), want: recordUndo, why: "selects node n1 since"},
+		{what: "same node", recNode: "n1", claim: onNode("n1"), want: recordFinish},
+		{what: "name flags changed", wantName: "vol-0f1e2d3c", want: recordUndo, why: "named vol-0f1e2d3c"},
+		{what: "still wanted", wantName: name, want: recordFinish},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			rec := testRecord(t, tc.recNode)
+			if tc.recDriver != "" {
+				rec.Driver = tc.recDriver
+			}
+			claim := recordedClaim(t, rec, tc.claim)
+			f := recordFacts{claim: claim, rec: rec, recErr: tc.recErr, fromMemory: tc.memory, driver: drv, node: tc.node,
+				wantName: tc.wantName, minCut: -1, pvExists: tc.pv}
+			if tc.noRecord {
+				f.rec = nil
+			}
+			if tc.gone {
+				f.claim = nil
+			}
+			got, why := decideRecord(f)
+			if got != tc.want || !strings.Contains(why, tc.why) {
+				t.Errorf("decideRecord = %s (%q), want %s (%q)", got, why, tc.want, tc.why)
+			}
+		})
+	}
+}
+
+func TestTheRecordGoesOnAndOffInOneWriteEach(t *testing.T) {
+	claim := claimFor("data", recordUID, "fast")
+	claim.Finalizers = []string{"kubernetes.io/pvc-protection"}
+	on := withRecord(claim, "{}")
+	if on.Annotations[annProvisioning] != "{}" || len(on.Finalizers) != 2 || on.Finalizers[1] != provisioningFinalizer {
+		t.Errorf("with the record: annotations %v, finalizers %v", on.Annotations, on.Finalizers)
+	}
+	off, had := withoutRecord(on)
+	if !had || hasRecord(off) || len(off.Finalizers) != 1 || off.Finalizers[0] != "kubernetes.io/pvc-protection" {
+		t.Errorf("without the record: had %v, annotations %v, finalizers %v", had, off.Annotations, off.Finalizers)
+	}
+	if _, had := withoutRecord(off); had {
+		t.Error("a claim without a record had one")
+	}
+	if len(claim.Finalizers) != 1 || hasRecord(claim) {
+		t.Error("the claim itself was changed")
+	}
+}

@@ -1,0 +1,367 @@
+package provisioner
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/klog/v2"
+)
+
+// Event reasons of the record's undo (ours: upstream never undoes a provisioning).
+const (
+	reasonUndone     = "ProvisioningUndone"
+	reasonUndoFailed = "ProvisioningUndoFailed"
+	reasonUntrusted  = "ProvisioningRecordUntrusted"
+)
+
+// absentVolumes remembers, by claim UID, a recorded volume the driver gave a final answer
+// about (it does not have it, or it was deleted): an undo of it needs no CSI call. Memory
+// only: a new leader replays the CreateVolume, which is what CSI's idempotency is for.
+type absentVolumes struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (a *absentVolumes) mark(uid, volume string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]string{}
+	}
+	a.m[uid] = volume
+}
+
+func (a *absentVolumes) forget(uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m, uid)
+}
+
+func (a *absentVolumes) is(uid, volume string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.m[uid]
+	return ok && v == volume
+}
+
+// recordFacts gathers what decideRecord needs about the claim (nil: gone) and the plan
+// pending in this process (nil: none).
+func (c *controller) recordFacts(claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
+	f := recordFacts{claim: claim, driver: c.driver, minCut: c.opts.volumeNameUUIDLength}
+	if c.node != nil {
+		f.node = c.node.name
+	}
+	if p != nil && p.rec != nil {
+		// This process wrote it: the cache may not show it yet.
+		f.rec, f.fromMemory = p.rec, true
+	} else {
+		f.rec, f.recErr = recordOf(claim)
+	}
+	if claim != nil {
+		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+	}
+	if f.rec != nil {
+		f.pvExists = c.pvExists(f.rec.Volume)
+	}
+	return f
+}
+
+// writeRecord puts the record on the claim (one update: the finalizer and the annotation),
+// before the CreateVolume it describes, on ctx (Ops(), P1). It returns the claim as
+// written. It updates rather than patches (upstream's RBAC grants update on claims), with
+// the resource version; on a conflict it reads the claim again and gives up with
+// errRecordChanged when the claim no longer asks for this volume, or carries another
+// record (a previous leader's, not yet in this cache).
+func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) (*v1.PersistentVolumeClaim, error) {
+	value, err := rec.encode()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
+	current, written := claim, (*v1.PersistentVolumeClaim)(nil)
+	seen := []*v1.PersistentVolumeClaim{claim}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		switch existing, _ := recordOf(current); {
+		case current.UID != claim.UID:
+			return fmt.Errorf("%w: the claim was deleted and created again", errRecordChanged)
+		case current.DeletionTimestamp != nil:
+			// No finalizer can be added to an object being deleted, and it wants nothing.
+			return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+		case current.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
+			return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
+		case existing != nil && existing.sameAs(rec) && slices.Contains(current.Finalizers, provisioningFinalizer):
+			written = current
+			return nil
+		case existing != nil && current != claim:
+			return fmt.Errorf("%w: the claim carries another record", errRecordChanged)
+		}
+		out, err := claims.Update(ctx, withRecord(current, value), metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+			if getErr != nil {
+				return getErr
+			}
+			current = fresh
+			seen = append(seen, fresh)
+		}
+		written = out
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recording on claim %s that volume %s may be created: %w", klog.KObj(claim), rec.Volume, err)
+	}
+	if written != current {
+		c.versions.replaced(string(claim.UID), seen...)
+	}
+	return written, nil
+}
+
+// dropRecord removes the record from the claim once the volume is known (recorded by a
+// PersistentVolume, or undone), on ctx (Ops()). A claim that is gone, or is another one
+// now, has nothing to drop. It updates with the resource version and reads the claim
+// again on a conflict: the PV controller binds the claim at about the same time.
+func (c *controller) dropRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
+	if claim == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
+	current := claim
+	seen := []*v1.PersistentVolumeClaim{claim}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if current.UID != claim.UID {
+			return nil
+		}
+		update, had := withoutRecord(current)
+		if !had {
+			return nil
+		}
+		_, err := claims.Update(ctx, update, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			c.versions.replaced(string(claim.UID), seen...)
+		case apierrors.IsConflict(err):
+			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+			if getErr != nil {
+				return getErr
+			}
+			current = fresh
+			seen = append(seen, fresh)
+		}
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+	}
+	return nil
+}
+
+// recorded ends a record whose volume a PersistentVolume records: the record goes, and
+// the plan, if any, is done.
+func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan) error {
+	if err := c.dropRecord(ctx, claim); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot remove the provisioning record, retrying")
+		return err
+	}
+	c.absent.forget(uid)
+	if p != nil {
+		c.finish(uid, p)
+	}
+	return nil
+}
+
+// undo deletes the volume a claim no longer wants, then drops the record, all on ctx
+// (Ops(), P1). The volume's ID is learned by sending the recorded CreateVolume again: CSI
+// makes it return the volume of that name if there is one; if there is none the driver
+// creates it, and it is deleted the same way. A final error means the driver does not
+// have the volume. Every failure is an event on the claim, and the claim stays until the
+// volume is known deleted.
+func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why string) error {
+	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
+	// The cache may not show a PersistentVolume saved a moment ago (by the previous
+	// leader): deleting its volume would leave it without one. Ask the API server.
+	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	_, err := c.kube.CoreV1().PersistentVolumes().Get(apiCtx, rec.Volume, metav1.GetOptions{})
+	cancel()
+	switch {
+	case err == nil:
+		logger.V(2).Info("The volume has a PersistentVolume after all; dropping the record")
+		return c.recorded(ctx, uid, claim, p)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("checking for PersistentVolume %s before deleting its volume: %w", rec.Volume, err)
+	}
+	deleted := false
+	if !c.absent.is(uid, rec.Volume) {
+		req, err := c.undoRequest(ctx, claim, p, rec)
+		if err != nil {
+			return c.undoFailed(ctx, claim, rec, why, err)
+		}
+		id, err := c.learnVolumeID(ctx, req)
+		if err != nil {
+			return c.undoFailed(ctx, claim, rec, why, err)
+		}
+		if id != "" {
+			if err := c.deleteBackendVolume(ctx, id, req.GetSecrets()); err != nil {
+				return c.undoFailed(ctx, claim, rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
+			}
+			deleted = true
+			if owner := p.claimOr(claim); owner != nil {
+				c.capacityChanged(storageClassName(owner), nil)
+			}
+		}
+		// Known absent now: a retry of the write below must not create it again.
+		c.absent.mark(uid, rec.Volume)
+	}
+	if err := c.dropRecord(ctx, claim); err != nil {
+		logger.Error(err, "Volume known absent, but the provisioning record cannot be removed; retrying")
+		return err
+	}
+	c.absent.forget(uid)
+	if p != nil {
+		c.finish(uid, p)
+	}
+	what := fmt.Sprintf("the driver had no volume %s", rec.Volume)
+	if deleted {
+		what = fmt.Sprintf("volume %s deleted", rec.Volume)
+	}
+	logger.V(2).Info("Provisioning undone", "deleted", deleted)
+	if claim != nil {
+		c.recorder.Eventf(claim, v1.EventTypeNormal, reasonUndone, "Provisioning undone (%s): %s", why, what)
+	}
+	return nil
+}
+
+// claimOr is the plan's claim, else claim.
+func (p *plan) claimOr(claim *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
+	if p != nil {
+		return p.claim
+	}
+	return claim
+}
+
+// undoFailed reports a failed undo on the claim (a stuck backend must not be silence) and
+// returns the error for a retry with backoff.
+func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
+	err = fmt.Errorf("undoing the provisioning of volume %s (%s): %w", rec.Volume, why, err)
+	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; the claim keeps its record until it is known deleted")
+	if claim != nil {
+		c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
+	}
+	return err
+}
+
+// undoRequest is the CreateVolume request to send again, secrets included: this
+// process's own plan when it has one, else the recorded request with the provisioner
+// secret read now. The secret is the one the StorageClass names when the class is still
+// there (the record is on an object the claim's owner can edit; the class is not), else
+// the recorded one.
+func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) (*csi.CreateVolumeRequest, error) {
+	if p != nil {
+		return p.req, nil
+	}
+	req := proto.Clone(rec.req).(*csi.CreateVolumeRequest)
+	ref := rec.Secret
+	if class, err := c.classFor(claim); err == nil && class != nil {
+		if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
+			ref = fromClass
+		}
+	}
+	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	secrets, err := readSecret(apiCtx, c.kube, ref)
+	if err != nil {
+		// Without the secret the driver's answer would not say whether the volume exists.
+		return nil, fmt.Errorf("the provisioner secret is needed to find the volume: %w", err)
+	}
+	req.Secrets = secrets
+	return req, nil
+}
+
+// learnVolumeID sends the request again and returns the volume's ID; "" when the driver
+// answers for good that it has no such volume (and is not making it).
+func (c *controller) learnVolumeID(ctx context.Context, req *csi.CreateVolumeRequest) (string, error) {
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	resp, err := c.csi.CreateVolume(callCtx, req)
+	switch {
+	case err == nil:
+		return resp.GetVolume().GetVolumeId(), nil
+	case status.Code(err) == codes.AlreadyExists:
+		// A volume of that name exists but not as asked: its ID cannot be learned this way.
+		return "", fmt.Errorf("CreateVolume %s: the name is taken by a volume with other parameters: %w", req.GetName(), err)
+	case classifyCreateError(err, false) == createInBackground:
+		return "", fmt.Errorf("CreateVolume %s, to learn the volume's ID: %w", req.GetName(), err)
+	}
+	klog.FromContext(ctx).V(2).Info("The driver has no such volume", "volume", req.GetName(), "err", err.Error())
+	return "", nil
+}
+
+// isAbsentAnswer tells whether a failed CreateVolume says for good that the driver has no
+// volume of that name: a final error other than AlreadyExists (which says it has one).
+func isAbsentAnswer(err error, outcome createOutcome) bool {
+	return outcome != createInBackground && status.Code(err) != codes.AlreadyExists
+}
+
+// claimVersions remembers, by claim UID, the resource versions of claim copies that this
+// process's own writes (record, reschedule) replaced. A cache still showing one of them is
+// behind a write whose own event is on its way: deciding on that copy would act on what
+// the write just changed, for example plan again for a node the claim was just handed
+// back from. (Resource versions are opaque: they are only compared for equality.)
+type claimVersions struct {
+	mu sync.Mutex
+	m  map[string]map[string]bool
+}
+
+// replaced records that copies were replaced by a write of this process.
+func (v *claimVersions) replaced(uid string, copies ...*v1.PersistentVolumeClaim) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil {
+		v.m = map[string]map[string]bool{}
+	}
+	if v.m[uid] == nil {
+		v.m[uid] = map[string]bool{}
+	}
+	for _, c := range copies {
+		if c != nil {
+			v.m[uid][c.ResourceVersion] = true
+		}
+	}
+}
+
+func (v *claimVersions) forget(uid string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.m, uid)
+}
+
+// behind tells whether the cached claim is a copy replaced by a write of this process.
+// Once the cache shows another version the memory goes.
+func (v *claimVersions) behind(claim *v1.PersistentVolumeClaim) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	uid := string(claim.UID)
+	rvs, ok := v.m[uid]
+	if !ok {
+		return false
+	}
+	if rvs[claim.ResourceVersion] {
+		return true
+	}
+	delete(v.m, uid)
+	return false
+}
