@@ -125,13 +125,13 @@ func benchmarkMemory(b *testing.B) {
 	upstream := map[string]string{}
 	switch {
 	case !*flagUpstream:
-		b.Logf("upstream: not measured (-memory.upstream=false)")
+		say("upstream: not measured (-memory.upstream=false)")
 	case upstreamBinaries == nil:
-		b.Logf("upstream: not measured: %v", errNotPrepared)
+		say("upstream: not measured: %v", errNotPrepared)
 	default:
 		for _, u := range upstreamReleases {
 			if ub := upstreamBinaries[u.sidecar]; ub.err != nil {
-				b.Logf("upstream %s: not measured: %v", u.sidecar, ub.err)
+				say("upstream %s: not measured: %v", u.sidecar, ub.err)
 			} else {
 				upstream[u.sidecar] = ub.path
 			}
@@ -152,8 +152,8 @@ func benchmarkMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 		setup[size] = time.Since(began)
-		b.Logf("data set %d -> %d claims: %d objects created (%d API requests) in %v", from, size,
-			objects(size-from), 10*(size-from), setup[size].Round(100*time.Millisecond))
+		say("data set %d -> %d claims: %d objects created (%d API requests, QPS %d) in %v", from, size,
+			objects(size-from), 10*(size-from), setupQPS, setup[size].Round(100*time.Millisecond))
 		results[size] = map[string]measurement{}
 		ours := ourSidecars(resync)
 		var groups [][]sidecar
@@ -172,7 +172,7 @@ func benchmarkMemory(b *testing.B) {
 		}
 	}
 	if size, err := d.podJSONSize(ctx); err == nil {
-		b.Logf("one Pod of the data set: %d bytes as JSON", size)
+		say("one Pod of the data set: %d bytes as JSON", size)
 	}
 	report(b, sizes, results, setup, resync, margin)
 }
@@ -189,10 +189,15 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 		}
 		procs = append(procs, start(b, s, sc, id, extra...))
 	}
+	began := time.Now()
 	errs := make([]error, len(procs))
+	ready := make([]time.Duration, len(procs))
 	var wg sync.WaitGroup
 	for i, p := range procs {
-		wg.Go(func() { errs[i] = p.waitLeading(s, 5*time.Minute) })
+		wg.Go(func() {
+			errs[i] = p.waitLeading(s, 5*time.Minute)
+			ready[i] = time.Since(began)
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -201,12 +206,14 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 	time.Sleep(settle)
 	calls := s.Driver.Journal()
 	out := map[string]measurement{}
-	for _, p := range procs {
+	for i, p := range procs {
 		if !p.running() {
 			b.Fatalf("%s exited\n%s", p.label(), p.logTail())
 		}
 		m := measurement{memory: p.memory(), work: p.workCalls(calls)}
 		out[p.label()] = m
+		say("N = %d  %-24s led and ready after %5.1fs, peak RSS %6.1f MiB, RSS now %6.1f MiB", size, p.label(),
+			ready[i].Seconds(), mib(m.peak), mib(m.now))
 		if p.ours && *flagHeapProfiles != "" {
 			writeHeapProfile(b, p)
 		}
@@ -218,7 +225,7 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 func writeHeapProfile(b *testing.B, p *process) {
 	code, body := p.get("/debug/pprof/heap")
 	if code != http.StatusOK {
-		b.Logf("heap profile of %s: HTTP %d", p.label(), code)
+		say("heap profile of %s: HTTP %d", p.label(), code)
 		return
 	}
 	if err := os.MkdirAll(*flagHeapProfiles, 0o755); err != nil {
@@ -230,7 +237,7 @@ func writeHeapProfile(b *testing.B, p *process) {
 		b.Logf("heap profile: %v", err)
 		return
 	}
-	b.Logf("heap profile of %s: %s", p.label(), path)
+	say("heap profile of %s: %s", p.label(), path)
 }
 
 // report logs the tables and reports the full size's figures as metrics.
@@ -266,7 +273,7 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 			}
 		}
 		fmt.Fprintf(&out, "\nN = %d (%d objects; set up in %v in all)\n", size, objects(size), setupTotal.Round(100*time.Millisecond))
-		tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
+		tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "sidecar\tcsi-sidecars MiB\tupstream MiB\tours/upstream\tours RSS at end\tupstream RSS at end\twork calls (ours/upstream)\t")
 		for _, n := range names {
 			o, _ := ours(size, n)
@@ -296,7 +303,7 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 	per1k := float64(objects(large)-objects(small)) / 1000
 	slope := func(a, z measurement) float64 { return mib(z.peak-a.peak) / per1k }
 	fmt.Fprintf(&out, "\nGrowth of the peak from N = %d to %d, MiB per 1,000 objects (mix 1 PVC : 1 PV : 1 VA : 2 Pods)\n", small, large)
-	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "sidecar\tcsi-sidecars\tupstream\t")
 	for _, n := range append(names, "combined") {
 		o0, _ := ours(small, n)
@@ -321,7 +328,8 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
-	b.Log(out.String())
+	// On stdout: go test keeps only 10 lines of a benchmark's log.
+	fmt.Print(out.String())
 
 	// Metrics: the full size's peaks and ratios, and the growth.
 	b.ReportMetric(setup[small].Seconds()+setup[large].Seconds(), "setup-s")
@@ -354,4 +362,10 @@ func upstreamNames() string {
 		out = append(out, u.String())
 	}
 	return strings.Join(out, ", ")
+}
+
+// say prints a line of progress on stdout, which go test shows as it comes (a benchmark's
+// log is shown only at its end, and only 10 lines of it).
+func say(format string, args ...any) {
+	fmt.Printf("memory: "+format+"\n", args...)
 }
