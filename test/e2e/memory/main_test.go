@@ -12,6 +12,10 @@
 // Upstream's binaries are built by TestMain from their repositories' tags (git mirrors,
 // -memory.mirrors) and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; without a
 // mirror, or when a build fails, the benchmark says so and reports ours only.
+//
+// The benchmark takes 7-8 minutes on 2 cores with the defaults (two sizes, four rounds of
+// one resync plus a margin each), close to go test's default -timeout of 10 minutes:
+// make bench passes -timeout 60m. A quick look: -args -memory.pairs=200 -memory.resync=5s.
 package memory
 
 import (

@@ -212,7 +212,7 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 		}
 		m := measurement{memory: p.memory(), work: p.workCalls(calls)}
 		out[p.label()] = m
-		say("N = %d  %-24s led and ready after %5.1fs, peak RSS %6.1f MiB, RSS now %6.1f MiB", size, p.label(),
+		say("N = %d  %-24s led (ours: and ready) after %5.1fs, peak RSS %6.1f MiB, RSS now %6.1f MiB", size, p.label(),
 			ready[i].Seconds(), mib(m.peak), mib(m.now))
 		if p.ours && *flagHeapProfiles != "" {
 			writeHeapProfile(b, p)
@@ -264,7 +264,8 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 		return sum, true
 	}
 	fmt.Fprintf(&out, "\nPeak RSS (VmHWM), read once each process leads (ours: and is ready) plus one resync (%v) and %v.\n", resync, margin)
-	fmt.Fprintf(&out, "Upstream: %s. Each size holds N claims (PVC+PV), N VolumeAttachments, 2N Pods: 5N objects.\n", upstreamNames())
+	fmt.Fprintf(&out, "Upstream: %s, run side by side with ours; the combined process runs alone.\n", upstreamNames())
+	fmt.Fprintf(&out, "Each size holds N claims (PVC+PV), N VolumeAttachments, 2N Pods: 5N objects.\n")
 	for _, size := range sizes {
 		var setupTotal time.Duration
 		for _, z := range sizes {
