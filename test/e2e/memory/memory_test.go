@@ -60,7 +60,7 @@ func TestEachOfOurProcessesLeadsOnSteadyData(t *testing.T) {
 			t.Errorf("%s made %d calls that change volumes on steady data", p.label(), n)
 		}
 		m := p.memory()
-		t.Logf("%-24s peak RSS %.1f MiB, RSS %.1f MiB", p.label(), mib(m.peak), mib(m.now))
+		t.Logf("%-24s peak RSS %.1f MiB, RSS %.1f MiB (anonymous %.1f, file %.1f)", p.label(), mib(m.peak), mib(m.now), mib(m.anon), mib(m.file))
 	}
 	for name, rv := range d.versions(t) {
 		if before[name] != rv {
@@ -212,8 +212,8 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 		}
 		m := measurement{memory: p.memory(), work: p.workCalls(calls)}
 		out[p.label()] = m
-		say("N = %d  %-24s led (ours: and ready) after %5.1fs, peak RSS %6.1f MiB, RSS now %6.1f MiB", size, p.label(),
-			ready[i].Seconds(), mib(m.peak), mib(m.now))
+		say("N = %d  %-24s led (ours: and ready) after %5.1fs, peak RSS %6.1f MiB, RSS now %6.1f MiB (anonymous %.1f, file %.1f)",
+			size, p.label(), ready[i].Seconds(), mib(m.peak), mib(m.now), mib(m.anon), mib(m.file))
 		if p.ours && *flagHeapProfiles != "" {
 			writeHeapProfile(b, p)
 		}
@@ -223,7 +223,7 @@ func measureGroup(b *testing.B, s *e2e.Scenario, group []sidecar, size int, sett
 }
 
 func writeHeapProfile(b *testing.B, p *process) {
-	code, body := p.get("/debug/pprof/heap")
+	code, body := p.get("/debug/pprof/heap?gc=1") // after a GC: in use now, not at the last GC
 	if code != http.StatusOK {
 		say("heap profile of %s: HTTP %d", p.label(), code)
 		return

@@ -211,9 +211,10 @@ func (p *process) held(ctx context.Context, s *e2e.Scenario) int {
 	return n
 }
 
-// memory is a process's resident memory from /proc/<pid>/status: peak (VmHWM) and now
-// (VmRSS), in bytes.
-type memory struct{ peak, now int64 }
+// memory is a process's resident memory from /proc/<pid>/status, in bytes: peak (VmHWM),
+// now (VmRSS), and of now the anonymous part (heap, stacks, runtime) and the file-backed
+// part (the binary's pages).
+type memory struct{ peak, now, anon, file int64 }
 
 func (p *process) memory() memory {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
@@ -232,6 +233,10 @@ func (p *process) memory() memory {
 			m.peak = kb << 10
 		case "VmRSS":
 			m.now = kb << 10
+		case "RssAnon":
+			m.anon = kb << 10
+		case "RssFile":
+			m.file = kb << 10
 		}
 	}
 	return m
