@@ -40,8 +40,10 @@ const (
 // config is what the controller needs from the outside world; Setup fills it from the
 // core's Env, tests fill it themselves.
 type config struct {
-	opts           options
-	driver         string
+	opts   options
+	driver string
+	// inTree is the in-tree plugin the driver replaces (CSI migration), "" for none.
+	inTree         string
 	identity       string // this instance, recorded in volume attributes
 	kube           kubernetes.Interface
 	csi            csi.ControllerClient
@@ -71,6 +73,9 @@ type config struct {
 type capacityRefresher interface {
 	refresh(class string, topology []*csi.Topology)
 }
+
+// names are the names a claim, class or PersistentVolume may give the driver.
+func (c *config) names() driverNames { return driverNames{driver: c.driver, inTree: c.inTree} }
 
 // capacityChanged tells capacity tracking, if on, that an operation changed capacity.
 func (c *controller) capacityChanged(class string, topology []*csi.Topology) {
@@ -200,7 +205,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 func (c *controller) enqueueClaim(obj any) {
 	// A claim with a record may be bound, deleted or another provisioner's by now: its
 	// volume must still be finished or undone.
-	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.driver) || hasRecord(claim)) {
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim)) {
 		c.claimQueue.Add(string(claim.UID))
 	}
 }
@@ -217,7 +222,7 @@ func (c *controller) forgetClaim(obj any) {
 }
 
 func (c *controller) enqueueVolume(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.driver) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.names()) {
 		c.volumeQueue.Add(pv.Name)
 	}
 }
@@ -345,7 +350,7 @@ func (c *controller) syncClaim(uid string) error {
 	if err != nil {
 		return err
 	}
-	if ok, why := wantsVolume(claim, class, c.driver); !ok {
+	if ok, why := wantsVolume(claim, class, c.names()); !ok {
 		logger.V(4).Info("Not provisioning", "reason", why)
 		return nil
 	}
@@ -457,7 +462,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	logger := klog.FromContext(ctx)
 	// Whatever was known about the name, this call may make it.
 	c.absent.forget(uid)
-	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	callCtx, cancel := context.WithTimeout(markMigrated(ctx, p.pv.migrated), c.opts.timeout)
 	resp, err := c.csi.CreateVolume(callCtx, p.req)
 	cancel()
 	if err != nil {
@@ -498,7 +503,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	if err != nil {
 		// The volume does not fit the claim: delete it and start over.
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
-		if cleanupErr := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); cleanupErr != nil {
+		if cleanupErr := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); cleanupErr != nil {
 			// Still pending: the retry creates (idempotent) and cleans up again.
 			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
 		}
@@ -513,7 +518,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		return err
 	}
 	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
-	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
+	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", id, "migrated", p.pv.migrated)
 	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
 	// The PersistentVolume records the volume now: the claim's record can go. If this
 	// fails the plan stays pending and the retry finds the PersistentVolume.
@@ -524,7 +529,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 // the record; a failure leaves the plan pending, and the retry undoes it.
 func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
 	claim := c.claimWithRecord(uid, p)
-	if err := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); err != nil {
+	if err := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
 		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 	}
 	c.absent.mark(uid, p.pvName)

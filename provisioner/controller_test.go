@@ -49,7 +49,10 @@ type world struct {
 
 func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *world {
 	t.Helper()
-	dcfg.DriverName = drv
+	// drv unless the test runs the driver under another name (CSI migration).
+	if dcfg.DriverName == "" {
+		dcfg.DriverName = drv
+	}
 	b, err := testdriver.New(dcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +78,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 		t.Fatal(err)
 	}
 	cfg := config{
-		opts: o, driver: drv, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
+		opts: o, driver: dcfg.DriverName, inTree: namesOf(dcfg.DriverName).inTree, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
 		ops: context.Background(), recorder: w.recorder, metrics: m,
 		pluginCaps: plugin, controllerCaps: controllerCaps,
 		topology: plugin[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS], vac: true,

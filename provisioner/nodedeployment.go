@@ -87,9 +87,14 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	if isDelayedBinding(class) || !n.immediateBinding {
 		return false, nil
 	}
-	if len(class.AllowedTopologies) > 0 && c.topology {
+	// The class as the plan reads it: the CSI translation of an in-tree class.
+	csiClass, _, err := c.names().csiClass(class)
+	if err != nil {
+		return false, err
+	}
+	if len(csiClass.AllowedTopologies) > 0 && c.topology {
 		// Take it only if the class allows this node.
-		if _, err := c.requirements(claim, class, n.name); err != nil {
+		if _, err := c.requirements(claim, csiClass, n.name); err != nil {
 			klog.FromContext(intake).V(4).Info("Not taking the claim: its class does not allow this node", "claim", klog.KObj(claim), "err", err.Error())
 			return false, nil
 		}

@@ -42,6 +42,9 @@ type pvInput struct {
 	// fromSource: CreateVolume was asked to clone or restore, so the volume must say it
 	// was made from a source.
 	fromSource bool
+	// migrated: the class names the in-tree plugin the driver replaces (CSI migration),
+	// so the PersistentVolume is written in the in-tree form.
+	migrated bool
 }
 
 // pvCapacity is the capacity to record: the driver's, or the request when the driver does
@@ -59,7 +62,9 @@ func pvCapacity(reported, requested int64) (int64, error) {
 // buildPV makes the PersistentVolume that records a created volume, as upstream: bound to
 // the claim by claimRef (the PV controller completes the binding), protected by the
 // provisioner's finalizer when the reclaim policy is Delete, and carrying everything later
-// calls need (secrets, node affinity, file system).
+// calls need (secrets, node affinity, file system). For a class of the in-tree plugin the
+// driver replaces, it is the in-tree form csi-translation-lib makes of it, provisioned by
+// the in-tree plugin, as upstream writes it.
 func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	capacity, err := pvCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
 	if err != nil {
@@ -85,6 +90,11 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	if !isBlock(in.claim) {
 		source.FSType = in.fsType
 	}
+	// Upstream's library writes the class's provisioner: the driver, or the in-tree plugin.
+	provisionedBy := in.driver
+	if in.migrated {
+		provisionedBy = in.class.Provisioner
+	}
 	reclaim := v1.PersistentVolumeReclaimDelete
 	if in.class.ReclaimPolicy != nil {
 		reclaim = *in.class.ReclaimPolicy
@@ -93,7 +103,7 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: in.name,
 			Annotations: map[string]string{
-				volumehelpers.AnnDynamicallyProvisioned: in.driver,
+				volumehelpers.AnnDynamicallyProvisioned: provisionedBy,
 				annDeletionSecretName:                   "",
 				annDeletionSecretNamespace:              "",
 			},
@@ -128,6 +138,9 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	}
 	if in.vac != "" {
 		pv.Spec.VolumeAttributesClassName = &in.vac
+	}
+	if in.migrated {
+		return inTreePV(pv)
 	}
 	return pv, nil
 }

@@ -75,6 +75,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	cfg := config{
 		opts:           s.opts,
 		driver:         env.DriverName,
+		inTree:         namesOf(env.DriverName).inTree,
 		identity:       identity,
 		kube:           env.Kube,
 		csi:            csi.NewControllerClient(env.CSI),
@@ -91,6 +92,9 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 			return err
 		}
 		cfg.identity += "-" + s.opts.nodeName
+	}
+	if cfg.inTree != "" {
+		logger.Info("Supports migration from in-tree plugin", "plugin", cfg.inTree)
 	}
 	if err := checkCapabilities(env.PluginCapabilities, env.ControllerCapabilities, false); err != nil {
 		// Upstream starts anyway and reports it on every claim; so do we.
