@@ -17,6 +17,10 @@ import (
 const (
 	annDeletionSecretName      = "volume.kubernetes.io/provisioner-deletion-secret-name"
 	annDeletionSecretNamespace = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+	// The secret of ControllerModifyVolume, which the resizer reads from the
+	// PersistentVolume; set only when the StorageClass names one (upstream's names).
+	annModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
+	annModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
 )
 
 // pvInput is what the PersistentVolume of a new volume is made from.
@@ -129,6 +133,10 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	if ref := in.secrets.provisioner; ref != nil {
 		pv.Annotations[annDeletionSecretName] = ref.Name
 		pv.Annotations[annDeletionSecretNamespace] = ref.Namespace
+	}
+	if ref := in.secrets.controllerModify; ref != nil {
+		pv.Annotations[annModifySecretName] = ref.Name
+		pv.Annotations[annModifySecretNamespace] = ref.Namespace
 	}
 	if reclaim == v1.PersistentVolumeReclaimDelete {
 		pv.Finalizers = []string{volumehelpers.PVDeletionProtectionFinalizer}
