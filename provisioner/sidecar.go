@@ -15,6 +15,7 @@ import (
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -28,13 +29,15 @@ import (
 type Sidecar struct {
 	opts   options
 	getenv func(string) string
-	ctrl   *controller
+	// discoveryBackoff paces the retries of the VolumeAttributesClass discovery at start.
+	discoveryBackoff wait.Backoff
+	ctrl             *controller
 	// capacity is set with --enable-capacity.
 	capacity *capacityTracker
 }
 
 // New returns the provisioner sidecar.
-func New() *Sidecar { return &Sidecar{getenv: os.Getenv} }
+func New() *Sidecar { return &Sidecar{getenv: os.Getenv, discoveryBackoff: defaultDiscoveryBackoff} }
 
 var (
 	_ lifecycle.Sidecar       = &Sidecar{}
@@ -85,7 +88,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		pluginCaps:     env.PluginCapabilities,
 		controllerCaps: env.ControllerCapabilities,
 		topology:       env.PluginCapabilities[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS] && env.Gates.Enabled(Topology),
-		vac:            env.Gates.Enabled(VolumeAttributesClass),
+		vac:            volumeAttributesClassEnabled(env.Ops(), env.Gates, env.Kube.Discovery(), s.discoveryBackoff),
 	}
 	if s.opts.nodeDeployment {
 		if cfg.node, err = newNodeDeployment(env.Ops(), s.opts, csi.NewNodeClient(env.CSI)); err != nil {
