@@ -118,6 +118,8 @@ type controller struct {
 	// absent remembers recorded volumes the driver answered for good that it does not
 	// have, so that their undo needs no CSI call.
 	absent absentVolumes
+	// slow holds the claims whose CreateVolume was infeasible, to be retried slowly.
+	slow slowRetries
 	// deletedVolumes holds the PersistentVolumes whose volume DeleteVolume deleted, until
 	// the informer sees them go: a retry of the API writes after it must not call the
 	// driver again.
@@ -218,6 +220,11 @@ func (c *controller) forgetClaim(obj any) {
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
 		c.versions.forget(string(claim.UID))
 		c.absent.forget(string(claim.UID))
+		c.slow.forget(string(claim.UID))
+		if c.node != nil {
+			// Its lost races no longer delay anything (upstream forgets them too).
+			c.node.forget(string(claim.UID))
+		}
 	}
 }
 
@@ -361,6 +368,12 @@ func (c *controller) syncClaim(uid string) error {
 		logger.V(4).Info("PersistentVolume exists already", "pv", name)
 		return nil
 	}
+	if d := c.slow.remaining(uid, class.UID, c.opts.retryIntervalMax, time.Now()); d > 0 {
+		// Before a node deployment takes it, as upstream: the request is wrong anyway.
+		logger.V(4).Info("CreateVolume was infeasible; retrying later", "after", d)
+		c.claimQueue.AddAfter(uid, d)
+		return nil
+	}
 	if c.node != nil {
 		if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
 			return err
@@ -468,7 +481,12 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	if err != nil {
 		outcome := classifyCreateError(err, p.mayReschedule)
 		logger.Info("CreateVolume failed", "volume", p.pvName, "outcome", outcome.String(), "err", err.Error())
-		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		if isInfeasible(err) {
+			c.slow.mark(uid, p.class.UID, time.Now())
+			c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "Volume provisioning failed with infeasible error. Retries will be delayed. %v", err)
+		} else {
+			c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		}
 		if isAbsentAnswer(err, outcome) {
 			// The record stays while the claim wants the volume (the retry needs it); its
 			// undo, if the claim stops wanting it, needs no CSI call.
