@@ -623,17 +623,12 @@ func (t *capacityTracker) capacityObject(key capacityKey, segment map[string]str
 	return obj
 }
 
-// getCapacityRequest asks for the class's capacity in the segment. The class's parameters
-// go as they are, as upstream sends them; the capability is a placeholder the spec
-// requires (capacity is assumed not to depend on it, as upstream assumes).
+// getCapacityRequest asks for the class's capacity in the segment, as upstream's capacity
+// controller asks: the class's parameters as they are, and no volume capabilities (the
+// spec makes them optional; capacity is assumed not to depend on them). A placeholder
+// capability would have to name an access mode, and UNKNOWN is one a driver may refuse.
 func getCapacityRequest(class *storagev1.StorageClass, segment map[string]string) *csi.GetCapacityRequest {
-	req := &csi.GetCapacityRequest{
-		Parameters: class.Parameters,
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_UNKNOWN},
-		}},
-	}
+	req := &csi.GetCapacityRequest{Parameters: class.Parameters}
 	if len(segment) > 0 {
 		req.AccessibleTopology = &csi.Topology{Segments: maps.Clone(segment)}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/testing/protocmp"
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -585,5 +586,23 @@ func TestInSegmentAndVolumeTopology(t *testing.T) {
 	pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a", "b"}
 	if got := volumeTopology(pv); got != nil {
 		t.Errorf("volumeTopology of a multi-value term: %v, want nil (every segment)", got)
+	}
+}
+
+// GetCapacity is asked as upstream's capacity controller asks: the class's parameters, the
+// segment, and no volume capability (no placeholder with an UNKNOWN access mode).
+func TestGetCapacityRequestIsUpstreams(t *testing.T) {
+	sc := class("fast", func(sc *storagev1.StorageClass) { sc.Parameters["csi.storage.k8s.io/fstype"] = "xfs" })
+	for _, tc := range []struct {
+		name    string
+		segment map[string]string
+		want    *csi.GetCapacityRequest
+	}{
+		{"a segment", map[string]string{"zone": "a"}, &csi.GetCapacityRequest{Parameters: sc.Parameters, AccessibleTopology: &csi.Topology{Segments: map[string]string{"zone": "a"}}}},
+		{"no topology", map[string]string{}, &csi.GetCapacityRequest{Parameters: sc.Parameters}},
+	} {
+		if diff := cmp.Diff(tc.want, getCapacityRequest(sc, tc.segment), protocmp.Transform()); diff != "" {
+			t.Errorf("%s: request (-want +got):\n%s", tc.name, diff)
+		}
 	}
 }
