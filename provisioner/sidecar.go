@@ -162,7 +162,11 @@ func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*ca
 	if opts.capacityOwnerrefLevel >= 0 {
 		ctx, cancel := context.WithTimeout(env.Ops(), opts.timeout)
 		defer cancel()
-		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
+		owners, err := newOwnerReader(env.RestConfig, env.Kube.Discovery())
+		if err != nil {
+			return nil, err
+		}
+		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, owners, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
 			return nil, err
 		}
 	}
