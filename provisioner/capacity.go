@@ -89,6 +89,8 @@ type capacityConfig struct {
 	// CSINodes and Nodes of the cluster.
 	nodeSegment  map[string]string
 	queueMetrics workqueue.MetricsProvider
+	// backlog is where the queue reports what waits for a worker (Env.Backlog).
+	backlog *lifecycle.Backlog
 }
 
 // capacityTracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
@@ -104,7 +106,7 @@ type capacityTracker struct {
 	objects      cache.Indexer
 	objectsStart func(stop <-chan struct{})
 
-	queue workqueue.TypedRateLimitingInterface[capacityKey]
+	queue *lifecycle.Queue[capacityKey]
 
 	mu sync.Mutex
 	// desired holds the segment labels of every object that should exist.
@@ -124,9 +126,8 @@ type capacityTracker struct {
 // the informer of the managed objects. It must run before the shared factory starts.
 func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
 	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
-	t.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[capacityKey](retryStart, retryMax),
-		workqueue.TypedRateLimitingQueueConfig[capacityKey]{Name: capacityQueueName, MetricsProvider: cfg.queueMetrics})
+	t.queue = lifecycle.NewQueue[capacityKey](lifecycle.QueueOptions{Name: capacityQueueName, RetryStart: retryStart, RetryMax: retryMax,
+		Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
 	recompute := func(any) { t.queue.Add(recomputeCapacities) }
 
 	classes := shared.Storage().V1().StorageClasses()

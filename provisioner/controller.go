@@ -35,6 +35,8 @@ const claimUIDIndex = "csi-sidecars-provisioner-uid"
 const (
 	claimQueueName  = "claims"
 	volumeQueueName = "volumes"
+	// sourceQueueName is ours: upstream removes source finalizers inline.
+	sourceQueueName = "provisioner-sources"
 )
 
 // config is what the controller needs from the outside world; Setup fills it from the
@@ -61,6 +63,8 @@ type config struct {
 	snapshotClient snapclientset.Interface
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
+	// backlog is where the queues report what waits for a worker (Env.Backlog); nil: nowhere.
+	backlog *lifecycle.Backlog
 	// capacity is told which capacity a provisioning or deletion changed; nil without
 	// --enable-capacity.
 	capacity capacityRefresher
@@ -96,11 +100,11 @@ type controller struct {
 	csiNodes    storagelisters.CSINodeLister          // nil without topology
 	attachments storagelisters.VolumeAttachmentLister // nil unless the driver publishes
 
-	claimQueue  workqueue.TypedRateLimitingInterface[string]
-	volumeQueue workqueue.TypedRateLimitingInterface[string]
+	claimQueue  *lifecycle.Queue[string]
+	volumeQueue *lifecycle.Queue[string]
 	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
 	// keyed by sourceRef.key().
-	sourceQueue workqueue.TypedRateLimitingInterface[string]
+	sourceQueue *lifecycle.Queue[string]
 	// snapshots is nil without snapshot support.
 	snapshots *snapshotWatch
 
@@ -130,15 +134,16 @@ type controller struct {
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
 	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}}
-	limiter := func() workqueue.TypedRateLimiter[string] {
-		return workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.opts.retryIntervalStart, cfg.opts.retryIntervalMax)
+	queue := func(name string) *lifecycle.Queue[string] {
+		return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: name, RetryStart: cfg.opts.retryIntervalStart, RetryMax: cfg.opts.retryIntervalMax,
+			Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
 	}
 	// client-go's workqueue metrics are per process, labelled by queue name: the claim and
 	// volume queues keep upstream's names (dashboards keep working, P9), which no other
 	// sidecar of the process uses; the source queue has no upstream twin.
-	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: claimQueueName, MetricsProvider: cfg.queueMetrics})
-	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: volumeQueueName, MetricsProvider: cfg.queueMetrics})
-	c.sourceQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-sources", MetricsProvider: cfg.queueMetrics})
+	c.claimQueue = queue(claimQueueName)
+	c.volumeQueue = queue(volumeQueueName)
+	c.sourceQueue = queue(sourceQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {

@@ -88,6 +88,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		pluginCaps:     env.PluginCapabilities,
 		controllerCaps: env.ControllerCapabilities,
 		topology:       env.PluginCapabilities[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS] && env.Gates.Enabled(Topology),
+		backlog:        env.Backlog,
 		vac:            volumeAttributesClassEnabled(env.Ops(), env.Gates, env.Kube.Discovery(), s.discoveryBackoff),
 	}
 	if s.opts.nodeDeployment {
@@ -150,6 +151,7 @@ func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*ca
 		csi:          csi.NewControllerClient(env.CSI),
 		kube:         client,
 		ops:          env.Ops(),
+		backlog:      env.Backlog,
 	}
 	if node != nil {
 		cfg.managedBy = capacityManagedByFor(node.name)
