@@ -170,8 +170,11 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 
 	// Only this instance's objects: the namespace and labels filter on the server.
 	selector := labels.Set{capacityDriverLabel: cfg.driver, capacityManagedByLabel: cfg.managedBy}.String()
+	// Trimmed as the core's shared caches are (managedFields dropped); an update from a
+	// cached copy leaves them to the API server.
 	own := informers.NewSharedInformerFactoryWithOptions(cfg.kube, 0, informers.WithNamespace(cfg.namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(lifecycle.TrimForCache))
 	objects := own.Storage().V1().CSIStorageCapacities().Informer()
 	t.objects = objects.GetIndexer()
 	// Only a change by someone else, an object no longer wanted or a duplicate, or the

@@ -32,6 +32,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const capNS = "kube-system"
@@ -153,7 +154,8 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 	if change != nil {
 		change(&cfg)
 	}
-	factory := informers.NewSharedInformerFactory(w.kube, 0)
+	// Decisions are fed from objects trimmed as the core's caches trim them.
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(lifecycle.TrimForCache))
 	if w.tracker, err = newCapacityTracker(cfg, factory, 20*time.Millisecond, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}

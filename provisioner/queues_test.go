@@ -54,7 +54,7 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 		t.Fatal(err)
 	}
 	kube := fake.NewClientset()
-	factory := informers.NewSharedInformerFactory(kube, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache))
 	c, err := newController(config{opts: o, driver: drv, kube: kube, queueMetrics: names, backlog: backlog}, factory)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Data sources: a clone or a restore protects its source with a finalizer from before
@@ -87,6 +89,11 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 			permission:  "watch on volumesnapshots.snapshot.storage.k8s.io",
 			consequence: "the snapshot cache is refreshed by relisting every snapshot, with backoff, instead of watching",
 		},
+	}
+	// Trimmed as the core's shared caches are (managedFields dropped): a standby keeps every
+	// snapshot of the cluster in memory (P7).
+	if err := informer.SetTransform(lifecycle.TrimForCache); err != nil {
+		return fmt.Errorf("setting the snapshot informer's transform: %w", err)
 	}
 	if err := informer.SetWatchErrorHandlerWithContext(c.snapshots.watchForbidden.watchErrorHandler); err != nil {
 		return fmt.Errorf("setting the snapshot informer's watch error handler: %w", err)
