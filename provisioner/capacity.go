@@ -89,6 +89,8 @@ type capacityConfig struct {
 	// CSINodes and Nodes of the cluster.
 	nodeSegment  map[string]string
 	queueMetrics workqueue.MetricsProvider
+	// backlog is where the queue reports what waits for a worker (Env.Backlog).
+	backlog *lifecycle.Backlog
 }
 
 // capacityTracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
@@ -104,7 +106,7 @@ type capacityTracker struct {
 	objects      cache.Indexer
 	objectsStart func(stop <-chan struct{})
 
-	queue workqueue.TypedRateLimitingInterface[capacityKey]
+	queue *lifecycle.Queue[capacityKey]
 
 	mu sync.Mutex
 	// desired holds the segment labels of every object that should exist.
@@ -124,9 +126,8 @@ type capacityTracker struct {
 // the informer of the managed objects. It must run before the shared factory starts.
 func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
 	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
-	t.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[capacityKey](retryStart, retryMax),
-		workqueue.TypedRateLimitingQueueConfig[capacityKey]{Name: capacityQueueName, MetricsProvider: cfg.queueMetrics})
+	t.queue = lifecycle.NewQueue[capacityKey](lifecycle.QueueOptions{Name: capacityQueueName, RetryStart: retryStart, RetryMax: retryMax,
+		Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
 	recompute := func(any) { t.queue.Add(recomputeCapacities) }
 
 	classes := shared.Storage().V1().StorageClasses()
@@ -169,8 +170,11 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 
 	// Only this instance's objects: the namespace and labels filter on the server.
 	selector := labels.Set{capacityDriverLabel: cfg.driver, capacityManagedByLabel: cfg.managedBy}.String()
+	// Trimmed as the core's shared caches are (managedFields dropped); an update from a
+	// cached copy leaves them to the API server.
 	own := informers.NewSharedInformerFactoryWithOptions(cfg.kube, 0, informers.WithNamespace(cfg.namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
+		informers.WithTransform(lifecycle.TrimForCache))
 	objects := own.Storage().V1().CSIStorageCapacities().Informer()
 	t.objects = objects.GetIndexer()
 	// Only a change by someone else, an object no longer wanted or a duplicate, or the
@@ -623,17 +627,12 @@ func (t *capacityTracker) capacityObject(key capacityKey, segment map[string]str
 	return obj
 }
 
-// getCapacityRequest asks for the class's capacity in the segment. The class's parameters
-// go as they are, as upstream sends them; the capability is a placeholder the spec
-// requires (capacity is assumed not to depend on it, as upstream assumes).
+// getCapacityRequest asks for the class's capacity in the segment, as upstream's capacity
+// controller asks: the class's parameters as they are, and no volume capabilities (the
+// spec makes them optional; capacity is assumed not to depend on them). A placeholder
+// capability would have to name an access mode, and UNKNOWN is one a driver may refuse.
 func getCapacityRequest(class *storagev1.StorageClass, segment map[string]string) *csi.GetCapacityRequest {
-	req := &csi.GetCapacityRequest{
-		Parameters: class.Parameters,
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_UNKNOWN},
-		}},
-	}
+	req := &csi.GetCapacityRequest{Parameters: class.Parameters}
 	if len(segment) > 0 {
 		req.AccessibleTopology = &csi.Topology{Segments: maps.Clone(segment)}
 	}

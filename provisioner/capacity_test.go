@@ -14,21 +14,25 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
-	appsv1 "k8s.io/api/apps/v1"
+	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	metadatafake "k8s.io/client-go/metadata/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/component-base/metrics"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const capNS = "kube-system"
@@ -150,7 +154,8 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 	if change != nil {
 		change(&cfg)
 	}
-	factory := informers.NewSharedInformerFactory(w.kube, 0)
+	// Decisions are fed from objects trimmed as the core's caches trim them.
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(lifecycle.TrimForCache))
 	if w.tracker, err = newCapacityTracker(cfg, factory, 20*time.Millisecond, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -384,24 +389,88 @@ func TestAGetCapacityInFlightWhenIntakeEndsFinishesAndItsWriteLands(t *testing.T
 	}
 }
 
+// partial is an object as the metadata client reads it.
+func partial(apiVersion, kind, name string, uid types.UID, owner *metav1.OwnerReference) *metav1.PartialObjectMetadata {
+	o := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: apiVersion, Kind: kind},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: capNS, UID: uid}}
+	if kind == "WidgetPool" {
+		o.Namespace = ""
+	}
+	if owner != nil {
+		o.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
+	return o
+}
+
+func controllerRef(apiVersion, kind, name string, uid types.UID) *metav1.OwnerReference {
+	return &metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: uid, Controller: ptr.To(true)}
+}
+
+// The owner walk follows controllers of any kind, as upstream's owner.Lookup: a
+// Deployment's ReplicaSet, or an operator's custom resources (namespaced or not), read
+// through the metadata client once discovery names their resource.
 func TestTheCapacityOwnerIsFoundByWalkingControllersFromThePod(t *testing.T) {
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "csi", Namespace: capNS, UID: "dep"}}
-	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "csi-1", Namespace: capNS, UID: "rs",
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "csi", UID: "dep", Controller: ptr.To(true)}}}}
-	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "csi-1-x", Namespace: capNS, UID: "pod",
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "csi-1", UID: "rs", Controller: ptr.To(true)}}}}
-	kube := fake.NewClientset(dep, rs, pod)
-	for level, want := range []types.UID{"pod", "rs", "dep"} {
-		ref, err := lookupCapacityOwner(context.Background(), kube, capNS, "csi-1-x", level)
-		if err != nil || ref.UID != want || ref.Controller == nil || !*ref.Controller {
-			t.Errorf("level %d: %+v, %v; want owner %s", level, ref, err, want)
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "ReplicaSet"}, meta.RESTScopeNamespace)
+	mapper.Add(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, meta.RESTScopeNamespace)
+	mapper.Add(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "Widget"}, meta.RESTScopeNamespace)
+	mapper.Add(schema.GroupVersionKind{Group: "example.com", Version: "v1", Kind: "WidgetPool"}, meta.RESTScopeRoot)
+	scheme := metadatafake.NewTestScheme()
+	if err := metav1.AddMetaToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	owners := &ownerReader{mapper: mapper, metadata: metadatafake.NewSimpleMetadataClient(scheme,
+		partial("apps/v1", "ReplicaSet", "csi-1", "rs", controllerRef("apps/v1", "Deployment", "csi", "dep")),
+		partial("apps/v1", "Deployment", "csi", "dep", nil),
+		partial("example.com/v1", "Widget", "w", "widget", controllerRef("example.com/v1", "WidgetPool", "pool", "pool")),
+		partial("example.com/v1", "WidgetPool", "pool", "pool", nil),
+		partial("apps/v1", "ReplicaSet", "stale", "new-uid", nil),
+	)}
+	pod := func(name string, owner *metav1.OwnerReference) *v1.Pod {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: capNS, UID: types.UID(name)}}
+		if owner != nil {
+			p.OwnerReferences = []metav1.OwnerReference{*owner}
 		}
+		return p
 	}
-	if _, err := lookupCapacityOwner(context.Background(), kube, capNS, "csi-1-x", 3); err == nil || !strings.Contains(err.Error(), "no controller") {
-		t.Errorf("level 3: %v, want an error saying the Deployment has no controller", err)
-	}
-	if _, err := lookupCapacityOwner(context.Background(), kube, capNS, "missing", 0); err == nil || !strings.Contains(err.Error(), "POD_NAME") {
-		t.Errorf("missing pod: %v, want an error naming POD_NAME", err)
+	kube := fake.NewClientset(
+		pod("csi-1-x", controllerRef("apps/v1", "ReplicaSet", "csi-1", "rs")),
+		pod("widget-x", controllerRef("example.com/v1", "Widget", "w", "widget")),
+		pod("gadget-x", controllerRef("example.com/v1", "Gadget", "g", "gadget")),
+		pod("stale-x", controllerRef("apps/v1", "ReplicaSet", "stale", "old-uid")),
+	)
+	for _, tc := range []struct {
+		pod     string
+		level   int
+		want    *metav1.OwnerReference
+		wantErr string
+	}{
+		{pod: "csi-1-x", level: 0, want: controllerRef("v1", "Pod", "csi-1-x", "csi-1-x")},
+		{pod: "csi-1-x", level: 1, want: controllerRef("apps/v1", "ReplicaSet", "csi-1", "rs")},
+		{pod: "csi-1-x", level: 2, want: controllerRef("apps/v1", "Deployment", "csi", "dep")},
+		{pod: "csi-1-x", level: 3, wantErr: "no controller"},
+		{pod: "widget-x", level: 1, want: controllerRef("example.com/v1", "Widget", "w", "widget")},
+		{pod: "widget-x", level: 2, want: controllerRef("example.com/v1", "WidgetPool", "pool", "pool")},
+		// One level needs no read of the owner, whatever its kind (upstream's shortcut).
+		{pod: "gadget-x", level: 1, want: controllerRef("example.com/v1", "Gadget", "g", "gadget")},
+		{pod: "gadget-x", level: 2, wantErr: "finding the resource of kind"},
+		{pod: "stale-x", level: 2, wantErr: "has UID new-uid"},
+		{pod: "missing", level: 0, wantErr: "POD_NAME"},
+	} {
+		ref, err := lookupCapacityOwner(context.Background(), kube, owners, capNS, tc.pod, tc.level)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s level %d: %+v, %v; want an error with %q", tc.pod, tc.level, ref, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s level %d: %v", tc.pod, tc.level, err)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, ref); diff != "" {
+			t.Errorf("%s level %d: owner (-want +got):\n%s", tc.pod, tc.level, diff)
+		}
 	}
 }
 
@@ -585,5 +654,23 @@ func TestInSegmentAndVolumeTopology(t *testing.T) {
 	pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a", "b"}
 	if got := volumeTopology(pv); got != nil {
 		t.Errorf("volumeTopology of a multi-value term: %v, want nil (every segment)", got)
+	}
+}
+
+// GetCapacity is asked as upstream's capacity controller asks: the class's parameters, the
+// segment, and no volume capability (no placeholder with an UNKNOWN access mode).
+func TestGetCapacityRequestIsUpstreams(t *testing.T) {
+	sc := class("fast", func(sc *storagev1.StorageClass) { sc.Parameters["csi.storage.k8s.io/fstype"] = "xfs" })
+	for _, tc := range []struct {
+		name    string
+		segment map[string]string
+		want    *csi.GetCapacityRequest
+	}{
+		{"a segment", map[string]string{"zone": "a"}, &csi.GetCapacityRequest{Parameters: sc.Parameters, AccessibleTopology: &csi.Topology{Segments: map[string]string{"zone": "a"}}}},
+		{"no topology", map[string]string{}, &csi.GetCapacityRequest{Parameters: sc.Parameters}},
+	} {
+		if diff := cmp.Diff(tc.want, getCapacityRequest(sc, tc.segment), protocmp.Transform()); diff != "" {
+			t.Errorf("%s: request (-want +got):\n%s", tc.name, diff)
+		}
 	}
 }

@@ -5,9 +5,16 @@ import (
 	"fmt"
 	"hash/fnv"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 )
 
@@ -53,20 +60,61 @@ func fnv32aHex(s string) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
+// ownerReader reads the metadata of an owner of any kind: the RESTMapper (discovery) names
+// its resource, the metadata client reads it. Like upstream's controller-runtime client,
+// it needs get on that resource: upstream's RBAC grants it for pods and replicasets, any
+// other kind on the way is the user's to grant.
+type ownerReader struct {
+	mapper   meta.RESTMapper
+	metadata metadata.Interface
+}
+
+// newOwnerReader builds the reader on the sidecar's client configuration; discovery is
+// asked only when the walk reads an owner.
+func newOwnerReader(rc *rest.Config, disc discovery.DiscoveryInterface) (*ownerReader, error) {
+	md, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating the metadata client for --capacity-ownerref-level: %w", err)
+	}
+	return &ownerReader{mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)), metadata: md}, nil
+}
+
+// read returns the metadata of the object ref names, in namespace unless its kind is
+// cluster-scoped.
+func (r *ownerReader) read(ctx context.Context, namespace string, ref metav1.OwnerReference) (*metav1.ObjectMeta, error) {
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	if err != nil {
+		return nil, fmt.Errorf("owner %s %s: parsing its apiVersion: %w", ref.Kind, ref.Name, err)
+	}
+	mapping, err := r.mapper.RESTMapping(gv.WithKind(ref.Kind).GroupKind(), gv.Version)
+	if err != nil {
+		return nil, fmt.Errorf("owner %s %s: finding the resource of kind %s: %w", ref.Kind, ref.Name, gv.WithKind(ref.Kind), err)
+	}
+	var client metadata.ResourceInterface = r.metadata.Resource(mapping.Resource)
+	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+		client = r.metadata.Resource(mapping.Resource).Namespace(namespace)
+	}
+	obj, err := client.Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, namespace, ref.Name, err)
+	}
+	return &obj.ObjectMeta, nil
+}
+
 // lookupCapacityOwner returns the owner of the CSIStorageCapacity objects for
 // --capacity-ownerref-level: the pod itself (0), its controller (1, e.g. a ReplicaSet or
-// StatefulSet), that one's controller (2, e.g. a Deployment), and so on. It reads the
-// objects on the way (pods get; replicasets, statefulsets, daemonsets, deployments, jobs
-// get when the level walks through them).
-func lookupCapacityOwner(ctx context.Context, kube kubernetes.Interface, namespace, podName string, level int) (*metav1.OwnerReference, error) {
+// StatefulSet), that one's controller (2, e.g. a Deployment), and so on, whatever their
+// kinds, as upstream's owner.Lookup. It reads the pod, and each owner on the way but the
+// last, whose reference its dependent holds.
+func lookupCapacityOwner(ctx context.Context, kube kubernetes.Interface, owners *ownerReader, namespace, podName string, level int) (*metav1.OwnerReference, error) {
 	pod, err := kube.CoreV1().Pods(namespace).Get(ctx, podName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("--capacity-ownerref-level=%d: reading pod %s/%s (POD_NAME): %w", level, namespace, podName, err)
 	}
 	ref := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
-	meta := pod.ObjectMeta
+	current := &pod.ObjectMeta
 	for i := 1; i <= level; i++ {
-		controller := metav1.GetControllerOfNoCopy(&meta)
+		controller := metav1.GetControllerOfNoCopy(current)
 		if controller == nil {
 			return nil, fmt.Errorf("--capacity-ownerref-level=%d: %s %s/%s has no controller (level %d)", level, ref.Kind, namespace, ref.Name, i)
 		}
@@ -74,61 +122,14 @@ func lookupCapacityOwner(ctx context.Context, kube kubernetes.Interface, namespa
 		if i == level {
 			break
 		}
-		if meta, err = ownerMeta(ctx, kube, namespace, ref); err != nil {
+		if current, err = owners.read(ctx, namespace, ref); err != nil {
 			return nil, fmt.Errorf("--capacity-ownerref-level=%d: %w", level, err)
+		}
+		if current.UID != ref.UID {
+			return nil, fmt.Errorf("--capacity-ownerref-level=%d: %s %s/%s has UID %s, its dependent names %s", level, ref.Kind, namespace, ref.Name, current.UID, ref.UID)
 		}
 	}
 	ref.Controller = ptr.To(true)
 	ref.BlockOwnerDeletion = nil
 	return &ref, nil
-}
-
-// ownerMeta reads the metadata of an owner of the kinds a pod's controller chain has.
-func ownerMeta(ctx context.Context, kube kubernetes.Interface, namespace string, ref metav1.OwnerReference) (metav1.ObjectMeta, error) {
-	var (
-		meta metav1.ObjectMeta
-		err  error
-	)
-	get := metav1.GetOptions{}
-	switch gv := ref.APIVersion + "/" + ref.Kind; gv {
-	case "apps/v1/ReplicaSet":
-		obj, e := kube.AppsV1().ReplicaSets(namespace).Get(ctx, ref.Name, get)
-		if e == nil {
-			meta = obj.ObjectMeta
-		}
-		err = e
-	case "apps/v1/StatefulSet":
-		obj, e := kube.AppsV1().StatefulSets(namespace).Get(ctx, ref.Name, get)
-		if e == nil {
-			meta = obj.ObjectMeta
-		}
-		err = e
-	case "apps/v1/DaemonSet":
-		obj, e := kube.AppsV1().DaemonSets(namespace).Get(ctx, ref.Name, get)
-		if e == nil {
-			meta = obj.ObjectMeta
-		}
-		err = e
-	case "apps/v1/Deployment":
-		obj, e := kube.AppsV1().Deployments(namespace).Get(ctx, ref.Name, get)
-		if e == nil {
-			meta = obj.ObjectMeta
-		}
-		err = e
-	case "batch/v1/Job":
-		obj, e := kube.BatchV1().Jobs(namespace).Get(ctx, ref.Name, get)
-		if e == nil {
-			meta = obj.ObjectMeta
-		}
-		err = e
-	default:
-		return meta, fmt.Errorf("owner %s %s/%s: walking through kind %s is not supported", ref.Kind, namespace, ref.Name, gv)
-	}
-	if err != nil {
-		return meta, fmt.Errorf("reading %s %s/%s: %w", ref.Kind, namespace, ref.Name, err)
-	}
-	if meta.UID != ref.UID {
-		return meta, fmt.Errorf("%s %s/%s has UID %s, its dependent names %s", ref.Kind, namespace, ref.Name, meta.UID, ref.UID)
-	}
-	return meta, nil
 }

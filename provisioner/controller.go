@@ -35,13 +35,17 @@ const claimUIDIndex = "csi-sidecars-provisioner-uid"
 const (
 	claimQueueName  = "claims"
 	volumeQueueName = "volumes"
+	// sourceQueueName is ours: upstream removes source finalizers inline.
+	sourceQueueName = "provisioner-sources"
 )
 
 // config is what the controller needs from the outside world; Setup fills it from the
 // core's Env, tests fill it themselves.
 type config struct {
-	opts           options
-	driver         string
+	opts   options
+	driver string
+	// inTree is the in-tree plugin the driver replaces (CSI migration), "" for none.
+	inTree         string
 	identity       string // this instance, recorded in volume attributes
 	kube           kubernetes.Interface
 	csi            csi.ControllerClient
@@ -59,6 +63,8 @@ type config struct {
 	snapshotClient snapclientset.Interface
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
+	// backlog is where the queues report what waits for a worker (Env.Backlog); nil: nowhere.
+	backlog *lifecycle.Backlog
 	// capacity is told which capacity a provisioning or deletion changed; nil without
 	// --enable-capacity.
 	capacity capacityRefresher
@@ -71,6 +77,9 @@ type config struct {
 type capacityRefresher interface {
 	refresh(class string, topology []*csi.Topology)
 }
+
+// names are the names a claim, class or PersistentVolume may give the driver.
+func (c *config) names() driverNames { return driverNames{driver: c.driver, inTree: c.inTree} }
 
 // capacityChanged tells capacity tracking, if on, that an operation changed capacity.
 func (c *controller) capacityChanged(class string, topology []*csi.Topology) {
@@ -91,11 +100,11 @@ type controller struct {
 	csiNodes    storagelisters.CSINodeLister          // nil without topology
 	attachments storagelisters.VolumeAttachmentLister // nil unless the driver publishes
 
-	claimQueue  workqueue.TypedRateLimitingInterface[string]
-	volumeQueue workqueue.TypedRateLimitingInterface[string]
+	claimQueue  *lifecycle.Queue[string]
+	volumeQueue *lifecycle.Queue[string]
 	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
 	// keyed by sourceRef.key().
-	sourceQueue workqueue.TypedRateLimitingInterface[string]
+	sourceQueue *lifecycle.Queue[string]
 	// snapshots is nil without snapshot support.
 	snapshots *snapshotWatch
 
@@ -113,25 +122,37 @@ type controller struct {
 	// absent remembers recorded volumes the driver answered for good that it does not
 	// have, so that their undo needs no CSI call.
 	absent absentVolumes
+	// slow holds the claims whose CreateVolume was infeasible, to be retried slowly.
+	slow slowRetries
 	// deletedVolumes holds the PersistentVolumes whose volume DeleteVolume deleted, until
 	// the informer sees them go: a retry of the API writes after it must not call the
 	// driver again.
 	deletedVolumes map[deletedKey]struct{}
+	// savedVolumes holds, with when, the PersistentVolumes this process saved that the
+	// cache may not show yet: the claim's own update (its record dropped) can come first,
+	// and a claim that looks unprovisioned would be planned, recorded and created again.
+	savedVolumes map[string]time.Time
 }
+
+// savedMemory bounds how long a saved PersistentVolume counts as existing without the
+// cache showing it: far beyond an informer's lag; past it, the worst is one more
+// idempotent CreateVolume.
+const savedMemory = time.Minute
 
 // newController wires the listers, handlers and queues on factory. It must run before the
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
-	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}}
-	limiter := func() workqueue.TypedRateLimiter[string] {
-		return workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.opts.retryIntervalStart, cfg.opts.retryIntervalMax)
+	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}, savedVolumes: map[string]time.Time{}}
+	queue := func(name string) *lifecycle.Queue[string] {
+		return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: name, RetryStart: cfg.opts.retryIntervalStart, RetryMax: cfg.opts.retryIntervalMax,
+			Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
 	}
 	// client-go's workqueue metrics are per process, labelled by queue name: the claim and
 	// volume queues keep upstream's names (dashboards keep working, P9), which no other
 	// sidecar of the process uses; the source queue has no upstream twin.
-	c.claimQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: claimQueueName, MetricsProvider: cfg.queueMetrics})
-	c.volumeQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: volumeQueueName, MetricsProvider: cfg.queueMetrics})
-	c.sourceQueue = workqueue.NewTypedRateLimitingQueueWithConfig(limiter(), workqueue.TypedRateLimitingQueueConfig[string]{Name: "provisioner-sources", MetricsProvider: cfg.queueMetrics})
+	c.claimQueue = queue(claimQueueName)
+	c.volumeQueue = queue(volumeQueueName)
+	c.sourceQueue = queue(sourceQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -174,6 +195,13 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	}); err != nil {
 		return nil, err
 	}
+	if _, err := volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.forgetSaved,
+		UpdateFunc: func(_, obj any) { c.forgetSaved(obj) },
+		DeleteFunc: c.forgetSaved,
+	}); err != nil {
+		return nil, err
+	}
 
 	if cfg.topology {
 		if cfg.node != nil {
@@ -200,7 +228,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 func (c *controller) enqueueClaim(obj any) {
 	// A claim with a record may be bound, deleted or another provisioner's by now: its
 	// volume must still be finished or undone.
-	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.driver) || hasRecord(claim)) {
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim)) {
 		c.claimQueue.Add(string(claim.UID))
 	}
 }
@@ -213,11 +241,16 @@ func (c *controller) forgetClaim(obj any) {
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
 		c.versions.forget(string(claim.UID))
 		c.absent.forget(string(claim.UID))
+		c.slow.forget(string(claim.UID))
+		if c.node != nil {
+			// Its lost races no longer delay anything (upstream forgets them too).
+			c.node.forget(string(claim.UID))
+		}
 	}
 }
 
 func (c *controller) enqueueVolume(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.driver) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.names()) {
 		c.volumeQueue.Add(pv.Name)
 	}
 }
@@ -290,10 +323,43 @@ func (c *controller) finish(uid string, p *plan) {
 	}
 }
 
-// pvExists tells whether the PersistentVolume is in the cache.
+// pvExists tells whether the PersistentVolume is in the cache, or was saved by this
+// process a moment ago and the cache does not show it yet.
 func (c *controller) pvExists(name string) bool {
+	// The note first: the informer adds to its store before its handler drops the note,
+	// so a note gone means the store has the PersistentVolume.
+	c.mu.Lock()
+	at, noted := c.savedVolumes[name]
+	if noted && time.Since(at) > savedMemory {
+		delete(c.savedVolumes, name)
+		noted = false
+	}
+	c.mu.Unlock()
+	if noted {
+		return true
+	}
 	_, err := c.volumes.Get(name)
 	return err == nil
+}
+
+// rememberSaved notes a PersistentVolume this process saved, until the cache shows it.
+func (c *controller) rememberSaved(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.savedVolumes[name] = time.Now()
+}
+
+// forgetSaved drops the note once the cache has seen the PersistentVolume (or its
+// deletion).
+func (c *controller) forgetSaved(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if pv, ok := obj.(*v1.PersistentVolume); ok {
+		c.mu.Lock()
+		delete(c.savedVolumes, pv.Name)
+		c.mu.Unlock()
+	}
 }
 
 // syncClaim is what happens to one claim: a volume that may exist is finished or undone
@@ -345,7 +411,7 @@ func (c *controller) syncClaim(uid string) error {
 	if err != nil {
 		return err
 	}
-	if ok, why := wantsVolume(claim, class, c.driver); !ok {
+	if ok, why := wantsVolume(claim, class, c.names()); !ok {
 		logger.V(4).Info("Not provisioning", "reason", why)
 		return nil
 	}
@@ -354,6 +420,12 @@ func (c *controller) syncClaim(uid string) error {
 	// deleted since) about a volume that exists. (A bad name is the plan's to report.)
 	if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
 		logger.V(4).Info("PersistentVolume exists already", "pv", name)
+		return nil
+	}
+	if d := c.slow.remaining(uid, class.UID, c.opts.retryIntervalMax, time.Now()); d > 0 {
+		// Before a node deployment takes it, as upstream: the request is wrong anyway.
+		logger.V(4).Info("CreateVolume was infeasible; retrying later", "after", d)
+		c.claimQueue.AddAfter(uid, d)
 		return nil
 	}
 	if c.node != nil {
@@ -457,13 +529,18 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	logger := klog.FromContext(ctx)
 	// Whatever was known about the name, this call may make it.
 	c.absent.forget(uid)
-	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	callCtx, cancel := context.WithTimeout(markMigrated(ctx, p.pv.migrated), c.opts.timeout)
 	resp, err := c.csi.CreateVolume(callCtx, p.req)
 	cancel()
 	if err != nil {
 		outcome := classifyCreateError(err, p.mayReschedule)
 		logger.Info("CreateVolume failed", "volume", p.pvName, "outcome", outcome.String(), "err", err.Error())
-		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		if isInfeasible(err) {
+			c.slow.mark(uid, p.class.UID, time.Now())
+			c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "Volume provisioning failed with infeasible error. Retries will be delayed. %v", err)
+		} else {
+			c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
+		}
 		if isAbsentAnswer(err, outcome) {
 			// The record stays while the claim wants the volume (the retry needs it); its
 			// undo, if the claim stops wanting it, needs no CSI call.
@@ -498,7 +575,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	if err != nil {
 		// The volume does not fit the claim: delete it and start over.
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
-		if cleanupErr := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); cleanupErr != nil {
+		if cleanupErr := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); cleanupErr != nil {
 			// Still pending: the retry creates (idempotent) and cleans up again.
 			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
 		}
@@ -512,8 +589,9 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "volume %s created but its PersistentVolume could not be saved: %v", p.pvName, err)
 		return err
 	}
+	c.rememberSaved(pv.Name)
 	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
-	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", pv.Spec.CSI.VolumeHandle)
+	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", id, "migrated", p.pv.migrated)
 	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
 	// The PersistentVolume records the volume now: the claim's record can go. If this
 	// fails the plan stays pending and the retry finds the PersistentVolume.
@@ -524,7 +602,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 // the record; a failure leaves the plan pending, and the retry undoes it.
 func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
 	claim := c.claimWithRecord(uid, p)
-	if err := c.deleteBackendVolume(ctx, id, p.req.GetSecrets()); err != nil {
+	if err := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
 		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 	}
 	c.absent.mark(uid, p.pvName)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,6 +33,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // world is a controller on a fake clientset and the project's test driver, running.
@@ -42,6 +44,7 @@ type world struct {
 	ctrl     *controller
 	recorder *record.FakeRecorder
 	registry metrics.KubeRegistry
+	factory  informers.SharedInformerFactory
 	// stopIntake is SIGTERM as the controller sees it; done closes when run returned.
 	stopIntake context.CancelFunc
 	done       chan struct{}
@@ -49,7 +52,10 @@ type world struct {
 
 func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *world {
 	t.Helper()
-	dcfg.DriverName = drv
+	// drv unless the test runs the driver under another name (CSI migration).
+	if dcfg.DriverName == "" {
+		dcfg.DriverName = drv
+	}
 	b, err := testdriver.New(dcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +81,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 		t.Fatal(err)
 	}
 	cfg := config{
-		opts: o, driver: drv, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
+		opts: o, driver: dcfg.DriverName, inTree: namesOf(dcfg.DriverName).inTree, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
 		ops: context.Background(), recorder: w.recorder, metrics: m,
 		pluginCaps: plugin, controllerCaps: controllerCaps,
 		topology: plugin[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS], vac: true,
@@ -83,7 +89,9 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 	if change != nil {
 		change(&cfg)
 	}
-	factory := informers.NewSharedInformerFactory(w.kube, 0)
+	// Decisions are fed from objects trimmed as the core's caches trim them.
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(lifecycle.TrimForCache))
+	w.factory = factory
 	if w.ctrl, err = newController(cfg, factory); err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +135,42 @@ func stampResourceVersions(f *k8stesting.Fake) {
 			m.SetResourceVersion(strconv.FormatInt(lastResourceVersion.Add(1), 10))
 		}
 		return false, nil, nil
+	})
+}
+
+// settle waits until the caches show what the fake API server holds, trimmed as the core's
+// caches trim it, as they would before the next sync of a real controller.
+func (w *world) settle() {
+	w.t.Helper()
+	ctx := context.Background()
+	claims := w.factory.Core().V1().PersistentVolumeClaims().Lister()
+	pvs := w.factory.Core().V1().PersistentVolumes().Lister()
+	w.waitFor("the caches to show the API server's objects", func() bool {
+		apiClaims, err := w.kube.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for i := range apiClaims.Items {
+			want := &apiClaims.Items[i]
+			got, err := claims.PersistentVolumeClaims(want.Namespace).Get(want.Name)
+			trimmed, _ := lifecycle.TrimForCache(want.DeepCopy())
+			if err != nil || !equality.Semantic.DeepEqual(got, trimmed) {
+				return false
+			}
+		}
+		apiPVs, err := w.kube.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for i := range apiPVs.Items {
+			want := &apiPVs.Items[i]
+			got, err := pvs.Get(want.Name)
+			trimmed, _ := lifecycle.TrimForCache(want.DeepCopy())
+			if err != nil || !equality.Semantic.DeepEqual(got, trimmed) {
+				return false
+			}
+		}
+		return true
 	})
 }
 

@@ -112,9 +112,10 @@ func checkSourceCapability(controller rpc.ControllerCapabilitySet, kind sourceKi
 }
 
 // cloneSource checks that the source claim can be cloned into claim and returns the
-// content source: same namespace and class, bound to a volume of the same driver, not
-// smaller than the source's request, same volume mode. sourcePV is nil when the source's
-// PersistentVolume is not found.
+// content source: same namespace, both with a class, bound to a volume of the class's
+// driver, not smaller than the source's request, same volume mode. The classes may differ
+// (upstream dropped that check): the driver decides whether it can clone across its
+// classes. sourcePV is nil when the source's PersistentVolume is not found.
 func cloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, source *v1.PersistentVolumeClaim, sourcePV *v1.PersistentVolume) (*csi.VolumeContentSource, error) {
 	if source == nil {
 		return nil, fmt.Errorf("the PVC DataSource %s/%s does not exist", claim.Namespace, dataSourceName(claim))
@@ -128,8 +129,6 @@ func cloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass,
 		return nil, fmt.Errorf("the source PVC (%s) storageclass cannot be empty", source.Name)
 	case storageClassName(claim) == "":
 		return nil, fmt.Errorf("the requested PVC (%s) storageclass cannot be empty", claim.Name)
-	case *source.Spec.StorageClassName != storageClassName(claim):
-		return nil, fmt.Errorf("the source PVC and destination PVCs must be in the same storage class for cloning.  Source is in %v, but new PVC is in %v", *source.Spec.StorageClassName, storageClassName(claim))
 	}
 	if requested, sourceSize := requestedBytes(claim), requestedBytes(source); requested < sourceSize {
 		return nil, fmt.Errorf("error, new PVC request must be greater than or equal in size to the specified PVC data source, requested %v but source is %v", requested, sourceSize)

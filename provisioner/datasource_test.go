@@ -112,10 +112,16 @@ func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
 			src.DeletionTimestamp = &metav1.Time{}
 			return src, pv
 		}, wantErr: "currently being deleted"},
-		{name: "other class", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+		// Upstream dropped the same-class check: the source's volume must only be the
+		// class's driver's.
+		{name: "another class of the driver", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
 			src.Spec.StorageClassName = ptr.To("slow")
 			return src, pv
-		}, wantErr: "same storage class"},
+		}},
+		{name: "source without a class", change: func(_, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
+			src.Spec.StorageClassName = nil
+			return src, pv
+		}, wantErr: "storageclass cannot be empty"},
 		{name: "smaller than the source", change: func(dst, src *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
 			src.Spec.Resources.Requests[v1.ResourceStorage] = resource.MustParse("2Gi")
 			return src, pv

@@ -21,25 +21,25 @@ func claimProvisioner(claim *v1.PersistentVolumeClaim) string {
 	return claim.Annotations[volumehelpers.AnnBetaStorageProvisioner]
 }
 
-// mayNeedVolume is the cheap test informer handlers use: the claim is unbound and names
-// the driver.
-func mayNeedVolume(claim *v1.PersistentVolumeClaim, driver string) bool {
-	return claim.Spec.VolumeName == "" && claimProvisioner(claim) == driver
+// mayNeedVolume is the cheap test informer handlers use: the claim is unbound and asks
+// the driver for its volume.
+func mayNeedVolume(claim *v1.PersistentVolumeClaim, names driverNames) bool {
+	return claim.Spec.VolumeName == "" && names.claimNamesDriver(claim)
 }
 
 // wantsVolume decides whether the driver should provision a volume for the claim now;
 // when not, why (for the log).
-func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, driver string) (bool, string) {
+func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, names driverNames) (bool, string) {
 	switch {
 	case claim.Spec.VolumeName != "":
 		return false, "claim is bound"
-	case claimProvisioner(claim) != driver:
+	case !names.claimNamesDriver(claim):
 		return false, "claim names another provisioner"
 	case claim.DeletionTimestamp != nil:
 		return false, "claim is being deleted"
 	case class == nil:
 		return false, "claim has no StorageClass"
-	case class.Provisioner != driver:
+	case !names.classOfDriver(class):
 		return false, fmt.Sprintf("StorageClass %s names provisioner %s", class.Name, class.Provisioner)
 	case isDelayedBinding(class) && claim.Annotations[volumehelpers.AnnSelectedNode] == "":
 		// The scheduler sets the node when a pod uses the claim; the provisioner removes it
@@ -86,29 +86,35 @@ func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.Controller
 // a CSI volume and the driver provisioned it, or, for a volume without that annotation
 // (static), it is the volume's CSI driver.
 //
-// In-tree volumes migrated to the driver (pv.kubernetes.io/migrated-to) are not: the
-// provisioner does not translate them (CSI migration is not implemented), so it could
-// never delete them, and a finalizer it put on them would never go.
-func isDriverVolume(pv *v1.PersistentVolume, driver string) bool {
+// An in-tree volume (CSI migration) is the driver's when its source is of the in-tree
+// plugin the driver replaces, and it was provisioned by either name or is migrated to the
+// driver (pv.kubernetes.io/migrated-to, which kube-controller-manager sets). Upstream does
+// not look at the source; a volume of another plugin could not be translated for this
+// driver, and a finalizer put on it would never go.
+func isDriverVolume(pv *v1.PersistentVolume, names driverNames) bool {
 	if pv.Spec.CSI == nil {
-		return false
+		if !names.inTreeOfDriver(pv) {
+			return false
+		}
+		by := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]
+		return by == names.driver || names.isInTree(by) || pv.Annotations[volumehelpers.AnnMigratedTo] == names.driver
 	}
 	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
-		return by == driver
+		return by == names.driver
 	}
-	return pv.Spec.CSI.Driver == driver
+	return pv.Spec.CSI.Driver == names.driver
 }
 
 // desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
 // provisioner's finalizer on bound volumes with reclaim policy Delete (so the volume is
 // deleted before its PersistentVolume goes), none with Retain or Recycle. changed tells
-// whether they differ from the current ones. A volume without a CSI source gets none:
-// shouldDelete never deletes it, so nothing would remove the finalizer.
+// whether they differ from the current ones. Only the driver's volumes (isDriverVolume)
+// get here: each can be deleted, so the finalizer always goes again.
 func desiredFinalizers(pv *v1.PersistentVolume) (finalizers []string, changed bool) {
 	has := slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
 	switch pv.Spec.PersistentVolumeReclaimPolicy {
 	case v1.PersistentVolumeReclaimDelete:
-		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound && pv.Spec.CSI != nil {
+		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound {
 			return append(slices.Clone(pv.Finalizers), volumehelpers.PVDeletionProtectionFinalizer), true
 		}
 	case v1.PersistentVolumeReclaimRetain, v1.PersistentVolumeReclaimRecycle:
@@ -128,8 +134,6 @@ func withoutFinalizer(finalizers []string) []string {
 // deleted without the provisioner's finalizer was done with).
 func shouldDelete(pv *v1.PersistentVolume) bool {
 	switch {
-	case pv.Spec.CSI == nil:
-		return false
 	case pv.DeletionTimestamp != nil && !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer):
 		return false
 	case pv.Status.Phase != v1.VolumeReleased:

@@ -52,7 +52,7 @@ func TestWantsVolume(t *testing.T) {
 		{"delayed with node", claim(func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnSelectedNode] = "n1" }), delayed, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got, why := wantsVolume(tc.claim, tc.class, drv); got != tc.want {
+			if got, why := wantsVolume(tc.claim, tc.class, driverNames{driver: drv}); got != tc.want {
 				t.Errorf("wants %v (%s), want %v", got, why, tc.want)
 			}
 		})
@@ -134,11 +134,10 @@ func TestFinalizerAndDeletionDecisions(t *testing.T) {
 		{"Retain loses the finalizer, never deleted", pv(ret, v1.VolumeReleased, false, "other", fin), []string{"other"}, true, false},
 		{"Retain without finalizer: nothing", pv(ret, v1.VolumeReleased, false), nil, false, false},
 		{"pending Delete gets no finalizer yet", pv(del, v1.VolumePending, false), nil, false, false},
-		{"bound Delete without a CSI source (in-tree) gets no finalizer", func() *v1.PersistentVolume {
-			p := pv(del, v1.VolumeBound, false)
-			p.Spec.CSI = nil
-			return p
-		}(), nil, false, false},
+		// isDriverVolume lets in-tree volumes through only when the driver can delete them
+		// (CSI migration): they are protected and deleted like the others.
+		{"bound Delete in-tree volume gets the finalizer", inTree(pv(del, v1.VolumeBound, false)), []string{fin}, true, false},
+		{"released Delete in-tree volume is deleted", inTree(pv(del, v1.VolumeReleased, false, fin)), []string{fin}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, changed := desiredFinalizers(tc.pv)
@@ -155,6 +154,13 @@ func TestFinalizerAndDeletionDecisions(t *testing.T) {
 	}
 }
 
+// inTree gives a PersistentVolume an in-tree EBS source in place of its CSI source.
+func inTree(pv *v1.PersistentVolume) *v1.PersistentVolume {
+	pv.Spec.CSI = nil
+	pv.Spec.AWSElasticBlockStore = &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}
+	return pv
+}
+
 func TestDriverVolumes(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -163,7 +169,7 @@ func TestDriverVolumes(t *testing.T) {
 	}{
 		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}},
 			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
-		// Migration is not implemented: the provisioner could never delete it.
+		// drv replaces no in-tree plugin (migration_test.go has those that do).
 		{"in-tree volume migrated to the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
 			volumehelpers.AnnDynamicallyProvisioned: "kubernetes.io/gce-pd", volumehelpers.AnnMigratedTo: drv}},
 			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{GCEPersistentDisk: &v1.GCEPersistentDiskVolumeSource{PDName: "disk"}}}}, false},
@@ -172,7 +178,7 @@ func TestDriverVolumes(t *testing.T) {
 		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
 		{"static volume of another", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "x"}}}}, false},
 	} {
-		if got := isDriverVolume(&tc.pv, drv); got != tc.want {
+		if got := isDriverVolume(&tc.pv, driverNames{driver: drv}); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -34,7 +34,7 @@ func (c *controller) syncVolume(name string) error {
 	} else if err != nil {
 		return err
 	}
-	if !isDriverVolume(pv, c.driver) {
+	if !isDriverVolume(pv, c.names()) {
 		return nil
 	}
 	logger := klog.Background().WithValues("pv", name)
@@ -48,12 +48,20 @@ func (c *controller) syncVolume(name string) error {
 	if !shouldDelete(pv) {
 		return nil
 	}
-	if c.node != nil && !c.node.holds(pv) {
+	// From here on the volume is seen as CSI sees it: an in-tree volume migrated to the
+	// driver is translated (its handle, its topology), as upstream's Delete does.
+	vol, migrated, err := csiVolume(pv)
+	if err != nil {
+		logger.Error(err, "Volume deletion failed, retrying")
+		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		return err
+	}
+	if c.node != nil && !c.node.holds(vol) {
 		// Another node's provisioner deletes it.
 		return nil
 	}
 	start := time.Now()
-	err = c.delete(ctx, pv)
+	err = c.delete(markMigrated(ctx, migrated), vol)
 	c.metrics.deleted(pv.Spec.StorageClassName, start, err)
 	var pvErr pvRemovalError
 	switch {
@@ -77,7 +85,7 @@ func (e pvRemovalError) Error() string { return e.err.Error() }
 func (e pvRemovalError) Unwrap() error { return e.err }
 
 // delete deletes the volume, then the PersistentVolume, then lets it go by removing the
-// finalizer, all on Ops() (P1). A DeleteVolume that succeeded is not repeated when only the
+// finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume). A DeleteVolume that succeeded is not repeated when only the
 // API writes after it are retried (deletedVolumes).
 func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error {
 	logger := klog.FromContext(ctx)
@@ -212,6 +220,11 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 		class, err := c.classes.Get(volumehelpers.GetPersistentVolumeClass(pv))
 		if err != nil {
 			logger.Info("StorageClass not found, deleting without secrets", "err", err.Error())
+			return nil
+		}
+		// An in-tree class is read in its CSI translation, as when the volume was made.
+		if class, _, err = c.names().csiClass(class); err != nil {
+			logger.Info("Cannot translate the StorageClass, deleting without secrets", "err", err.Error())
 			return nil
 		}
 		claim := &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: pv.Spec.ClaimRef.Name, Namespace: pv.Spec.ClaimRef.Namespace}}

@@ -115,7 +115,11 @@
 // before v6.2) degrades the feature it serves, with one warning, as upstream does, and
 // never fails the work.
 //
-// Not implemented: CSI migration of in-tree volumes (claims and volumes of an in-tree
-// plugin migrated to the driver are left alone: no finalizer is put on such a volume, as
-// nothing here could delete it), and cross-namespace data sources.
+// CSI migration (migration.go): a driver that replaces an in-tree plugin (csi-translation-lib)
+// provisions the claims of the plugin's StorageClasses that kube-controller-manager hands
+// over, with the class translated, and records each volume as an in-tree
+// PersistentVolume provisioned by the plugin, as upstream; it deletes such volumes with the
+// translated handle.
+//
+// Not implemented: cross-namespace data sources.
 package provisioner

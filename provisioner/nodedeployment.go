@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -87,9 +88,14 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	if isDelayedBinding(class) || !n.immediateBinding {
 		return false, nil
 	}
-	if len(class.AllowedTopologies) > 0 && c.topology {
+	// The class as the plan reads it: the CSI translation of an in-tree class.
+	csiClass, _, err := c.names().csiClass(class)
+	if err != nil {
+		return false, err
+	}
+	if len(csiClass.AllowedTopologies) > 0 && c.topology {
 		// Take it only if the class allows this node.
-		if _, err := c.requirements(claim, class, n.name); err != nil {
+		if _, err := c.requirements(claim, csiClass, n.name); err != nil {
 			klog.FromContext(intake).V(4).Info("Not taking the claim: its class does not allow this node", "claim", klog.KObj(claim), "err", err.Error())
 			return false, nil
 		}
@@ -106,6 +112,19 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 		n.forget(uid)
 		return false, nil
 	}
+	// As late as possible, being a driver call: a node without room for the volume does
+	// not take it, so that one with room can (upstream's becomeOwner). A check that
+	// fails (a plan error, GetCapacity unanswered) does not stop it: provisioning then
+	// fails the same way, with an event the user sees.
+	if ok, err := c.nodeHasCapacity(current, class, n.name); err != nil {
+		klog.FromContext(intake).V(3).Info("Taking the claim although the capacity check failed", "claim", klog.KObj(claim), "err", err.Error())
+	} else if !ok {
+		klog.FromContext(intake).V(4).Info("Not taking the claim: not enough capacity on this node", "claim", klog.KObj(claim))
+		// A later attempt (the claim's next update or resync) waits longer, as after a
+		// lost race.
+		n.failed(uid)
+		return false, nil
+	}
 	current = current.DeepCopy()
 	current.Annotations[volumehelpers.AnnSelectedNode] = n.name
 	apiCtx, cancel := context.WithTimeout(c.ops, c.opts.timeout)
@@ -116,6 +135,46 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 		return false, fmt.Errorf("selecting node %q for claim %s: %w", n.name, klog.KObj(claim), err)
 	}
 	n.forget(uid)
+	return false, nil
+}
+
+// nodeHasCapacity asks the driver whether node has room for the claim's volume, with the
+// request a plan for the node would make: GetCapacity per requisite segment (once without
+// a segment when there is none), enough in one of them is enough, as upstream's
+// checkCapacity. A claim without a size fits; a driver without GET_CAPACITY is not asked
+// (upstream asks and proceeds on the error). The call runs on Ops() like every CSI call.
+func (c *controller) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, node string) (bool, error) {
+	size := requestedBytes(claim)
+	if size == 0 {
+		return true, nil
+	}
+	if !c.controllerCaps[csi.ControllerServiceCapability_RPC_GET_CAPACITY] {
+		return false, errors.New("the driver does not report the GET_CAPACITY controller capability")
+	}
+	selected := claim.DeepCopy()
+	if selected.Annotations == nil {
+		selected.Annotations = map[string]string{}
+	}
+	selected.Annotations[volumehelpers.AnnSelectedNode] = node
+	p, err := c.plan(selected, class)
+	if err != nil {
+		return false, err
+	}
+	topologies := []*csi.Topology{nil}
+	if ar := p.req.GetAccessibilityRequirements(); len(ar.GetRequisite()) > 0 {
+		topologies = ar.GetRequisite()
+	}
+	for _, t := range topologies {
+		ctx, cancel := context.WithTimeout(markMigrated(c.ops, p.pv.migrated), c.opts.timeout)
+		resp, err := c.csi.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: p.req.GetVolumeCapabilities(), Parameters: p.req.GetParameters(), AccessibleTopology: t})
+		cancel()
+		if err != nil {
+			return false, fmt.Errorf("GetCapacity: %w", err)
+		}
+		if size <= resp.GetAvailableCapacity() {
+			return true, nil
+		}
+	}
 	return false, nil
 }
 

@@ -70,22 +70,28 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 	if err != nil {
 		return nil, err
 	}
-	fsType, err := fsTypeFor(class.Parameters, c.opts.defaultFSType)
+	// A class of the in-tree plugin the driver replaces is read in its CSI translation;
+	// the claim, the events and the PersistentVolume keep the class as it is.
+	csiClass, migrated, err := c.names().csiClass(class)
 	if err != nil {
 		return nil, err
 	}
-	caps, err := volumeCapabilities(claim, fsType, class.MountOptions, c.controllerCaps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER])
+	fsType, err := fsTypeFor(csiClass.Parameters, c.opts.defaultFSType)
 	if err != nil {
 		return nil, err
 	}
-	params, err := driverParameters(class.Parameters)
+	caps, err := volumeCapabilities(claim, fsType, csiClass.MountOptions, c.controllerCaps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER])
+	if err != nil {
+		return nil, err
+	}
+	params, err := driverParameters(csiClass.Parameters)
 	if err != nil {
 		return nil, fmt.Errorf("failed to strip CSI Parameters of prefixed keys: %w", err)
 	}
 	if c.opts.extraCreateMetadata {
 		addExtraMetadata(params, claim, pvName)
 	}
-	refs, err := resolveSecretRefs(class.Parameters, pvName, claim)
+	refs, err := resolveSecretRefs(csiClass.Parameters, pvName, claim)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +103,7 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 	}
 	selectedNode := claim.Annotations[volumehelpers.AnnSelectedNode]
 	if c.topology {
-		if req.AccessibilityRequirements, err = c.requirements(claim, class, selectedNode); err != nil {
+		if req.AccessibilityRequirements, err = c.requirements(claim, csiClass, selectedNode); err != nil {
 			return nil, err
 		}
 	}
@@ -139,6 +145,7 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 			topology:       c.topology,
 			vac:            vacName,
 			fromSource:     req.VolumeContentSource != nil,
+			migrated:       migrated,
 		},
 		mayReschedule: c.topology && selectedNode != "",
 		source:        source,

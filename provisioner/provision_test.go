@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -93,5 +94,35 @@ func TestAVolumeThatDoesNotFitIsCleanedUpAndNotRetriedOnceTheClaimIsGone(t *test
 	})
 	if w.pv("pvc-uid-1") != nil {
 		t.Error("a PersistentVolume was saved for a volume that does not fit")
+	}
+}
+
+// The claim's own update (its record dropped) may reach the controller before the
+// PersistentVolume it just saved reaches the cache: the claim is not planned, recorded and
+// created again meanwhile. Here the PersistentVolume never reaches the cache.
+func TestASavedPersistentVolumeCountsBeforeTheCacheShowsIt(t *testing.T) {
+	w := newWorld(t, testdriver.Config{}, func(c *config) {
+		// Hide every PersistentVolume from the cache: its list and watch show none.
+		kube := c.kube.(*fake.Clientset)
+		kube.PrependReactor("list", "persistentvolumes", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, &v1.PersistentVolumeList{}, nil
+		})
+		kube.PrependWatchReactor("persistentvolumes", func(k8stesting.Action) (bool, watch.Interface, error) {
+			return true, watch.NewFake(), nil
+		})
+	}, class("fast", nil))
+	if _, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Create(context.Background(), claimFor("data", "uid-1", "fast"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("the PersistentVolume, and the record dropped", func() bool {
+		c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), "data", metav1.GetOptions{})
+		return w.pv("pvc-uid-1") != nil && err == nil && !hasRecord(c)
+	})
+	// The record's removal brings the claim back; it must find the volume noted.
+	if err := w.ctrl.syncClaim("uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 1 {
+		t.Errorf("%d CreateVolume calls, want 1", n)
 	}
 }

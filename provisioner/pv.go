@@ -17,6 +17,10 @@ import (
 const (
 	annDeletionSecretName      = "volume.kubernetes.io/provisioner-deletion-secret-name"
 	annDeletionSecretNamespace = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+	// The secret of ControllerModifyVolume, which the resizer reads from the
+	// PersistentVolume; set only when the StorageClass names one (upstream's names).
+	annModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
+	annModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
 )
 
 // pvInput is what the PersistentVolume of a new volume is made from.
@@ -42,6 +46,9 @@ type pvInput struct {
 	// fromSource: CreateVolume was asked to clone or restore, so the volume must say it
 	// was made from a source.
 	fromSource bool
+	// migrated: the class names the in-tree plugin the driver replaces (CSI migration),
+	// so the PersistentVolume is written in the in-tree form.
+	migrated bool
 }
 
 // pvCapacity is the capacity to record: the driver's, or the request when the driver does
@@ -59,7 +66,9 @@ func pvCapacity(reported, requested int64) (int64, error) {
 // buildPV makes the PersistentVolume that records a created volume, as upstream: bound to
 // the claim by claimRef (the PV controller completes the binding), protected by the
 // provisioner's finalizer when the reclaim policy is Delete, and carrying everything later
-// calls need (secrets, node affinity, file system).
+// calls need (secrets, node affinity, file system). For a class of the in-tree plugin the
+// driver replaces, it is the in-tree form csi-translation-lib makes of it, provisioned by
+// the in-tree plugin, as upstream writes it.
 func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	capacity, err := pvCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
 	if err != nil {
@@ -85,6 +94,11 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	if !isBlock(in.claim) {
 		source.FSType = in.fsType
 	}
+	// Upstream's library writes the class's provisioner: the driver, or the in-tree plugin.
+	provisionedBy := in.driver
+	if in.migrated {
+		provisionedBy = in.class.Provisioner
+	}
 	reclaim := v1.PersistentVolumeReclaimDelete
 	if in.class.ReclaimPolicy != nil {
 		reclaim = *in.class.ReclaimPolicy
@@ -93,7 +107,7 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: in.name,
 			Annotations: map[string]string{
-				volumehelpers.AnnDynamicallyProvisioned: in.driver,
+				volumehelpers.AnnDynamicallyProvisioned: provisionedBy,
 				annDeletionSecretName:                   "",
 				annDeletionSecretNamespace:              "",
 			},
@@ -120,6 +134,10 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		pv.Annotations[annDeletionSecretName] = ref.Name
 		pv.Annotations[annDeletionSecretNamespace] = ref.Namespace
 	}
+	if ref := in.secrets.controllerModify; ref != nil {
+		pv.Annotations[annModifySecretName] = ref.Name
+		pv.Annotations[annModifySecretNamespace] = ref.Namespace
+	}
 	if reclaim == v1.PersistentVolumeReclaimDelete {
 		pv.Finalizers = []string{volumehelpers.PVDeletionProtectionFinalizer}
 	}
@@ -128,6 +146,9 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 	}
 	if in.vac != "" {
 		pv.Spec.VolumeAttributesClassName = &in.vac
+	}
+	if in.migrated {
+		return inTreePV(pv)
 	}
 	return pv, nil
 }

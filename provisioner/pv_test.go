@@ -24,7 +24,7 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 		name: "pvc-1", driver: drv, claim: claim, class: class, fsType: "xfs", identity: "id-1", topology: true, vac: "gold",
 		requestedBytes: 1 << 30,
 		secrets: secretRefs{provisioner: ref("prov"), controllerPublish: ref("cp"), nodeStage: ref("ns"),
-			nodePublish: ref("np"), controllerExpand: ref("ce"), nodeExpand: ref("ne")},
+			nodePublish: ref("np"), controllerExpand: ref("ce"), nodeExpand: ref("ne"), controllerModify: ref("cm")},
 		volume: &csi.Volume{VolumeId: "vol-1", CapacityBytes: 2 << 30, VolumeContext: map[string]string{"k": "v"},
 			AccessibleTopology: []*csi.Topology{topo(zoneKey, "z1")}},
 	}
@@ -39,6 +39,8 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 				volumehelpers.AnnDynamicallyProvisioned: drv,
 				annDeletionSecretName:                   "prov",
 				annDeletionSecretNamespace:              "ns",
+				annModifySecretName:                     "cm",
+				annModifySecretNamespace:                "ns",
 			},
 			Finalizers: []string{volumehelpers.PVDeletionProtectionFinalizer},
 		},
@@ -82,6 +84,10 @@ func TestBuildPVVariants(t *testing.T) {
 		}
 		if v, ok := pv.Annotations[annDeletionSecretName]; !ok || v != "" {
 			t.Errorf("deletion secret name annotation %q (present %v), want present and empty", v, ok)
+		}
+		// Upstream writes the modify-secret annotations only for a class naming the secret.
+		if _, ok := pv.Annotations[annModifySecretName]; ok {
+			t.Errorf("modify secret annotation without a modify secret: %v", pv.Annotations)
 		}
 	})
 	t.Run("block has no fsType, no topology gives no affinity, unknown size records the request", func(t *testing.T) {

@@ -239,6 +239,8 @@ type recordFacts struct {
 	// fromMemory: rec is this process's own, not read from the claim.
 	fromMemory bool
 	driver     string
+	// inTree is the in-tree plugin the driver replaces, "" for none.
+	inTree string
 	// node is the node of a node deployment, "" otherwise.
 	node string
 	// wantName is the claim's volume name under the current flags, "" if none can be made.
@@ -271,7 +273,7 @@ func decideRecord(f recordFacts) (recordAction, string) {
 		return recordUndo, "the claim is gone"
 	case claim.DeletionTimestamp != nil:
 		return recordUndo, "the claim is being deleted"
-	case claimProvisioner(claim) != f.driver:
+	case !(driverNames{driver: f.driver, inTree: f.inTree}).claimNamesDriver(claim):
 		return recordUndo, fmt.Sprintf("the claim names provisioner %q now", claimProvisioner(claim))
 	case claim.Spec.VolumeName != "" && claim.Spec.VolumeName != r.Volume:
 		return recordUndo, fmt.Sprintf("the claim is bound to PersistentVolume %s", claim.Spec.VolumeName)

@@ -171,6 +171,11 @@ func TestUnreadableRecordsAreErrorsAndNoRecordIsNone(t *testing.T) {
 }
 
 func TestWhatARecordAsksFor(t *testing.T) {
+	// kube-controller-manager's hand-over of a claim of an in-tree class.
+	migratedClaim := func(c *v1.PersistentVolumeClaim) {
+		c.Annotations[volumehelpers.AnnStorageProvisioner] = ebsInTree
+		c.Annotations[volumehelpers.AnnMigratedTo] = drv
+	}
 	onNode := func(node string) func(*v1.PersistentVolumeClaim) {
 		return func(c *v1.PersistentVolumeClaim) {
 			if node == "" {
@@ -191,8 +196,10 @@ func TestWhatARecordAsksFor(t *testing.T) {
 		noRecord  bool
 		recErr    error
 		// memory: the record is this process's own.
-		memory   bool
-		node     string
+		memory bool
+		node   string
+		// inTree: the driver replaces this in-tree plugin (CSI migration).
+		inTree   string
 		wantName string
 		pv       bool
 		want     recordAction
@@ -208,6 +215,8 @@ func TestWhatARecordAsksFor(t *testing.T) {
 		{what: "claim gone", memory: true, gone: true, want: recordUndo, why: "gone"},
 		{what: "claim deleted", claim: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }, want: recordUndo, why: "being deleted"},
 		{what: "another provisioner", claim: func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnStorageProvisioner] = "other" }, want: recordUndo, why: `provisioner "other"`},
+		{what: "handed over under the in-tree name (CSI migration)", inTree: ebsInTree, claim: migratedClaim, want: recordFinish},
+		{what: "the in-tree name of a plugin the driver does not replace", claim: migratedClaim, want: recordUndo, why: `provisioner "` + ebsInTree},
 		{what: "bound elsewhere", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = "static-pv" }, want: recordUndo, why: "bound to PersistentVolume static-pv"},
 		{what: "bound to its volume", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = name }, want: recordFinish},
 		{what: "rescheduled to another node", recNode: "n1", claim: onNode("n2"), want: recordUndo, why: "from node n1 to n2"},
@@ -223,7 +232,7 @@ func TestWhatARecordAsksFor(t *testing.T) {
 				rec.Driver = tc.recDriver
 			}
 			claim := recordedClaim(t, rec, tc.claim)
-			f := recordFacts{claim: claim, rec: rec, recErr: tc.recErr, fromMemory: tc.memory, driver: drv, node: tc.node,
+			f := recordFacts{claim: claim, rec: rec, recErr: tc.recErr, fromMemory: tc.memory, driver: drv, inTree: tc.inTree, node: tc.node,
 				wantName: tc.wantName, minCut: -1, pvExists: tc.pv}
 			if tc.noRecord {
 				f.rec = nil

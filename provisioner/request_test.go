@@ -167,6 +167,7 @@ func TestDriverParametersDropTheProvisionersKeysAndRefuseUnknownOnes(t *testing.
 			provisionerSecret.nameKey: "s", provisionerSecret.namespaceKey: "ns",
 			defaultSecret.nameKey: "d", defaultSecret.namespaceKey: "ns",
 			nodeExpandSecret.nameKey: "e", nodeExpandSecret.namespaceKey: "ns",
+			controllerModifySecret.nameKey: "m", controllerModifySecret.namespaceKey: "ns",
 			"csiProvisionerSecretName": "old",
 		}, want: map[string]string{"type": "fast", "fstype": "ext4", "csiProvisionerSecretName": "old"}},
 		{name: "empty", params: nil, want: map[string]string{}},

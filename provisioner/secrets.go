@@ -38,6 +38,10 @@ var (
 		nameKey: csiParameterPrefix + "controller-expand-secret-name", namespaceKey: csiParameterPrefix + "controller-expand-secret-namespace"}
 	nodeExpandSecret = secretParams{kind: "NodeExpand",
 		nameKey: csiParameterPrefix + "node-expand-secret-name", namespaceKey: csiParameterPrefix + "node-expand-secret-namespace"}
+	// controllerModifySecret is for the resizer's ControllerModifyVolume: the
+	// PersistentVolume names it in annotations (a CSI source has no field for it).
+	controllerModifySecret = secretParams{kind: "ControllerModify",
+		nameKey: csiParameterPrefix + "controller-modify-secret-name", namespaceKey: csiParameterPrefix + "controller-modify-secret-namespace"}
 	// defaultSecret applies to every kind that names no secret of its own.
 	defaultSecret = secretParams{kind: "Default",
 		nameKey: csiParameterPrefix + "secret-name", namespaceKey: csiParameterPrefix + "secret-namespace"}
@@ -45,12 +49,12 @@ var (
 
 // allSecrets lists every kind of secret but the default.
 func allSecrets() []secretParams {
-	return []secretParams{provisionerSecret, controllerPublishSecret, nodeStageSecret, nodePublishSecret, controllerExpandSecret, nodeExpandSecret}
+	return []secretParams{provisionerSecret, controllerPublishSecret, nodeStageSecret, nodePublishSecret, controllerExpandSecret, nodeExpandSecret, controllerModifySecret}
 }
 
 // secretRefs are the secrets of one volume, resolved from the StorageClass.
 type secretRefs struct {
-	provisioner, controllerPublish, nodeStage, nodePublish, controllerExpand, nodeExpand *v1.SecretReference
+	provisioner, controllerPublish, nodeStage, nodePublish, controllerExpand, nodeExpand, controllerModify *v1.SecretReference
 }
 
 // resolveSecretRefs resolves every kind of secret for a volume.
@@ -66,6 +70,7 @@ func resolveSecretRefs(params map[string]string, pvName string, claim *v1.Persis
 		{nodePublishSecret, &refs.nodePublish},
 		{controllerExpandSecret, &refs.controllerExpand},
 		{nodeExpandSecret, &refs.nodeExpand},
+		{controllerModifySecret, &refs.controllerModify},
 	} {
 		ref, err := secretReference(s.params, params, pvName, claim)
 		if err != nil {

@@ -80,9 +80,22 @@ func TestEveryKindOfSecretIsResolvedIntoItsOwnReference(t *testing.T) {
 	want := secretRefs{
 		provisioner: ref("provisioner-data"), controllerPublish: ref("controllerpublish-data"), nodeStage: ref("nodestage-data"),
 		nodePublish: ref("nodepublish-data"), controllerExpand: ref("controllerexpand-data"), nodeExpand: ref("nodeexpand-data"),
+		controllerModify: ref("controllermodify-data"),
 	}
 	if diff := cmp.Diff(want, refs, cmp.AllowUnexported(secretRefs{})); diff != "" {
 		t.Errorf("references (-want +got):\n%s", diff)
+	}
+}
+
+// The modify secret takes the default secret when it names none of its own, as every
+// kind does upstream.
+func TestTheModifySecretFallsBackToTheDefaultSecret(t *testing.T) {
+	refs, err := resolveSecretRefs(map[string]string{defaultSecret.nameKey: "all", defaultSecret.namespaceKey: "ns"}, "pvc-1", annotatedClaim())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&v1.SecretReference{Name: "all", Namespace: "ns"}, refs.controllerModify); diff != "" {
+		t.Errorf("modify secret (-want +got):\n%s", diff)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -28,13 +29,15 @@ import (
 type Sidecar struct {
 	opts   options
 	getenv func(string) string
-	ctrl   *controller
+	// discoveryBackoff paces the retries of the VolumeAttributesClass discovery at start.
+	discoveryBackoff wait.Backoff
+	ctrl             *controller
 	// capacity is set with --enable-capacity.
 	capacity *capacityTracker
 }
 
 // New returns the provisioner sidecar.
-func New() *Sidecar { return &Sidecar{getenv: os.Getenv} }
+func New() *Sidecar { return &Sidecar{getenv: os.Getenv, discoveryBackoff: defaultDiscoveryBackoff} }
 
 var (
 	_ lifecycle.Sidecar       = &Sidecar{}
@@ -75,6 +78,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	cfg := config{
 		opts:           s.opts,
 		driver:         env.DriverName,
+		inTree:         namesOf(env.DriverName).inTree,
 		identity:       identity,
 		kube:           env.Kube,
 		csi:            csi.NewControllerClient(env.CSI),
@@ -84,13 +88,17 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		pluginCaps:     env.PluginCapabilities,
 		controllerCaps: env.ControllerCapabilities,
 		topology:       env.PluginCapabilities[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS] && env.Gates.Enabled(Topology),
-		vac:            env.Gates.Enabled(VolumeAttributesClass),
+		backlog:        env.Backlog,
+		vac:            volumeAttributesClassEnabled(env.Ops(), env.Gates, env.Kube.Discovery(), s.discoveryBackoff),
 	}
 	if s.opts.nodeDeployment {
 		if cfg.node, err = newNodeDeployment(env.Ops(), s.opts, csi.NewNodeClient(env.CSI)); err != nil {
 			return err
 		}
 		cfg.identity += "-" + s.opts.nodeName
+	}
+	if cfg.inTree != "" {
+		logger.Info("Supports migration from in-tree plugin", "plugin", cfg.inTree)
 	}
 	if err := checkCapabilities(env.PluginCapabilities, env.ControllerCapabilities, false); err != nil {
 		// Upstream starts anyway and reports it on every claim; so do we.
@@ -143,6 +151,7 @@ func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*ca
 		csi:          csi.NewControllerClient(env.CSI),
 		kube:         client,
 		ops:          env.Ops(),
+		backlog:      env.Backlog,
 	}
 	if node != nil {
 		cfg.managedBy = capacityManagedByFor(node.name)
@@ -155,7 +164,11 @@ func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*ca
 	if opts.capacityOwnerrefLevel >= 0 {
 		ctx, cancel := context.WithTimeout(env.Ops(), opts.timeout)
 		defer cancel()
-		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
+		owners, err := newOwnerReader(env.RestConfig, env.Kube.Discovery())
+		if err != nil {
+			return nil, err
+		}
+		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, owners, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
 			return nil, err
 		}
 	}

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Data sources: a clone or a restore protects its source with a finalizer from before
@@ -87,6 +89,11 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 			permission:  "watch on volumesnapshots.snapshot.storage.k8s.io",
 			consequence: "the snapshot cache is refreshed by relisting every snapshot, with backoff, instead of watching",
 		},
+	}
+	// Trimmed as the core's shared caches are (managedFields dropped): a standby keeps every
+	// snapshot of the cluster in memory (P7).
+	if err := informer.SetTransform(lifecycle.TrimForCache); err != nil {
+		return fmt.Errorf("setting the snapshot informer's transform: %w", err)
 	}
 	if err := informer.SetWatchErrorHandlerWithContext(c.snapshots.watchForbidden.watchErrorHandler); err != nil {
 		return fmt.Errorf("setting the snapshot informer's watch error handler: %w", err)
@@ -255,18 +262,21 @@ func (c *controller) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 	if name := storageClassName(claim); name != "" {
 		class, _ = c.classes.Get(name)
 	}
-	return claimOfDriver(claim, pv, class, c.driver)
+	return claimOfDriver(claim, pv, class, c.names())
 }
 
-// claimOfDriver decides isDriverClaim; pv and class are nil when unknown.
-func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class *storagev1.StorageClass, driver string) bool {
+// claimOfDriver decides isDriverClaim; pv and class are nil when unknown. An in-tree
+// volume, provisioner or class counts when the driver replaces its plugin (CSI migration).
+func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class *storagev1.StorageClass, names driverNames) bool {
 	switch {
+	case pv != nil && pv.Spec.CSI != nil:
+		return pv.Spec.CSI.Driver == names.driver
 	case pv != nil:
-		return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver
+		return names.inTreeOfDriver(pv)
 	case claimProvisioner(claim) != "":
-		return claimProvisioner(claim) == driver
+		return names.claimNamesDriver(claim)
 	case class != nil:
-		return class.Provisioner == driver
+		return names.classOfDriver(class)
 	}
 	return false
 }
@@ -323,7 +333,7 @@ func (c *controller) sourceUser(ref sourceRef) string {
 		if rec, err := recordOf(claim); err == nil && rec != nil && rec.Driver == c.driver {
 			return klog.KObj(claim).String()
 		}
-		if !mayNeedVolume(claim, c.driver) || claim.DeletionTimestamp != nil {
+		if !mayNeedVolume(claim, c.names()) || claim.DeletionTimestamp != nil {
 			continue
 		}
 		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {

@@ -242,7 +242,30 @@ func TestASourceClaimBelongsToTheDriverOfItsVolumeElseOfItsProvisionerOrClass(t 
 		{"unannotated, class of another", annotated(""), nil, classOf("other"), false},
 		{"nothing known", annotated(""), nil, nil, false},
 	} {
-		if got := claimOfDriver(tc.claim, tc.pv, tc.class, drv); got != tc.want {
+		if got := claimOfDriver(tc.claim, tc.pv, tc.class, driverNames{driver: drv}); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// CSI migration: the in-tree volumes, provisioner and class of the replaced plugin.
+	ebs := namesOf(ebsDriver)
+	ebsPV := &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{
+		AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}}}}
+	handedOver := annotated(ebsInTree)
+	handedOver.Annotations[volumehelpers.AnnMigratedTo] = ebsDriver
+	for _, tc := range []struct {
+		name  string
+		claim *v1.PersistentVolumeClaim
+		pv    *v1.PersistentVolume
+		class *storagev1.StorageClass
+		want  bool
+	}{
+		{"bound to an in-tree volume of the replaced plugin", annotated(""), ebsPV, nil, true},
+		{"bound to another plugin's in-tree volume", annotated(ebsDriver), &v1.PersistentVolume{}, nil, false},
+		{"unbound, handed over under the in-tree name", handedOver, nil, nil, true},
+		{"unbound, the in-tree name alone", annotated(ebsInTree), nil, nil, false},
+		{"unannotated, class of the in-tree plugin", annotated(""), nil, classOf(ebsInTree), true},
+	} {
+		if got := claimOfDriver(tc.claim, tc.pv, tc.class, ebs); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -1,6 +1,7 @@
 package provisioner
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"maps"
@@ -16,8 +17,8 @@ import (
 // term is one topology segment: key/value pairs that hold together (AND).
 type term map[string]string
 
-// id is a canonical form of a term: "k1#v1,k2#v2" with keys sorted. It orders terms and
-// finds duplicates.
+// id is a canonical form of a term: "k1#v1,k2#v2" with keys sorted. It finds duplicates
+// and, among terms of one length, orders them.
 func (t term) id() string {
 	parts := make([]string, 0, len(t))
 	for k, v := range t {
@@ -27,7 +28,17 @@ func (t term) id() string {
 	return strings.Join(parts, ",")
 }
 
-// contains tells whether every pair of t is also in other.
+// compare orders terms as upstream does: fewer pairs first, then pair by pair (key, then
+// value), which the id's order is for the characters label keys and values may hold. The
+// order decides which term the selected node's preference starts at.
+func (t term) compare(other term) int {
+	if len(t) != len(other) {
+		return len(t) - len(other)
+	}
+	return strings.Compare(t.id(), other.id())
+}
+
+// containedIn tells whether every pair of t is also in other.
 func (t term) containedIn(other term) bool {
 	for k, v := range t {
 		if other[k] != v {
@@ -59,9 +70,12 @@ type topologyInput struct {
 // accessibilityRequirements computes the TopologyRequirement of CreateVolume as upstream:
 // requisite from allowedTopologies, else from the topology of every node that carries the
 // driver's topology keys (or only the selected node with strict topology); preferred is the
-// requisite list starting with the selected node's segment, or, with no node selected,
-// shifted by a hash of the claim name so that a StatefulSet's volumes spread. nil means no
-// requirement.
+// requisite list starting at the first term the selected node's segment satisfies (a
+// subset of it: allowedTopologies may name fewer keys than the node has), or, with no node
+// selected, shifted by a hash of the claim name so that a StatefulSet's volumes spread.
+// nil means no requirement. With nothing to aggregate from (no node has registered the
+// driver's topology keys yet) it is an error to retry, as upstream: a volume made without
+// a requirement could land where no node of the driver is.
 func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, error) {
 	var selected term
 	var requisite []term
@@ -94,6 +108,9 @@ func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, erro
 			if requisite, err = aggregate(in); err != nil {
 				return nil, err
 			}
+			if len(requisite) == 0 {
+				return nil, errors.New("no available topology found")
+			}
 		}
 	}
 	if len(requisite) == 0 {
@@ -109,7 +126,7 @@ func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, erro
 	case in.strict:
 		preferred = requisite
 	default:
-		i := slices.IndexFunc(requisite, func(t term) bool { return t.id() == selected.id() })
+		i := slices.IndexFunc(requisite, func(t term) bool { return t.containedIn(selected) })
 		if i < 0 {
 			return nil, fmt.Errorf("topology %v from selected node %q is not in requisite: %v", selected, in.selectedNode.Name, requisite)
 		}
@@ -134,7 +151,7 @@ func aggregate(in topologyInput) ([]term, error) {
 			}
 		}
 		if len(keys) == 0 {
-			// No node reported topology for the driver: provision without.
+			// No node reported topology for the driver (yet): the caller waits for one.
 			return nil, nil
 		}
 	}
@@ -203,10 +220,10 @@ func flatten(allowed []v1.TopologySelectorTerm) []term {
 	return out
 }
 
-// sortedUnique sorts terms by id and removes duplicates.
+// sortedUnique sorts terms (compare) and removes duplicates.
 func sortedUnique(terms []term) []term {
 	out := slices.Clone(terms)
-	slices.SortFunc(out, func(a, b term) int { return strings.Compare(a.id(), b.id()) })
+	slices.SortFunc(out, term.compare)
 	return slices.CompactFunc(out, func(a, b term) bool { return a.id() == b.id() })
 }
 

@@ -41,6 +41,7 @@ func TestAccessibilityRequirements(t *testing.T) {
 	n2 := node("n2", map[string]string{zoneKey: "z2"})
 	n3 := node("n3", map[string]string{zoneKey: "z3"})
 	nUnlabelled := node("n4", map[string]string{})
+	twoKeys := node("n5", map[string]string{zoneKey: "z2", rackKey: "r1"})
 	cluster := topologyInput{
 		driver:    drv,
 		claimName: "data",
@@ -130,9 +131,43 @@ func TestAccessibilityRequirements(t *testing.T) {
 			}(),
 		},
 		{
-			name: "no node registered topology: no requirement",
-			in:   with(func(in *topologyInput) { in.csiNodes = []*storagev1.CSINode{csiNode("n1")} }),
-			want: nil,
+			// Upstream's error, retried: a volume without a requirement could land where
+			// no node of the driver is.
+			name:    "immediate binding, no node registered topology yet: retried",
+			in:      with(func(in *topologyInput) { in.csiNodes = []*storagev1.CSINode{csiNode("n1")} }),
+			wantErr: "no available topology found",
+		},
+		{
+			name: "delayed binding, two keys, allowed topologies on one: the term the node satisfies first",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.allowed = twoKeys, csiNode("n5", zoneKey, rackKey), allowed
+				in.nodes = []*v1.Node{twoKeys}
+			}),
+			want: &csi.TopologyRequirement{
+				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
+				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+			},
+		},
+		{
+			name: "delayed binding, the node satisfies terms of two lengths: the shorter first, as upstream sorts",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.nodes = twoKeys, csiNode("n5", zoneKey, rackKey), []*v1.Node{twoKeys}
+				in.allowed = []v1.TopologySelectorTerm{
+					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z2"}}, {Key: rackKey, Values: []string{"r1"}}}},
+					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z3", "z2"}}}},
+				}
+			}),
+			want: &csi.TopologyRequirement{
+				Requisite: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z2", rackKey, "r1")},
+				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z2", rackKey, "r1")},
+			},
+		},
+		{
+			name: "delayed binding, allowed topologies the node does not satisfy",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode, in.allowed = n3, csiNode("n3", zoneKey), allowed
+			}),
+			wantErr: "is not in requisite",
 		},
 		{
 			name:    "keys registered but no node carries them",
@@ -167,10 +202,11 @@ func TestFlattenDistributesValuesOverKeys(t *testing.T) {
 		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z1"}}}},
 		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z1"}}}},
 	}))
+	// Sorted as upstream sorts: fewer pairs first, then pair by pair.
 	want := []term{
+		{zoneKey: "z1"},
 		{rackKey: "r1", zoneKey: "z1"}, {rackKey: "r1", zoneKey: "z2"},
 		{rackKey: "r2", zoneKey: "z1"}, {rackKey: "r2", zoneKey: "z2"},
-		{zoneKey: "z1"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("terms (-want +got):\n%s", diff)

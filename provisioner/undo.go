@@ -58,7 +58,7 @@ func (a *absentVolumes) is(uid, volume string) bool {
 // recordFacts gathers what decideRecord needs about the claim (nil: gone) and the plan
 // pending in this process (nil: none).
 func (c *controller) recordFacts(claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
-	f := recordFacts{claim: claim, driver: c.driver, minCut: c.opts.volumeNameUUIDLength}
+	f := recordFacts{claim: claim, driver: c.driver, inTree: c.inTree, minCut: c.opts.volumeNameUUIDLength}
 	if c.node != nil {
 		f.node = c.node.name
 	}
@@ -276,8 +276,10 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 	req := proto.Clone(rec.req).(*csi.CreateVolumeRequest)
 	ref := rec.Secret
 	if class, err := c.classFor(claim); err == nil && class != nil {
-		if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
-			ref = fromClass
+		if class, _, err := c.names().csiClass(class); err == nil {
+			if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
+				ref = fromClass
+			}
 		}
 	}
 	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)

@@ -16,6 +16,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -124,22 +125,54 @@ func TestClonesTenVolumesAndProtectsTheSourceMeanwhile(t *testing.T) {
 	s.checkEveryVolumeHasExactlyOnePV()
 }
 
-// A clone whose source is in another StorageClass is refused with an event, and no volume.
-func TestACloneFromAnotherClassIsRefused(t *testing.T) {
+// A clone whose source is in another StorageClass of the driver is provisioned from the
+// source's volume, as upstream allows since it dropped the same-class check; a clone whose
+// source's volume is another driver's is refused with an event, no volume and no finalizer
+// on that source.
+func TestACloneFromAnotherClassOfTheDriverIsProvisionedAndOneOfAnotherDriverRefused(t *testing.T) {
 	s := newScenario(t, testdriver.Config{ControllerCapabilities: withCapabilities(csi.ControllerServiceCapability_RPC_CLONE_VOLUME)})
 	fast := s.createClass("fast", nil)
 	slow := s.createClass("slow", nil)
 	s.startReplica("replica-a")
 	s.WaitForHolder(s.leaseName, "replica-a")
-	s.provisionBoundSource("src", fast.Name)
-	s.createClaimFrom("clone", slow.Name, v1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"})
-	s.WaitUntil("the refusal", func() bool {
-		return slices.ContainsFunc(s.events("clone", "ProvisioningFailed"), func(m string) bool { return strings.Contains(m, "same storage class") })
-	})
-	if n := len(s.pvs()); n != 1 {
-		t.Errorf("%d PersistentVolumes, want only the source's", n)
+	srcHandle := s.provisionBoundSource("src", fast.Name)
+	clone := s.createClaimFrom("clone", slow.Name, v1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"})
+	s.WaitUntil("the clone's PersistentVolume", func() bool { return len(s.pvsByClaim()[clone.UID]) == 1 })
+	s.checkMadeFrom([]*v1.PersistentVolumeClaim{clone}, func(src *csi.VolumeContentSource) bool { return src.GetVolume().GetVolumeId() == srcHandle })
+	s.WaitUntil("the cloning finalizer gone", func() bool { return !slices.Contains(s.claimFinalizers("src"), cloneFinalizer) })
+
+	// A bound claim whose volume is another driver's.
+	const other = "other.csi.sidecars.io"
+	foreignClass := s.createClass("foreign", func(sc *storagev1.StorageClass) { sc.Provisioner = other })
+	foreign := s.createClaimAnnotated("foreign", foreignClass.Name, "", map[string]string{"volume.kubernetes.io/storage-provisioner": other})
+	pv := &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name("foreign")},
+		Spec: v1.PersistentVolumeSpec{
+			AccessModes:            []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce},
+			Capacity:               v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")},
+			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: other, VolumeHandle: "foreign-1"}},
+			StorageClassName:       foreignClass.Name,
+			ClaimRef:               &v1.ObjectReference{Namespace: s.Namespace, Name: foreign.Name, UID: foreign.UID},
+		},
 	}
-	if slices.Contains(s.claimFinalizers("src"), cloneFinalizer) {
+	pv, err := s.Client.CoreV1().PersistentVolumes().Create(s.ctx(), pv, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.Client.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
+	if err := (e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Driver: other}).Bind(s.ctx(), pv); err != nil {
+		t.Fatal(err)
+	}
+	s.createClaimFrom("stranger", fast.Name, v1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "foreign"})
+	s.WaitUntil("the refusal", func() bool {
+		return slices.ContainsFunc(s.events("stranger", "ProvisioningFailed"), func(m string) bool { return strings.Contains(m, "not bound or invalid") })
+	})
+	if n := len(s.pvs()); n != 2 {
+		t.Errorf("%d PersistentVolumes of the driver, want the source's and the clone's", n)
+	}
+	if slices.Contains(s.claimFinalizers("foreign"), cloneFinalizer) {
 		t.Errorf("the source of a refused clone got the cloning finalizer")
 	}
 }
