@@ -37,7 +37,9 @@ type Sidecar struct {
 }
 
 // New returns the provisioner sidecar.
-func New() *Sidecar { return &Sidecar{getenv: os.Getenv, discoveryBackoff: defaultDiscoveryBackoff} }
+func New() *Sidecar {
+	return &Sidecar{getenv: os.Getenv, discoveryBackoff: lifecycle.DiscoveryBackoff()}
+}
 
 var (
 	_ lifecycle.Sidecar       = &Sidecar{}

@@ -10,8 +10,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/pflag"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -64,7 +62,7 @@ func New() *Sidecar {
 		handleInUse: true,
 		// About 15 s in all: enough for an API server that restarts, short enough for
 		// a start-up.
-		discoveryBackoff: wait.Backoff{Duration: time.Second, Factor: 2, Steps: 5},
+		discoveryBackoff: lifecycle.DiscoveryBackoff(),
 	}
 }
 
@@ -252,50 +250,10 @@ func nodeExpands(env *lifecycle.Env, timeout time.Duration) (bool, error) {
 	}), nil
 }
 
-// volumeAttributesClassEnabled applies the VolumeAttributesClass gate. Left at its default,
-// the gate is turned off when the API server does not serve storage.k8s.io/v1
-// VolumeAttributesClass (older clusters), so the resizer still starts there; set
-// explicitly, it is obeyed. A discovery request that fails (an API server restarting, a
-// timeout) is retried along backoff; when it still fails, the gate stays on, as upstream
-// (cmd/csi-resizer) leaves it after logging the error, instead of stopping the process.
+// volumeAttributesClassEnabled applies the VolumeAttributesClass gate: off where the API
+// server does not serve storage.k8s.io/v1 VolumeAttributesClass, unless set explicitly.
 func volumeAttributesClassEnabled(ctx context.Context, gates featuregate.FeatureGate, disc discovery.DiscoveryInterface, backoff wait.Backoff) bool {
-	if !gates.Enabled(VolumeAttributesClass) {
-		return false
-	}
-	if g, ok := gates.(interface {
-		ExplicitlySet(featuregate.Feature) bool
-	}); ok && g.ExplicitlySet(VolumeAttributesClass) {
-		return true
-	}
-	logger := klog.FromContext(ctx)
-	var served, found bool
-	var lastErr error
-	err := wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
-		list, err := discovery.ToServerResourcesInterfaceWithContext(disc).ServerResourcesForGroupVersionWithContext(ctx, "storage.k8s.io/v1")
-		switch {
-		case apierrors.IsNotFound(err):
-			return true, nil
-		case err != nil:
-			lastErr = err
-			logger.V(2).Info("Discovering storage.k8s.io/v1 for the VolumeAttributesClass feature gate failed, retrying", "err", err)
-			return false, nil
-		}
-		found = true
-		served = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == "volumeattributesclasses" })
-		return true, nil
-	})
-	if err != nil {
-		logger.Error(lastErr, "Cannot discover whether the API server serves storage.k8s.io/v1 VolumeAttributesClass: feature gate VolumeAttributesClass left on, as upstream")
-		return true
-	}
-	if !served {
-		reason := "does not serve storage.k8s.io/v1 VolumeAttributesClass"
-		if !found {
-			reason = "does not serve storage.k8s.io/v1"
-		}
-		logger.Info("The API server " + reason + ": feature gate VolumeAttributesClass turned off")
-	}
-	return served
+	return lifecycle.GateServed(ctx, gates, VolumeAttributesClass, disc, "storage.k8s.io/v1", "volumeattributesclasses", backoff)
 }
 
 // Run implements lifecycle.Sidecar: both controllers' workers run until intake ends and
