@@ -160,6 +160,7 @@ func (s *Sidecar) config(env *lifecycle.Env) config {
 		driver:                env.DriverName,
 		timeout:               s.opts.timeout,
 		workers:               int(s.opts.workerThreads),
+		backlog:               env.Backlog,
 		resync:                s.opts.resync,
 		retryIntervalStart:    s.opts.retryIntervalStart,
 		retryIntervalMax:      s.opts.retryIntervalMax,

@@ -401,3 +401,43 @@ func (b *recordingBroadcaster) NewRecorder(*runtime.Scheme, corev1.EventSource) 
 	b.recorders++
 	return b.recorder
 }
+
+// The attacher's queues report their backlog to the core (Env.Backlog), which exports it as
+// csi_sidecars_queue_waiting_items{sidecar,queue}: a VolumeAttachment queued and not yet
+// taken by a worker is counted on its queue.
+func TestQueuesReportTheirBacklog(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	kube := fake.NewClientset(standard()(volID)...)
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	backlog := &lifecycle.Backlog{}
+	env := lifecycle.Env{
+		Kube: kube, Informers: factory, CSI: serve(t, backend), DriverName: testDriver, Backlog: backlog,
+		PluginCapabilities:     rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true},
+		ControllerCapabilities: rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME: true},
+	}.WithOps(context.Background())
+	s := New()
+	fs := pflag.NewFlagSet("attacher", pflag.ContinueOnError)
+	s.AddFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Setup(env); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+
+	waiting := func() map[string]int {
+		out := map[string]int{}
+		for _, q := range backlog.Now(time.Now()) {
+			out[q.Queue] = q.Waiting
+		}
+		return out
+	}
+	waitFor(t, "the VolumeAttachment counted", func() bool { return waiting()["csi-attacher-va"] == 1 })
+	if got, ok := waiting()["csi-attacher-pv"]; !ok || got != 0 {
+		t.Errorf("backlog %v, want the PV queue reported, empty", waiting())
+	}
+}

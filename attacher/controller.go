@@ -55,6 +55,8 @@ type config struct {
 	errorCodes bool
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
+	// backlog exports what the queues have waiting (Env.Backlog); nil in most unit tests.
+	backlog *lifecycle.Backlog
 }
 
 // Upstream's queue names (NewCSIAttachController): they label client-go's process-wide
@@ -77,8 +79,8 @@ type Controller struct {
 	vaLister      storagelisters.VolumeAttachmentLister
 	pvLister      corelisters.PersistentVolumeLister
 	csiNodeLister storagelisters.CSINodeLister
-	vaQueue       workqueue.TypedRateLimitingInterface[string]
-	pvQueue       workqueue.TypedRateLimitingInterface[string]
+	vaQueue       *lifecycle.Queue[string]
+	pvQueue       *lifecycle.Queue[string]
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
 	// their next sync calls the driver even though their status looks done.
@@ -103,9 +105,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		forceSync: map[string]bool{},
 		finished:  map[string]map[string]bool{},
 	}
-	c.vaQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: vaQueueName, MetricsProvider: cfg.queueMetrics})
+	c.vaQueue = c.newQueue(vaQueueName)
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -120,9 +120,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		// queue anyway, so its workqueue series exist there with nothing to do).
 		return c, nil
 	}
-	c.pvQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: pvQueueName, MetricsProvider: cfg.queueMetrics})
+	c.pvQueue = c.newQueue(pvQueueName)
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -133,6 +131,18 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	}
 	c.csiNodeLister = factory.Storage().V1().CSINodes().Lister()
 	return c, nil
+}
+
+// newQueue builds one of the controller's queues, its backlog exported
+// (csi_sidecars_queue_waiting_items{sidecar="attacher",queue=name}).
+func (c *Controller) newQueue(name string) *lifecycle.Queue[string] {
+	return lifecycle.NewQueue[string](lifecycle.QueueOptions{
+		Name:       name,
+		RetryStart: c.retryIntervalStart,
+		RetryMax:   c.retryIntervalMax,
+		Metrics:    c.queueMetrics,
+		Backlog:    c.backlog,
+	})
 }
 
 // run works while intake lasts: VolumeAttachment and PV workers, and the reconciler. It
