@@ -40,6 +40,18 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 		"default-fstype":       "",
 		// --max-grpc-log-length is a shared flag of the core (lifecycle), default -1.
 	}
+	// Ours: the split of --worker-threads between the attach and detach queues; 0 is
+	// --worker-threads, so an upstream manifest keeps its meaning.
+	ours := map[string]string{
+		"attach-worker-threads": "0",
+		"detach-worker-threads": "0",
+	}
+	for name, def := range ours {
+		f := fs.Lookup(name)
+		if f == nil || f.DefValue != def {
+			t.Errorf("flag --%s: %+v, want default %q", name, f, def)
+		}
+	}
 	for name, def := range want {
 		f := fs.Lookup(name)
 		if f == nil {
@@ -51,8 +63,8 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 		}
 	}
 	fs.VisitAll(func(f *pflag.Flag) {
-		if _, ok := want[f.Name]; !ok {
-			t.Errorf("flag --%s is not upstream's", f.Name)
+		if _, ok := want[f.Name]; !ok && ours[f.Name] == "" {
+			t.Errorf("flag --%s is neither upstream's nor one of ours", f.Name)
 		}
 	})
 	if got := lifecycle.SanitizeName(New().LeaseName("csi.example.com")); got != "external-attacher-leader-csi-example-com" {
@@ -82,6 +94,9 @@ func TestValidateFlags(t *testing.T) {
 		{[]string{"--max-entries=-1"}, ""},
 		{[]string{"--reconcile-sync=0"}, ""},
 		{[]string{"--resync=-1s"}, ""},
+		// Ours: more workers of a kind than --worker-threads only wait for slots.
+		{[]string{"--worker-threads=4", "--attach-worker-threads=8"}, ""},
+		{[]string{"--detach-worker-threads=2"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -32,9 +32,15 @@ const apiBudget = time.Minute
 
 // config is what the controller is told: flags and what the driver can do.
 type config struct {
-	driver             string
-	timeout            time.Duration
-	workers            int
+	driver  string
+	timeout time.Duration
+	// workers is --worker-threads: the PV workers, and how many VolumeAttachments are
+	// attached or detached at once, both kinds together (slots).
+	workers int
+	// attachWorkers and detachWorkers are the workers of each VolumeAttachment queue
+	// (--attach-worker-threads, --detach-worker-threads); 0 is workers.
+	attachWorkers      int
+	detachWorkers      int
 	resync             time.Duration
 	retryIntervalStart time.Duration
 	retryIntervalMax   time.Duration
@@ -59,12 +65,15 @@ type config struct {
 	backlog *lifecycle.Backlog
 }
 
-// Upstream's queue names (NewCSIAttachController): they label client-go's process-wide
-// workqueue metrics (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of
-// the process uses them.
+// Queue names label client-go's process-wide workqueue metrics
+// (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of the process uses
+// them. The attach queue keeps the name of upstream's one VolumeAttachment queue
+// (NewCSIAttachController): attaches are what Pods wait for to start, which is what
+// dashboards and alerts on that queue watch; the detach queue is new, named after it.
 const (
-	vaQueueName = "csi-attacher-va"
-	pvQueueName = "csi-attacher-pv"
+	vaQueueName       = "csi-attacher-va"
+	vaDetachQueueName = "csi-attacher-va-detach"
+	pvQueueName       = "csi-attacher-pv"
 )
 
 // Controller attaches and detaches the VolumeAttachments of one driver.
@@ -79,8 +88,13 @@ type Controller struct {
 	vaLister      storagelisters.VolumeAttachmentLister
 	pvLister      corelisters.PersistentVolumeLister
 	csiNodeLister storagelisters.CSINodeLister
-	vaQueue       *lifecycle.Queue[string]
-	pvQueue       *lifecycle.Queue[string]
+	// attachQueue and detachQueue hold VolumeAttachments by the kind of work they need
+	// (kindOf); the trivial handler has no detachQueue and no pvQueue.
+	attachQueue *lifecycle.Queue[string]
+	detachQueue *lifecycle.Queue[string]
+	pvQueue     *lifecycle.Queue[string]
+	guard       *vaGuard
+	slots       *slots
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
 	// their next sync calls the driver even though their status looks done.
@@ -96,16 +110,27 @@ type Controller struct {
 // newController builds the controller and registers its handlers on factory. Handlers only
 // enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
 func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, tr translator, ops context.Context) (*Controller, error) {
+	if cfg.attachWorkers == 0 {
+		cfg.attachWorkers = cfg.workers
+	}
+	if cfg.detachWorkers == 0 {
+		cfg.detachWorkers = cfg.workers
+	}
 	c := &Controller{
 		config:    cfg,
 		kube:      kube,
 		csi:       csi.NewControllerClient(conn),
 		tr:        tr,
 		ops:       ops,
+		guard:     newVAGuard(),
+		slots:     newSlots(cfg.workers),
 		forceSync: map[string]bool{},
 		finished:  map[string]map[string]bool{},
 	}
-	c.vaQueue = c.newQueue(vaQueueName)
+	c.attachQueue = c.newQueue(vaQueueName)
+	if !cfg.trivial {
+		c.detachQueue = c.newQueue(vaDetachQueueName)
+	}
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -145,11 +170,22 @@ func (c *Controller) newQueue(name string) *lifecycle.Queue[string] {
 	})
 }
 
-// run works while intake lasts: VolumeAttachment and PV workers, and the reconciler. It
+// run works while intake lasts: attach, detach and PV workers, and the reconciler. It
 // returns once every worker finished the item it holds.
 func (c *Controller) run(intake context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.vaQueue, c.workers, c.syncVA) })
+	for _, k := range []kind{attachKind, detachKind} {
+		q, n := c.queue(k), c.attachWorkers
+		if k == detachKind {
+			n = c.detachWorkers
+		}
+		if q == nil {
+			continue // the trivial handler's detach queue
+		}
+		wg.Go(func() {
+			lifecycle.RunWorkers(intake, q, n, func(name string) error { return c.processVA(intake, k, name) })
+		})
+	}
 	if !c.trivial {
 		wg.Go(func() { lifecycle.RunWorkers(intake, c.pvQueue, c.workers, c.syncPV) })
 	}
@@ -161,7 +197,7 @@ func (c *Controller) run(intake context.Context) {
 
 func (c *Controller) vaAdded(obj any) {
 	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver {
-		c.vaQueue.Add(va.Name)
+		c.enqueue(va)
 	}
 }
 
@@ -169,7 +205,7 @@ func (c *Controller) vaUpdated(old, obj any) {
 	oldVA, ok1 := old.(*storagev1.VolumeAttachment)
 	va, ok2 := obj.(*storagev1.VolumeAttachment)
 	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) {
-		c.vaQueue.Add(va.Name)
+		c.enqueue(va)
 	}
 }
 
@@ -208,19 +244,34 @@ func (c *Controller) pvFinalizerMayGo(pv *corev1.PersistentVolume) bool {
 	return c.tr.IsPVMigratable(pv) && pv.Annotations[migratedToAnnotation] != c.driver
 }
 
-// syncVA brings one VolumeAttachment to what it asks for. An error requeues it with
-// per-item exponential backoff.
+// syncVA brings one VolumeAttachment to what it asks for, whatever the kind (the workers
+// go through processVA). An error requeues it with per-item exponential backoff.
 func (c *Controller) syncVA(name string) error {
+	va, err := c.cachedVA(name)
+	if va == nil || err != nil {
+		return err
+	}
+	return c.sync(va)
+}
+
+// cachedVA is the cached VolumeAttachment name; nil when it is gone or another driver's.
+func (c *Controller) cachedVA(name string) (*storagev1.VolumeAttachment, error) {
 	va, err := c.vaLister.Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
+		return nil, fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
 	}
 	if va.Spec.Attacher != c.driver {
-		return nil
+		return nil, nil
 	}
+	return va, nil
+}
+
+// sync brings va, as cached, to what it asks for.
+func (c *Controller) sync(va *storagev1.VolumeAttachment) error {
+	name := va.Name
 	logger := klog.FromContext(c.ops).WithValues("VolumeAttachment", name)
 	// P1: the CSI call and the writes that record it run on Ops(), never on intake.
 	ctx, cancel := context.WithTimeout(klog.NewContext(c.ops, logger), c.timeout+apiBudget)
@@ -504,6 +555,13 @@ func (c *Controller) setForceSync(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forceSync[name] = true
+}
+
+// isForced tells whether the reconciler forced the next sync of name, without consuming it.
+func (c *Controller) isForced(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.forceSync[name]
 }
 
 func (c *Controller) consumeForceSync(name string) bool {

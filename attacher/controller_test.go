@@ -639,14 +639,16 @@ func TestTrivialHandler(t *testing.T) {
 }
 
 // The queues report client-go's workqueue metrics under upstream's names (dashboards
-// select on them); the trivial handler has no PV queue.
-func TestQueueNamesAreUpstreams(t *testing.T) {
+// select on them), the attach queue under the name of upstream's one VolumeAttachment
+// queue and the detach queue under a new one; the trivial handler has neither a detach
+// nor a PV queue.
+func TestQueueNames(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		trivial bool
 		want    []string
 	}{
-		{name: "publishing driver", want: []string{"csi-attacher-va", "csi-attacher-pv"}},
+		{name: "publishing driver", want: []string{"csi-attacher-va", "csi-attacher-va-detach", "csi-attacher-pv"}},
 		{name: "trivial handler", trivial: true, want: []string{"csi-attacher-va"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -41,6 +41,8 @@ type fixture struct {
 	ctrl    *Controller
 	backend *testdriver.Backend
 	csi     *recordingClient
+	// gated, when set, holds CSI calls until the test lets them in (workers_test.go).
+	gated *gatedClient
 }
 
 // defaultConfig is the configuration of a driver with every capability the attacher uses.
