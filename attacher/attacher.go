@@ -45,6 +45,13 @@
 // runs goes to the detach queue, and a detach worker that takes it meanwhile is turned
 // away; the attach worker hands it over once the publish is recorded (see workers.go).
 //
+// A standby queues only the VolumeAttachments that need work (not attached yet, or being
+// deleted with our finalizer on them); a settled one's sync is a no-op, so a standby that
+// takes over starts on fresh work at once, not behind a no-op sync of every
+// VolumeAttachment in the cluster. As leader it queues them as upstream does: its periodic
+// resync (--resync) still syncs every settled VolumeAttachment, and the reconciler checks
+// them against the driver as its term starts.
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that

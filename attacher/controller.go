@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -95,6 +96,10 @@ type Controller struct {
 	pvQueue     *lifecycle.Queue[string]
 	guard       *vaGuard
 	slots       *slots
+	// leading is set once this replica works (run). Until then the handlers queue only
+	// VolumeAttachments that need work (needsWork), so that a standby that takes over
+	// starts on them and not behind a no-op sync of every settled VolumeAttachment.
+	leading atomic.Bool
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
 	// their next sync calls the driver even though their status looks done.
@@ -108,7 +113,8 @@ type Controller struct {
 }
 
 // newController builds the controller and registers its handlers on factory. Handlers only
-// enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
+// enqueue: they run on standbys too, so a new leader starts with every VolumeAttachment
+// that needs work already queued (P7).
 func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, tr translator, ops context.Context) (*Controller, error) {
 	if cfg.attachWorkers == 0 {
 		cfg.attachWorkers = cfg.workers
@@ -173,6 +179,7 @@ func (c *Controller) newQueue(name string) *lifecycle.Queue[string] {
 // run works while intake lasts: attach, detach and PV workers, and the reconciler. It
 // returns once every worker finished the item it holds.
 func (c *Controller) run(intake context.Context) {
+	c.leading.Store(true)
 	var wg sync.WaitGroup
 	for _, k := range []kind{attachKind, detachKind} {
 		q, n := c.queue(k), c.attachWorkers
@@ -195,8 +202,16 @@ func (c *Controller) run(intake context.Context) {
 	wg.Wait()
 }
 
+// vaAdded and vaUpdated queue a VolumeAttachment as upstream while this replica leads. A
+// standby queues only those that need work: the others are settled and their sync a no-op
+// (needsWork mirrors sync), the leader's periodic resync (--resync) still syncs each of them
+// within a resync period of taking over, and the reconciler checks them against the driver
+// as the term starts. Every change that makes a VolumeAttachment need work reaches the
+// standby as an event, and its key stays queued until it leads, so nothing that needs work
+// is missed. Without this a standby's queue held every VolumeAttachment (each add, and each
+// resync of its own), and fresh work at a takeover waited behind thousands of no-op syncs.
 func (c *Controller) vaAdded(obj any) {
-	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver {
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver && (c.leading.Load() || c.needsWork(va)) {
 		c.enqueue(va)
 	}
 }
@@ -204,7 +219,7 @@ func (c *Controller) vaAdded(obj any) {
 func (c *Controller) vaUpdated(old, obj any) {
 	oldVA, ok1 := old.(*storagev1.VolumeAttachment)
 	va, ok2 := obj.(*storagev1.VolumeAttachment)
-	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) {
+	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) && (c.leading.Load() || c.needsWork(va)) {
 		c.enqueue(va)
 	}
 }

@@ -8,10 +8,12 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // A freed slot goes to the worker that has waited longest; a worker whose intake ends while
@@ -218,6 +220,59 @@ func (f *fixture) createAttachment(client csi.ControllerClient, name string) str
 		f.t.Fatal(err)
 	}
 	return id
+}
+
+// A standby queues only the VolumeAttachments that need work, each on the queue of its
+// kind, as csi_sidecars_queue_waiting_items shows: at a takeover the new leader starts on
+// them, not behind a no-op sync of every settled one. Once it leads, its periodic resync
+// queues a settled VolumeAttachment again, as upstream.
+func TestStandbyQueuesOnlyVolumeAttachmentsThatNeedWork(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	cfg := defaultConfig()
+	backlog := &lifecycle.Backlog{}
+	cfg.backlog = backlog
+	other := func(va *storagev1.VolumeAttachment) { va.Spec.Attacher = "other.csi.example.com" }
+	f := newFixture(t, cfg, backend,
+		newPV("pv", volID, withFinalizer), newCSINode(testNode, testNodeID),
+		newVA("to-attach", "pv"),
+		newVA("settled-1", "pv", attachedWith(ourFinalizer)),
+		newVA("settled-2", "pv", attachedWith(ourFinalizer)),
+		newVA("to-detach", "pv", attachedWith(ourFinalizer), deleting),
+		// Being deleted, but our finalizer is gone: detached already.
+		newVA("detached", "pv", attachedWith("other/finalizer"), deleting),
+		newVA("other-driver", "pv", other),
+	)
+	want := func(attach, detach int) {
+		t.Helper()
+		got := map[string]int{}
+		for _, q := range backlog.Now(time.Now()) {
+			got[q.Queue] = q.Waiting
+		}
+		if got[vaQueueName] != attach || got[vaDetachQueueName] != detach || got[pvQueueName] != 0 {
+			t.Errorf("waiting items %v, want %d to attach, %d to detach, no PV", got, attach, detach)
+		}
+	}
+	want(1, 1)
+
+	// A resync of a settled VolumeAttachment while standing by: nothing to do.
+	settled := f.va("settled-1")
+	f.ctrl.vaUpdated(settled, settled)
+	want(1, 1)
+	// A settled VolumeAttachment that gets deleted needs work again.
+	deleting(settled)
+	if _, err := f.kube.StorageV1().VolumeAttachments().Update(context.Background(), settled, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "settled-1 queued for its detach", func() bool {
+		return f.ctrl.detachQueue.Len() == 2
+	})
+	want(1, 2)
+
+	// Leading: the periodic resync queues the settled one, as upstream.
+	f.ctrl.leading.Store(true)
+	settled = f.va("settled-2")
+	f.ctrl.vaUpdated(settled, settled)
+	want(2, 2)
 }
 
 // gatedClient holds every publish and unpublish at the driver's door until the test lets
