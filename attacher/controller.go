@@ -3,6 +3,7 @@ package attacher
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,11 +106,12 @@ type Controller struct {
 	// their next sync calls the driver even though their status looks done.
 	mu        sync.Mutex
 	forceSync map[string]bool
-	// finished maps a VolumeAttachment to the resourceVersions its last completed attach
-	// or detach replaced. A cache still showing one of them is behind this controller's own
-	// write, which already settled the VolumeAttachment; syncing that stale copy would call
-	// the driver and write the status again for nothing (upstream does).
-	finished map[string]map[string]bool
+	// finished records, per VolumeAttachment, what this controller's completed attaches
+	// and detaches of it wrote. A cache still showing a copy they replaced is behind this
+	// controller's own write, which already settled the VolumeAttachment; syncing that
+	// stale copy would call the driver and write the status again for nothing (upstream
+	// does).
+	finished map[string]*ownWrites
 }
 
 // newController builds the controller and registers its handlers on factory. Handlers only
@@ -131,7 +133,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		guard:     newVAGuard(),
 		slots:     newSlots(cfg.workers),
 		forceSync: map[string]bool{},
-		finished:  map[string]map[string]bool{},
+		finished:  map[string]*ownWrites{},
 	}
 	c.attachQueue = c.newQueue(vaQueueName)
 	if !cfg.trivial {
@@ -536,33 +538,53 @@ func (c *Controller) nodeID(ctx context.Context, va *storagev1.VolumeAttachment,
 	return "", err
 }
 
+// ownWrites is what this controller's completed syncs of one VolumeAttachment wrote: the
+// resourceVersion of the last copy written, and those of every older copy, its own or not,
+// that its syncs replaced on the way.
+type ownWrites struct {
+	last     string
+	replaced map[string]bool
+}
+
 // settled records that the sync of name ended by writing last, and that the copies
-// replaced on the way are behind it.
+// replaced on the way are behind it. So are the copies earlier syncs wrote or replaced:
+// they were written before this sync began. That matters when a VolumeAttachment is
+// deleted while its publish runs: the detach that follows may start from the deletion's
+// copy before the cache shows the attach's own status write, which then arrives after the
+// detach and, not known as stale, would be detached again.
 func (c *Controller) settled(name string, last *storagev1.VolumeAttachment, replaced ...*storagev1.VolumeAttachment) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rvs := map[string]bool{}
-	for _, va := range replaced {
-		if va.ResourceVersion != last.ResourceVersion {
-			rvs[va.ResourceVersion] = true
-		}
+	if prev, ok := c.finished[name]; ok {
+		maps.Copy(rvs, prev.replaced)
+		rvs[prev.last] = true
 	}
-	c.finished[name] = rvs
+	for _, va := range replaced {
+		rvs[va.ResourceVersion] = true
+	}
+	delete(rvs, last.ResourceVersion)
+	c.finished[name] = &ownWrites{last: last.ResourceVersion, replaced: rvs}
 }
 
-// isBehindOwnWrite tells whether the cached va is a copy this controller's last completed
-// sync of it replaced. Once the cache has caught up the record is dropped.
+// isBehindOwnWrite tells whether the cached va is a copy this controller's completed syncs
+// of it replaced. The record is dropped once the cache shows the last copy written: it
+// never goes back. A copy it does not know (another writer's) keeps the record: that copy
+// may still be older than the last write. (The record goes with the VolumeAttachment at
+// the latest.)
 func (c *Controller) isBehindOwnWrite(va *storagev1.VolumeAttachment) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rvs, ok := c.finished[va.Name]
+	w, ok := c.finished[va.Name]
 	if !ok {
 		return false
 	}
-	if rvs[va.ResourceVersion] {
+	if w.replaced[va.ResourceVersion] {
 		return true
 	}
-	delete(c.finished, va.Name)
+	if va.ResourceVersion == w.last {
+		delete(c.finished, va.Name)
+	}
 	return false
 }
 
