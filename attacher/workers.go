@@ -58,10 +58,10 @@ func (c *Controller) enqueue(va *storagev1.VolumeAttachment) {
 	c.queue(c.kindOf(va)).Add(va.Name)
 }
 
-// needsWork tells whether a sync of va would call the driver: a VolumeAttachment not
-// attached yet and not being deleted, one being deleted that still has our finalizer, or
-// one the reconciler forced. These are exactly the states in which sync does something;
-// every other VolumeAttachment is settled.
+// needsWork tells whether a sync of va would do anything: a VolumeAttachment not attached
+// yet and not being deleted, one being deleted that still has our finalizer, or one the
+// reconciler forced. These mirror the checks by which sync does nothing (syncAttach,
+// syncDetach, syncTrivial); every other VolumeAttachment is settled.
 func (c *Controller) needsWork(va *storagev1.VolumeAttachment) bool {
 	if c.isForced(va.Name) {
 		return true

@@ -222,6 +222,53 @@ func (f *fixture) createAttachment(client csi.ControllerClient, name string) str
 	return id
 }
 
+// needsWork, by which a standby queues and a worker takes a slot, is true exactly when a
+// sync calls the driver or writes.
+func TestNeedsWorkMirrorsSync(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		va      func(*storagev1.VolumeAttachment)
+		trivial bool
+		forced  bool
+	}{
+		{name: "not attached", va: func(*storagev1.VolumeAttachment) {}},
+		{name: "attached", va: attachedWith(ourFinalizer)},
+		{name: "attached without our finalizer", va: attachedWith("other/finalizer")},
+		{name: "attached, forced", va: attachedWith(ourFinalizer), forced: true},
+		{name: "deleted with our finalizer", va: func(va *storagev1.VolumeAttachment) { attachedWith(ourFinalizer)(va); deleting(va) }},
+		{name: "deleted without our finalizer, status attached", va: func(va *storagev1.VolumeAttachment) { attachedWith("other/finalizer")(va); deleting(va) }},
+		{name: "deleted without our finalizer, detached", va: func(va *storagev1.VolumeAttachment) { va.Finalizers = []string{"other/finalizer"}; deleting(va) }},
+		{name: "trivial, not attached", va: func(*storagev1.VolumeAttachment) {}, trivial: true},
+		{name: "trivial, attached", va: func(va *storagev1.VolumeAttachment) { va.Status.Attached = true }, trivial: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backend, volID := newBackendWithVolume(t)
+			cfg := defaultConfig()
+			cfg.trivial = tc.trivial
+			f := newFixture(t, cfg, backend, newPV("pv", volID, withFinalizer), newVA("va", "pv", tc.va), newCSINode(testNode, testNodeID))
+			publishDirectly(t, f, volID, testNodeID)
+			if tc.forced {
+				f.ctrl.setForceSync("va")
+			}
+			cached, err := f.ctrl.vaLister.Get("va")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := f.ctrl.needsWork(cached)
+			f.csi.mu.Lock()
+			f.csi.publishes, f.csi.unpublishes = nil, nil
+			f.csi.mu.Unlock()
+			if err := f.sync("va"); err != nil {
+				t.Fatal(err)
+			}
+			p, u := f.csi.counts()
+			if did := p+u+len(f.writes()) > 0; did != want {
+				t.Errorf("needsWork %v, but the sync made %d CSI calls and writes %q", want, p+u, f.writes())
+			}
+		})
+	}
+}
+
 // A standby queues only the VolumeAttachments that need work, each on the queue of its
 // kind, as csi_sidecars_queue_waiting_items shows: at a takeover the new leader starts on
 // them, not behind a no-op sync of every settled one. Once it leads, its periodic resync
