@@ -115,7 +115,7 @@ func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Timeout for waiting for attaching or detaching the volume.")
 	fs.UintVar(&o.workerThreads, "worker-threads", 10, "Number of attacher worker threads: at most this many VolumeAttachments are attached or detached at once, both together.")
 	fs.UintVar(&o.attachThreads, "attach-worker-threads", 0, "Number of workers that attach VolumeAttachments, from their own queue. 0 is --worker-threads.")
-	fs.UintVar(&o.detachThreads, "detach-worker-threads", 0, "Number of workers that detach VolumeAttachments, from their own queue; set it below --worker-threads to keep that many slots for attaches during a detach burst. 0 is --worker-threads.")
+	fs.UintVar(&o.detachThreads, "detach-worker-threads", 0, "Number of workers that detach VolumeAttachments, from their own queue; below --worker-threads, the remaining slots stay free for attaches during a detach burst. 0 is --worker-threads.")
 	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "Resync interval of the controller.")
 	fs.DurationVar(&o.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of failed create volume or deletion. It doubles with each failure, up to retry-interval-max.")
 	fs.DurationVar(&o.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of failed create volume or deletion.")
