@@ -289,22 +289,31 @@ func TestStandbyQueuesOnlyVolumeAttachmentsThatNeedWork(t *testing.T) {
 		newVA("detached", "pv", attachedWith("other/finalizer"), deleting),
 		newVA("other-driver", "pv", other),
 	)
-	want := func(attach, detach int) {
-		t.Helper()
+	waiting := func() map[string]int {
 		got := map[string]int{}
 		for _, q := range backlog.Now(time.Now()) {
 			got[q.Queue] = q.Waiting
 		}
-		if got[vaQueueName] != attach || got[vaDetachQueueName] != detach || got[pvQueueName] != 0 {
+		return got
+	}
+	want := func(attach, detach int) {
+		t.Helper()
+		if got := waiting(); got[vaQueueName] != attach || got[vaDetachQueueName] != detach || got[pvQueueName] != 0 {
 			t.Errorf("waiting items %v, want %d to attach, %d to detach, no PV", got, attach, detach)
 		}
 	}
-	want(1, 1)
+	// The handler gets its events in order: once a VolumeAttachment created now is queued,
+	// it has seen every one listed at the start.
+	if _, err := f.kube.StorageV1().VolumeAttachments().Create(context.Background(), newVA("last", "pv"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new VolumeAttachment queued", func() bool { return waiting()[vaQueueName] >= 2 })
+	want(2, 1)
 
 	// A resync of a settled VolumeAttachment while standing by: nothing to do.
 	settled := f.va("settled-1")
 	f.ctrl.vaUpdated(settled, settled)
-	want(1, 1)
+	want(2, 1)
 	// A settled VolumeAttachment that gets deleted needs work again.
 	deleting(settled)
 	if _, err := f.kube.StorageV1().VolumeAttachments().Update(context.Background(), settled, metav1.UpdateOptions{}); err != nil {
@@ -313,13 +322,13 @@ func TestStandbyQueuesOnlyVolumeAttachmentsThatNeedWork(t *testing.T) {
 	waitFor(t, "settled-1 queued for its detach", func() bool {
 		return f.ctrl.detachQueue.Len() == 2
 	})
-	want(1, 2)
+	want(2, 2)
 
 	// Leading: the periodic resync queues the settled one, as upstream.
 	f.ctrl.leading.Store(true)
 	settled = f.va("settled-2")
 	f.ctrl.vaUpdated(settled, settled)
-	want(2, 2)
+	want(3, 2)
 }
 
 // gatedClient holds every publish and unpublish at the driver's door until the test lets
