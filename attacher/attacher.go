@@ -4,7 +4,8 @@
 // ControllerUnpublishVolume), keeps the finalizers that make Kubernetes wait for that on
 // VolumeAttachments and PersistentVolumes, records the outcome in their status, and
 // reconciles them with the driver's ListVolumes. Flags, defaults, finalizer, annotation,
-// Lease and queue names are upstream's (P9).
+// Lease and queue names are upstream's (P9), plus two flags and a queue of its own for the
+// split of attach and detach work below.
 //
 // Every CSI call and the API writes that record its result run on the core's Ops()
 // context, never on intake (P1): a SIGTERM lets them finish and be recorded.
@@ -24,6 +25,33 @@
 // counterpart is its provisioning record; both are exercised by the chaos tests in
 // test/e2e (SIGKILL of the leader mid-call, objects deleted during the failover).
 //
+// Attach and detach work have a queue and workers each, so a burst of slow or failing
+// detaches (a node drained) no longer keeps attaches waiting behind it (upstream's issue
+// 761: one queue, one pool of --worker-threads workers). The flags keep every upstream
+// manifest's meaning: --worker-threads=N still bounds the VolumeAttachments attached or
+// detached at once to N, so a driver sized for upstream never sees more calls at once, and
+// one kind alone still gets all N, so neither an attach-only nor a detach-only burst runs
+// slower than upstream. New --attach-worker-threads and --detach-worker-threads size each
+// queue's workers; 0 (the default) is N. A slot freed by either kind goes to the worker
+// that has waited longest, whatever its kind, so by default an attach that comes during a
+// detach burst waits for the first running detach to end, not for the burst; setting
+// --detach-worker-threads below N keeps the rest of the slots for attaches, which then
+// start at once. (Splitting N evenly instead would halve every single-kind burst, and
+// adding N workers per kind would double the calls a driver sees.) The attach queue keeps
+// upstream's workqueue name, csi-attacher-va; detaches are csi-attacher-va-detach.
+//
+// A VolumeAttachment is with one kind of worker at a time, so the driver never sees a
+// publish and an unpublish of one volume and node overlap: one deleted while its publish
+// runs goes to the detach queue, and a detach worker that takes it meanwhile is turned
+// away; the attach worker hands it over once the publish is recorded (see workers.go).
+//
+// A standby queues only the VolumeAttachments that need work (not attached yet, or being
+// deleted with our finalizer on them); a settled one's sync is a no-op, so a standby that
+// takes over starts on fresh work at once, not behind a no-op sync of every
+// VolumeAttachment in the cluster. As leader it queues them as upstream does: its periodic
+// resync (--resync) still syncs every settled VolumeAttachment, and the reconciler checks
+// them against the driver as its term starts.
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that
@@ -33,6 +61,7 @@ package attacher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -58,6 +87,8 @@ type Sidecar struct {
 type options struct {
 	timeout            time.Duration
 	workerThreads      uint
+	attachThreads      uint
+	detachThreads      uint
 	resync             time.Duration
 	retryIntervalStart time.Duration
 	retryIntervalMax   time.Duration
@@ -82,7 +113,9 @@ func (*Sidecar) Name() string { return "attacher" }
 func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 	o := &s.opts
 	fs.DurationVar(&o.timeout, "timeout", 15*time.Second, "Timeout for waiting for attaching or detaching the volume.")
-	fs.UintVar(&o.workerThreads, "worker-threads", 10, "Number of attacher worker threads")
+	fs.UintVar(&o.workerThreads, "worker-threads", 10, "Number of attacher worker threads: at most this many VolumeAttachments are attached or detached at once, both together.")
+	fs.UintVar(&o.attachThreads, "attach-worker-threads", 0, "Number of workers that attach VolumeAttachments, from their own queue. 0 is --worker-threads.")
+	fs.UintVar(&o.detachThreads, "detach-worker-threads", 0, "Number of workers that detach VolumeAttachments, from their own queue; below --worker-threads, the remaining slots stay free for attaches during a detach burst. 0 is --worker-threads.")
 	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "Resync interval of the controller.")
 	fs.DurationVar(&o.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of failed create volume or deletion. It doubles with each failure, up to retry-interval-max.")
 	fs.DurationVar(&o.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of failed create volume or deletion.")
@@ -96,6 +129,12 @@ func (s *Sidecar) ValidateFlags() error {
 	o := s.opts
 	if o.workerThreads == 0 {
 		return errors.New("--worker-threads must be greater than zero")
+	}
+	if o.attachThreads > o.workerThreads {
+		lifecycle.WarnFlag("attach-worker-threads", o.attachThreads, fmt.Sprintf("at most --worker-threads (%d) attach at once", o.workerThreads))
+	}
+	if o.detachThreads > o.workerThreads {
+		lifecycle.WarnFlag("detach-worker-threads", o.detachThreads, fmt.Sprintf("at most --worker-threads (%d) detach at once", o.workerThreads))
 	}
 	if o.timeout <= 0 {
 		lifecycle.WarnFlag("timeout", o.timeout, "every CSI call times out at once")
@@ -160,6 +199,9 @@ func (s *Sidecar) config(env *lifecycle.Env) config {
 		driver:                env.DriverName,
 		timeout:               s.opts.timeout,
 		workers:               int(s.opts.workerThreads),
+		attachWorkers:         int(s.opts.attachThreads),
+		detachWorkers:         int(s.opts.detachThreads),
+		backlog:               env.Backlog,
 		resync:                s.opts.resync,
 		retryIntervalStart:    s.opts.retryIntervalStart,
 		retryIntervalMax:      s.opts.retryIntervalMax,

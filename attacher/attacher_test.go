@@ -40,6 +40,18 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 		"default-fstype":       "",
 		// --max-grpc-log-length is a shared flag of the core (lifecycle), default -1.
 	}
+	// Ours: the split of --worker-threads between the attach and detach queues; 0 is
+	// --worker-threads, so an upstream manifest keeps its meaning.
+	ours := map[string]string{
+		"attach-worker-threads": "0",
+		"detach-worker-threads": "0",
+	}
+	for name, def := range ours {
+		f := fs.Lookup(name)
+		if f == nil || f.DefValue != def {
+			t.Errorf("flag --%s: %+v, want default %q", name, f, def)
+		}
+	}
 	for name, def := range want {
 		f := fs.Lookup(name)
 		if f == nil {
@@ -51,8 +63,8 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 		}
 	}
 	fs.VisitAll(func(f *pflag.Flag) {
-		if _, ok := want[f.Name]; !ok {
-			t.Errorf("flag --%s is not upstream's", f.Name)
+		if _, ok := want[f.Name]; !ok && ours[f.Name] == "" {
+			t.Errorf("flag --%s is neither upstream's nor one of ours", f.Name)
 		}
 	})
 	if got := lifecycle.SanitizeName(New().LeaseName("csi.example.com")); got != "external-attacher-leader-csi-example-com" {
@@ -82,6 +94,9 @@ func TestValidateFlags(t *testing.T) {
 		{[]string{"--max-entries=-1"}, ""},
 		{[]string{"--reconcile-sync=0"}, ""},
 		{[]string{"--resync=-1s"}, ""},
+		// Ours: more workers of a kind than --worker-threads only wait for slots.
+		{[]string{"--worker-threads=4", "--attach-worker-threads=8"}, ""},
+		{[]string{"--detach-worker-threads=2"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -400,4 +415,44 @@ type recordingBroadcaster struct {
 func (b *recordingBroadcaster) NewRecorder(*runtime.Scheme, corev1.EventSource) record.EventRecorderLogger {
 	b.recorders++
 	return b.recorder
+}
+
+// The attacher's queues report their backlog to the core (Env.Backlog), which exports it as
+// csi_sidecars_queue_waiting_items{sidecar,queue}: a VolumeAttachment queued and not yet
+// taken by a worker is counted on its queue.
+func TestQueuesReportTheirBacklog(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	kube := fake.NewClientset(standard()(volID)...)
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	backlog := &lifecycle.Backlog{}
+	env := lifecycle.Env{
+		Kube: kube, Informers: factory, CSI: serve(t, backend), DriverName: testDriver, Backlog: backlog,
+		PluginCapabilities:     rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true},
+		ControllerCapabilities: rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME: true},
+	}.WithOps(context.Background())
+	s := New()
+	fs := pflag.NewFlagSet("attacher", pflag.ContinueOnError)
+	s.AddFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Setup(env); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+
+	waiting := func() map[string]int {
+		out := map[string]int{}
+		for _, q := range backlog.Now(time.Now()) {
+			out[q.Queue] = q.Waiting
+		}
+		return out
+	}
+	waitFor(t, "the VolumeAttachment counted", func() bool { return waiting()["csi-attacher-va"] == 1 })
+	if got, ok := waiting()["csi-attacher-pv"]; !ok || got != 0 {
+		t.Errorf("backlog %v, want the PV queue reported, empty", waiting())
+	}
 }

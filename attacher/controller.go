@@ -3,7 +3,9 @@ package attacher
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -32,9 +34,15 @@ const apiBudget = time.Minute
 
 // config is what the controller is told: flags and what the driver can do.
 type config struct {
-	driver             string
-	timeout            time.Duration
-	workers            int
+	driver  string
+	timeout time.Duration
+	// workers is --worker-threads: the PV workers, and how many VolumeAttachments are
+	// attached or detached at once, both kinds together (slots).
+	workers int
+	// attachWorkers and detachWorkers are the workers of each VolumeAttachment queue
+	// (--attach-worker-threads, --detach-worker-threads); 0 is workers.
+	attachWorkers      int
+	detachWorkers      int
 	resync             time.Duration
 	retryIntervalStart time.Duration
 	retryIntervalMax   time.Duration
@@ -55,14 +63,19 @@ type config struct {
 	errorCodes bool
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
+	// backlog exports what the queues have waiting (Env.Backlog); nil in most unit tests.
+	backlog *lifecycle.Backlog
 }
 
-// Upstream's queue names (NewCSIAttachController): they label client-go's process-wide
-// workqueue metrics (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of
-// the process uses them.
+// Queue names label client-go's process-wide workqueue metrics
+// (workqueue_depth{name="csi-attacher-va"}, ...), and no other queue of the process uses
+// them. The attach queue keeps the name of upstream's one VolumeAttachment queue
+// (NewCSIAttachController): attaches are what Pods wait for to start, which is what
+// dashboards and alerts on that queue watch; the detach queue is new, named after it.
 const (
-	vaQueueName = "csi-attacher-va"
-	pvQueueName = "csi-attacher-pv"
+	vaQueueName       = "csi-attacher-va"
+	vaDetachQueueName = "csi-attacher-va-detach"
+	pvQueueName       = "csi-attacher-pv"
 )
 
 // Controller attaches and detaches the VolumeAttachments of one driver.
@@ -77,35 +90,55 @@ type Controller struct {
 	vaLister      storagelisters.VolumeAttachmentLister
 	pvLister      corelisters.PersistentVolumeLister
 	csiNodeLister storagelisters.CSINodeLister
-	vaQueue       workqueue.TypedRateLimitingInterface[string]
-	pvQueue       workqueue.TypedRateLimitingInterface[string]
+	// attachQueue and detachQueue hold VolumeAttachments by the kind of work they need
+	// (kindOf); the trivial handler has no detachQueue and no pvQueue.
+	attachQueue *lifecycle.Queue[string]
+	detachQueue *lifecycle.Queue[string]
+	pvQueue     *lifecycle.Queue[string]
+	guard       *vaGuard
+	slots       *slots
+	// leading is set once this replica works (run). Until then the handlers queue only
+	// VolumeAttachments that need work (needsWork), so that a standby that takes over
+	// starts on them and not behind a no-op sync of every settled VolumeAttachment.
+	leading atomic.Bool
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
 	// their next sync calls the driver even though their status looks done.
 	mu        sync.Mutex
 	forceSync map[string]bool
-	// finished maps a VolumeAttachment to the resourceVersions its last completed attach
-	// or detach replaced. A cache still showing one of them is behind this controller's own
-	// write, which already settled the VolumeAttachment; syncing that stale copy would call
-	// the driver and write the status again for nothing (upstream does).
-	finished map[string]map[string]bool
+	// finished records, per VolumeAttachment, what this controller's completed attaches
+	// and detaches of it wrote. A cache still showing a copy they replaced is behind this
+	// controller's own write, which already settled the VolumeAttachment; syncing that
+	// stale copy would call the driver and write the status again for nothing (upstream
+	// does).
+	finished map[string]*ownWrites
 }
 
 // newController builds the controller and registers its handlers on factory. Handlers only
-// enqueue: they run on standbys too, so a new leader starts with a full queue (P7).
+// enqueue: they run on standbys too, so a new leader starts with every VolumeAttachment
+// that needs work already queued (P7).
 func newController(cfg config, kube kubernetes.Interface, factory informers.SharedInformerFactory, conn grpc.ClientConnInterface, tr translator, ops context.Context) (*Controller, error) {
+	if cfg.attachWorkers == 0 {
+		cfg.attachWorkers = cfg.workers
+	}
+	if cfg.detachWorkers == 0 {
+		cfg.detachWorkers = cfg.workers
+	}
 	c := &Controller{
 		config:    cfg,
 		kube:      kube,
 		csi:       csi.NewControllerClient(conn),
 		tr:        tr,
 		ops:       ops,
+		guard:     newVAGuard(),
+		slots:     newSlots(cfg.workers),
 		forceSync: map[string]bool{},
-		finished:  map[string]map[string]bool{},
+		finished:  map[string]*ownWrites{},
 	}
-	c.vaQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: vaQueueName, MetricsProvider: cfg.queueMetrics})
+	c.attachQueue = c.newQueue(vaQueueName)
+	if !cfg.trivial {
+		c.detachQueue = c.newQueue(vaDetachQueueName)
+	}
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -120,9 +153,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		// queue anyway, so its workqueue series exist there with nothing to do).
 		return c, nil
 	}
-	c.pvQueue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.retryIntervalStart, cfg.retryIntervalMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: pvQueueName, MetricsProvider: cfg.queueMetrics})
+	c.pvQueue = c.newQueue(pvQueueName)
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
@@ -135,11 +166,35 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	return c, nil
 }
 
-// run works while intake lasts: VolumeAttachment and PV workers, and the reconciler. It
+// newQueue builds one of the controller's queues, its backlog exported
+// (csi_sidecars_queue_waiting_items{sidecar="attacher",queue=name}).
+func (c *Controller) newQueue(name string) *lifecycle.Queue[string] {
+	return lifecycle.NewQueue[string](lifecycle.QueueOptions{
+		Name:       name,
+		RetryStart: c.retryIntervalStart,
+		RetryMax:   c.retryIntervalMax,
+		Metrics:    c.queueMetrics,
+		Backlog:    c.backlog,
+	})
+}
+
+// run works while intake lasts: attach, detach and PV workers, and the reconciler. It
 // returns once every worker finished the item it holds.
 func (c *Controller) run(intake context.Context) {
+	c.leading.Store(true)
 	var wg sync.WaitGroup
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.vaQueue, c.workers, c.syncVA) })
+	for _, k := range []kind{attachKind, detachKind} {
+		q, n := c.queue(k), c.attachWorkers
+		if k == detachKind {
+			n = c.detachWorkers
+		}
+		if q == nil {
+			continue // the trivial handler's detach queue
+		}
+		wg.Go(func() {
+			lifecycle.RunWorkers(intake, q, n, func(name string) error { return c.processVA(intake, k, name) })
+		})
+	}
 	if !c.trivial {
 		wg.Go(func() { lifecycle.RunWorkers(intake, c.pvQueue, c.workers, c.syncPV) })
 	}
@@ -149,17 +204,25 @@ func (c *Controller) run(intake context.Context) {
 	wg.Wait()
 }
 
+// vaAdded and vaUpdated queue a VolumeAttachment as upstream while this replica leads. A
+// standby queues only those that need work: the others are settled and their sync a no-op
+// (needsWork mirrors sync), the leader's periodic resync (--resync) still syncs each of them
+// within a resync period of taking over, and the reconciler checks them against the driver
+// as the term starts. Every change that makes a VolumeAttachment need work reaches the
+// standby as an event, and its key stays queued until it leads, so nothing that needs work
+// is missed. Without this a standby's queue held every VolumeAttachment (each add, and each
+// resync of its own), and fresh work at a takeover waited behind thousands of no-op syncs.
 func (c *Controller) vaAdded(obj any) {
-	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver {
-		c.vaQueue.Add(va.Name)
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Attacher == c.driver && (c.leading.Load() || c.needsWork(va)) {
+		c.enqueue(va)
 	}
 }
 
 func (c *Controller) vaUpdated(old, obj any) {
 	oldVA, ok1 := old.(*storagev1.VolumeAttachment)
 	va, ok2 := obj.(*storagev1.VolumeAttachment)
-	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) {
-		c.vaQueue.Add(va.Name)
+	if ok1 && ok2 && va.Spec.Attacher == c.driver && shouldEnqueueVAChange(oldVA, va) && (c.leading.Load() || c.needsWork(va)) {
+		c.enqueue(va)
 	}
 }
 
@@ -198,19 +261,34 @@ func (c *Controller) pvFinalizerMayGo(pv *corev1.PersistentVolume) bool {
 	return c.tr.IsPVMigratable(pv) && pv.Annotations[migratedToAnnotation] != c.driver
 }
 
-// syncVA brings one VolumeAttachment to what it asks for. An error requeues it with
-// per-item exponential backoff.
+// syncVA brings one VolumeAttachment to what it asks for, whatever the kind (the workers
+// go through processVA). An error requeues it with per-item exponential backoff.
 func (c *Controller) syncVA(name string) error {
+	va, err := c.cachedVA(name)
+	if va == nil || err != nil {
+		return err
+	}
+	return c.sync(va)
+}
+
+// cachedVA is the cached VolumeAttachment name; nil when it is gone or another driver's.
+func (c *Controller) cachedVA(name string) (*storagev1.VolumeAttachment, error) {
 	va, err := c.vaLister.Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
+		return nil, fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
 	}
 	if va.Spec.Attacher != c.driver {
-		return nil
+		return nil, nil
 	}
+	return va, nil
+}
+
+// sync brings va, as cached, to what it asks for.
+func (c *Controller) sync(va *storagev1.VolumeAttachment) error {
+	name := va.Name
 	logger := klog.FromContext(c.ops).WithValues("VolumeAttachment", name)
 	// P1: the CSI call and the writes that record it run on Ops(), never on intake.
 	ctx, cancel := context.WithTimeout(klog.NewContext(c.ops, logger), c.timeout+apiBudget)
@@ -460,33 +538,53 @@ func (c *Controller) nodeID(ctx context.Context, va *storagev1.VolumeAttachment,
 	return "", err
 }
 
+// ownWrites is what this controller's completed syncs of one VolumeAttachment wrote: the
+// resourceVersion of the last copy written, and those of every older copy, its own or not,
+// that its syncs replaced on the way.
+type ownWrites struct {
+	last     string
+	replaced map[string]bool
+}
+
 // settled records that the sync of name ended by writing last, and that the copies
-// replaced on the way are behind it.
+// replaced on the way are behind it. So are the copies earlier syncs wrote or replaced:
+// they were written before this sync began. That matters when a VolumeAttachment is
+// deleted while its publish runs: the detach that follows may start from the deletion's
+// copy before the cache shows the attach's own status write, which then arrives after the
+// detach and, not known as stale, would be detached again.
 func (c *Controller) settled(name string, last *storagev1.VolumeAttachment, replaced ...*storagev1.VolumeAttachment) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rvs := map[string]bool{}
-	for _, va := range replaced {
-		if va.ResourceVersion != last.ResourceVersion {
-			rvs[va.ResourceVersion] = true
-		}
+	if prev, ok := c.finished[name]; ok {
+		maps.Copy(rvs, prev.replaced)
+		rvs[prev.last] = true
 	}
-	c.finished[name] = rvs
+	for _, va := range replaced {
+		rvs[va.ResourceVersion] = true
+	}
+	delete(rvs, last.ResourceVersion)
+	c.finished[name] = &ownWrites{last: last.ResourceVersion, replaced: rvs}
 }
 
-// isBehindOwnWrite tells whether the cached va is a copy this controller's last completed
-// sync of it replaced. Once the cache has caught up the record is dropped.
+// isBehindOwnWrite tells whether the cached va is a copy this controller's completed syncs
+// of it replaced. The record is dropped once the cache shows the last copy written: it
+// never goes back. A copy it does not know (another writer's) keeps the record: that copy
+// may still be older than the last write. (The record goes with the VolumeAttachment at
+// the latest.)
 func (c *Controller) isBehindOwnWrite(va *storagev1.VolumeAttachment) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rvs, ok := c.finished[va.Name]
+	w, ok := c.finished[va.Name]
 	if !ok {
 		return false
 	}
-	if rvs[va.ResourceVersion] {
+	if w.replaced[va.ResourceVersion] {
 		return true
 	}
-	delete(c.finished, va.Name)
+	if va.ResourceVersion == w.last {
+		delete(c.finished, va.Name)
+	}
 	return false
 }
 
@@ -494,6 +592,13 @@ func (c *Controller) setForceSync(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.forceSync[name] = true
+}
+
+// isForced tells whether the reconciler forced the next sync of name, without consuming it.
+func (c *Controller) isForced(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.forceSync[name]
 }
 
 func (c *Controller) consumeForceSync(name string) bool {

@@ -639,14 +639,16 @@ func TestTrivialHandler(t *testing.T) {
 }
 
 // The queues report client-go's workqueue metrics under upstream's names (dashboards
-// select on them); the trivial handler has no PV queue.
-func TestQueueNamesAreUpstreams(t *testing.T) {
+// select on them), the attach queue under the name of upstream's one VolumeAttachment
+// queue and the detach queue under a new one; the trivial handler has neither a detach
+// nor a PV queue.
+func TestQueueNames(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		trivial bool
 		want    []string
 	}{
-		{name: "publishing driver", want: []string{"csi-attacher-va", "csi-attacher-pv"}},
+		{name: "publishing driver", want: []string{"csi-attacher-va", "csi-attacher-va-detach", "csi-attacher-pv"}},
 		{name: "trivial handler", trivial: true, want: []string{"csi-attacher-va"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -725,7 +727,7 @@ func publishDirectly(t *testing.T, f *fixture, volID, nodeID string) {
 	}
 }
 
-// Copies of a VolumeAttachment that this controller's own completed sync replaced are
+// Copies of a VolumeAttachment that this controller's own completed syncs replaced are
 // recognised while the cache still shows them, so they are not attached again (a second
 // CSI call and status write, as upstream makes). The fake clientset keeps no
 // resourceVersions, so the record is exercised directly; the e2e tests count the writes.
@@ -749,9 +751,23 @@ func TestCopiesReplacedByOwnWritesAreStale(t *testing.T) {
 	if f.ctrl.isBehindOwnWrite(at("1")) {
 		t.Error("record kept after the cache caught up")
 	}
-	f.ctrl.settled("va", at("5"), at("4"))
-	f.ctrl.vaDeleted(at("5"))
-	if f.ctrl.isBehindOwnWrite(at("4")) {
+
+	// Deleted while its publish ran: the publish's sync wrote 7 over 5 and 6 (its own
+	// finalizer write); the detach started from 8, the deletion, before the cache showed 7,
+	// and wrote 9. Another writer's copy (8) is not stale, and does not drop the record;
+	// 7 arriving after the detach is stale.
+	f.ctrl.settled("va", at("7"), at("5"), at("6"))
+	if f.ctrl.isBehindOwnWrite(at("8")) {
+		t.Error("another writer's copy counts as stale")
+	}
+	f.ctrl.settled("va", at("9"), at("8"))
+	for _, rv := range []string{"5", "6", "7", "8"} {
+		if !f.ctrl.isBehindOwnWrite(at(rv)) {
+			t.Errorf("copy at %s, older than the last write (9), not stale", rv)
+		}
+	}
+	f.ctrl.vaDeleted(at("9"))
+	if f.ctrl.isBehindOwnWrite(at("7")) {
 		t.Error("record kept after the VolumeAttachment was deleted")
 	}
 }

@@ -41,6 +41,8 @@ type fixture struct {
 	ctrl    *Controller
 	backend *testdriver.Backend
 	csi     *recordingClient
+	// gated, when set, holds CSI calls until the test lets them in (workers_test.go).
+	gated *gatedClient
 }
 
 // defaultConfig is the configuration of a driver with every capability the attacher uses.
@@ -64,8 +66,16 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 	t.Helper()
 	conn := serve(t, backend)
 	kube := fake.NewClientset(objects...)
-	// Decisions are fed from objects trimmed as the core's caches trim them.
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache))
+	// Decisions are fed from objects trimmed as the core's caches trim them. The fake
+	// clientset's watch hands out the very objects its tracker keeps (an API server's are
+	// decoded afresh), so they are trimmed as copies: trimming them in place races the
+	// tracker's own reads.
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(func(obj any) (any, error) {
+		if o, ok := obj.(runtime.Object); ok {
+			obj = o.DeepCopyObject()
+		}
+		return lifecycle.TrimForCache(obj)
+	}))
 	ops, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()

@@ -51,7 +51,7 @@ func (c *Controller) reconcileOnce() error {
 			logger.Info("VolumeAttachment disagrees with the driver, forcing a sync",
 				"VolumeAttachment", va.Name, "volumeHandle", handle, "attached", va.Status.Attached, "published", found)
 			c.setForceSync(va.Name)
-			c.vaQueue.Add(va.Name)
+			c.enqueue(va)
 		}
 	}
 	return nil

@@ -125,18 +125,24 @@ func (s *scenario) vaName(i int) string { return fmt.Sprintf("%s-va-%02d", s.Nam
 func (s *scenario) attach(n int) {
 	s.T.Helper()
 	for i := range n {
-		pvName := s.pvName(i)
-		va := &storagev1.VolumeAttachment{
-			ObjectMeta: metav1.ObjectMeta{Name: s.vaName(i)},
-			Spec: storagev1.VolumeAttachmentSpec{
-				Attacher: s.Driver.DriverName(),
-				NodeName: s.node,
-				Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName},
-			},
-		}
-		if _, err := s.Client.StorageV1().VolumeAttachments().Create(context.Background(), va, metav1.CreateOptions{}); err != nil {
-			s.T.Fatal(err)
-		}
+		s.attachOne(i)
+	}
+}
+
+// attachOne creates the VolumeAttachment of PV i to the node.
+func (s *scenario) attachOne(i int) {
+	s.T.Helper()
+	pvName := s.pvName(i)
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: s.vaName(i)},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: s.Driver.DriverName(),
+			NodeName: s.node,
+			Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName},
+		},
+	}
+	if _, err := s.Client.StorageV1().VolumeAttachments().Create(context.Background(), va, metav1.CreateOptions{}); err != nil {
+		s.T.Fatal(err)
 	}
 }
 
