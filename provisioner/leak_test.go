@@ -17,6 +17,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
@@ -300,9 +301,19 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 					t.Errorf("a CSI call was sent with secrets %v, want the provisioner secret", s)
 				}
 			}
+			// The event follows the record's removal, which lets the claim go: wait for it.
 			events := w.events()
-			if tc.wantEvent != "" && !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, reasonUndone) && strings.Contains(e, tc.wantEvent) }) {
-				t.Errorf("events %q, want %s saying %q", events, reasonUndone, tc.wantEvent)
+			undone := func() bool {
+				return slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, reasonUndone) && strings.Contains(e, tc.wantEvent) })
+			}
+			if tc.wantEvent != "" {
+				_ = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+					events = append(events, w.events()...)
+					return undone(), nil
+				})
+				if !undone() {
+					t.Errorf("events %q, want %s saying %q", events, reasonUndone, tc.wantEvent)
+				}
 			}
 			if tc.wantNoEvents && len(events) != 0 {
 				t.Errorf("events %q, want none", events)
