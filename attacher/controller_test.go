@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/queuenames"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
@@ -652,13 +654,13 @@ func TestQueueNames(t *testing.T) {
 		{name: "trivial handler", trivial: true, want: []string{"csi-attacher-va"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			names := &queueRecorder{}
+			names := &queuenames.Recorder{}
 			cfg := defaultConfig()
 			cfg.trivial = tc.trivial
 			cfg.queueMetrics = names
 			backend, _ := newBackendWithVolume(t)
 			newFixture(t, cfg, backend)
-			if got := names.list(); !slices.Equal(got, tc.want) {
+			if got := names.Names(); !slices.Equal(got, tc.want) {
 				t.Errorf("queues %q, want %q", got, tc.want)
 			}
 		})

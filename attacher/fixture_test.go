@@ -3,7 +3,6 @@ package attacher
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/util/workqueue"
 	csitrans "k8s.io/csi-translation-lib"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -319,40 +317,3 @@ func attachedWith(finalizers ...string) func(*storagev1.VolumeAttachment) {
 func withDetachError(va *storagev1.VolumeAttachment) {
 	va.Status.DetachError = &storagev1.VolumeError{Message: "earlier attempt failed", Time: metav1.Now()}
 }
-
-// queueRecorder is a workqueue.MetricsProvider that records the names of the queues that
-// report to it, in order.
-type queueRecorder struct {
-	mu    sync.Mutex
-	names []string
-}
-
-func (q *queueRecorder) list() []string {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return slices.Clone(q.names)
-}
-
-func (q *queueRecorder) NewDepthMetric(name string) workqueue.GaugeMetric {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.names = append(q.names, name)
-	return noopMetric{}
-}
-func (*queueRecorder) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
-func (*queueRecorder) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
-func (*queueRecorder) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
-func (*queueRecorder) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueRecorder) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueRecorder) NewRetriesMetric(string) workqueue.CounterMetric { return noopMetric{} }
-
-type noopMetric struct{}
-
-func (noopMetric) Inc()            {}
-func (noopMetric) Dec()            {}
-func (noopMetric) Set(float64)     {}
-func (noopMetric) Observe(float64) {}

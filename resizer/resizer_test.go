@@ -3,9 +3,10 @@ package resizer
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/queuenames"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
@@ -19,7 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/component-base/featuregate"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -208,52 +208,15 @@ func TestQueueNames(t *testing.T) {
 				Kube: kube, CSI: f.conn, DriverName: testDriver, PluginCapabilities: plugin, ControllerCapabilities: ctrl, Gates: gates,
 				Informers: informers.NewSharedInformerFactory(kube, 0), Events: events,
 			}.WithOps(context.Background())
-			names := &queueRecorder{}
+			names := &queuenames.Recorder{}
 			s := New()
 			s.queueMetrics = names
 			if err := s.Setup(env); err != nil {
 				t.Fatal(err)
 			}
-			if got := names.list(); !slices.Equal(got, tc.want) {
+			if got := names.Names(); !slices.Equal(got, tc.want) {
 				t.Errorf("queues %q, want %q", got, tc.want)
 			}
 		})
 	}
 }
-
-// queueRecorder is a workqueue.MetricsProvider that records the names of the queues that
-// report to it, in order.
-type queueRecorder struct {
-	mu    sync.Mutex
-	names []string
-}
-
-func (q *queueRecorder) list() []string {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return slices.Clone(q.names)
-}
-
-func (q *queueRecorder) NewDepthMetric(name string) workqueue.GaugeMetric {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.names = append(q.names, name)
-	return noopMetric{}
-}
-func (*queueRecorder) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
-func (*queueRecorder) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
-func (*queueRecorder) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
-func (*queueRecorder) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueRecorder) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueRecorder) NewRetriesMetric(string) workqueue.CounterMetric { return noopMetric{} }
-
-type noopMetric struct{}
-
-func (noopMetric) Inc()            {}
-func (noopMetric) Dec()            {}
-func (noopMetric) Set(float64)     {}
-func (noopMetric) Observe(float64) {}
