@@ -52,6 +52,10 @@
 // resync (--resync) still syncs every settled VolumeAttachment, and the reconciler checks
 // them against the driver as its term starts.
 //
+// A sync reads VolumeAttachments and PVs through this controller's own writes
+// (lifecycle.OwnWrites): one that comes before the informer shows the last write starts
+// from the written object, so a stale copy never calls the driver or writes again.
+//
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that

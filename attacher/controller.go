@@ -3,7 +3,6 @@ package attacher
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,12 +105,12 @@ type Controller struct {
 	// their next sync calls the driver even though their status looks done.
 	mu        sync.Mutex
 	forceSync map[string]bool
-	// finished records, per VolumeAttachment, what this controller's completed attaches
-	// and detaches of it wrote. A cache still showing a copy they replaced is behind this
-	// controller's own write, which already settled the VolumeAttachment; syncing that
-	// stale copy would call the driver and write the status again for nothing (upstream
-	// does).
-	finished map[string]*ownWrites
+	// vas and pvs are the VolumeAttachment and PV caches read through this controller's
+	// own writes (lifecycle.OwnWrites): a sync that follows a write of ours before its
+	// watch event arrived starts from what we wrote, not from the copy it replaced, which
+	// would call the driver and write the status again for nothing (upstream does).
+	vas *lifecycle.OwnWrites[*storagev1.VolumeAttachment]
+	pvs *lifecycle.OwnWrites[*corev1.PersistentVolume]
 }
 
 // newController builds the controller and registers its handlers on factory. Handlers only
@@ -133,7 +132,6 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 		guard:     newVAGuard(),
 		slots:     newSlots(cfg.workers),
 		forceSync: map[string]bool{},
-		finished:  map[string]*ownWrites{},
 	}
 	c.attachQueue = c.newQueue(vaQueueName)
 	if !cfg.trivial {
@@ -141,6 +139,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	}
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
+	c.vas = lifecycle.NewOwnWrites[*storagev1.VolumeAttachment](klog.FromContext(ops), vas.Informer())
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.vaAdded,
 		UpdateFunc: c.vaUpdated,
@@ -156,6 +155,7 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	c.pvQueue = c.newQueue(pvQueueName)
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
+	c.pvs = lifecycle.NewOwnWrites[*corev1.PersistentVolume](klog.FromContext(ops), pvs.Informer())
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.pvChanged,
 		UpdateFunc: func(_, obj any) { c.pvChanged(obj) },
@@ -232,11 +232,6 @@ func (c *Controller) vaDeleted(obj any) {
 		obj = gone.Obj
 	}
 	va, ok := obj.(*storagev1.VolumeAttachment)
-	if ok {
-		c.mu.Lock()
-		delete(c.finished, va.Name)
-		c.mu.Unlock()
-	}
 	if ok && c.pvQueue != nil && va.Spec.Source.PersistentVolumeName != nil {
 		c.pvQueue.Add(*va.Spec.Source.PersistentVolumeName)
 	}
@@ -271,16 +266,14 @@ func (c *Controller) syncVA(name string) error {
 	return c.sync(va)
 }
 
-// cachedVA is the cached VolumeAttachment name; nil when it is gone or another driver's.
+// cachedVA is the VolumeAttachment name as the cache or this controller's last write of it
+// knows it, the newer; nil when it is gone or another driver's.
 func (c *Controller) cachedVA(name string) (*storagev1.VolumeAttachment, error) {
-	va, err := c.vaLister.Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
+	va, ok, err := c.vas.Get(name)
 	if err != nil {
 		return nil, fmt.Errorf("getting VolumeAttachment %s from the cache: %w", name, err)
 	}
-	if va.Spec.Attacher != c.driver {
+	if !ok || va.Spec.Attacher != c.driver {
 		return nil, nil
 	}
 	return va, nil
@@ -294,10 +287,6 @@ func (c *Controller) sync(va *storagev1.VolumeAttachment) error {
 	ctx, cancel := context.WithTimeout(klog.NewContext(c.ops, logger), c.timeout+apiBudget)
 	defer cancel()
 	forced := c.consumeForceSync(name)
-	if !forced && c.isBehindOwnWrite(va) {
-		logger.V(4).Info("Cache is behind this controller's last write, which settled it")
-		return nil
-	}
 	if c.trivial {
 		return c.syncTrivial(ctx, va)
 	}
@@ -313,11 +302,9 @@ func (c *Controller) syncTrivial(ctx context.Context, va *storagev1.VolumeAttach
 	if va.Status.Attached {
 		return nil
 	}
-	written, err := c.markAttached(ctx, va, nil)
-	if err != nil {
+	if _, err := c.markAttached(ctx, va, nil); err != nil {
 		return fmt.Errorf("failed to mark as attached: %w", err)
 	}
-	c.settled(va.Name, written, va)
 	return nil
 }
 
@@ -325,7 +312,6 @@ func (c *Controller) syncAttach(ctx context.Context, va *storagev1.VolumeAttachm
 	if va.Status.Attached && !forced {
 		return nil
 	}
-	original := va
 	logger := klog.FromContext(ctx)
 	logger.V(2).Info("Attaching")
 	va, metadata, err := c.attach(ctx, va)
@@ -336,11 +322,9 @@ func (c *Controller) syncAttach(ctx context.Context, va *storagev1.VolumeAttachm
 		return fmt.Errorf("failed to attach: %w", err)
 	}
 	logger.V(2).Info("Attached")
-	written, err := c.markAttached(ctx, va, metadata)
-	if err != nil {
+	if _, err := c.markAttached(ctx, va, metadata); err != nil {
 		return fmt.Errorf("failed to mark as attached: %w", err)
 	}
-	c.settled(va.Name, written, original, va)
 	return nil
 }
 
@@ -403,7 +387,7 @@ func (c *Controller) volumeToAttach(ctx context.Context, va *storagev1.VolumeAtt
 	if vol, inline, err := inlineVolume(va); inline {
 		return vol, err
 	}
-	pv, err := c.pvLister.Get(*va.Spec.Source.PersistentVolumeName)
+	pv, err := c.cachedPV(*va.Spec.Source.PersistentVolumeName)
 	if err != nil {
 		return nil, err
 	}
@@ -434,18 +418,10 @@ func (c *Controller) syncDetach(ctx context.Context, va *storagev1.VolumeAttachm
 		return fmt.Errorf("failed to detach: %w", err)
 	}
 	logger.V(2).Info("Detached")
-	written, err := c.markDetached(ctx, va)
-	if len(written) > 0 {
-		// The last write is the current copy; the object we started from and every earlier
-		// write are copies a stale cache may still hand us. Recorded even when the status
-		// write failed after the finalizer was removed: a retry from the stale copy, which
-		// still shows the finalizer, would unpublish again. (Built in a new slice: appending
-		// to written[:last] would overwrite the last write before it is read.)
-		latest := written[len(written)-1]
-		replaced := append([]*storagev1.VolumeAttachment{va}, written[:len(written)-1]...)
-		c.settled(va.Name, latest, replaced...)
-	}
-	return err
+	// Every write is recorded as it returns (patchVA), also when the status write failed
+	// after the finalizer was removed: a retry from a stale copy, which still shows the
+	// finalizer, would unpublish again.
+	return c.markDetached(ctx, va)
 }
 
 func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment) error {
@@ -454,7 +430,7 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 		return err
 	}
 	if !inline {
-		pv, err := c.pvLister.Get(*va.Spec.Source.PersistentVolumeName)
+		pv, err := c.cachedPV(*va.Spec.Source.PersistentVolumeName)
 		if err != nil {
 			return err
 		}
@@ -538,54 +514,17 @@ func (c *Controller) nodeID(ctx context.Context, va *storagev1.VolumeAttachment,
 	return "", err
 }
 
-// ownWrites is what this controller's completed syncs of one VolumeAttachment wrote: the
-// resourceVersion of the last copy written, and those of every older copy, its own or not,
-// that its syncs replaced on the way.
-type ownWrites struct {
-	last     string
-	replaced map[string]bool
-}
-
-// settled records that the sync of name ended by writing last, and that the copies
-// replaced on the way are behind it. So are the copies earlier syncs wrote or replaced:
-// they were written before this sync began. That matters when a VolumeAttachment is
-// deleted while its publish runs: the detach that follows may start from the deletion's
-// copy before the cache shows the attach's own status write, which then arrives after the
-// detach and, not known as stale, would be detached again.
-func (c *Controller) settled(name string, last *storagev1.VolumeAttachment, replaced ...*storagev1.VolumeAttachment) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	rvs := map[string]bool{}
-	if prev, ok := c.finished[name]; ok {
-		maps.Copy(rvs, prev.replaced)
-		rvs[prev.last] = true
+// cachedPV is the PV name as the cache or this controller's last write of it knows it, the
+// newer; a NotFound error when the cache has none.
+func (c *Controller) cachedPV(name string) (*corev1.PersistentVolume, error) {
+	pv, ok, err := c.pvs.Get(name)
+	if err != nil {
+		return nil, fmt.Errorf("getting PersistentVolume %s from the cache: %w", name, err)
 	}
-	for _, va := range replaced {
-		rvs[va.ResourceVersion] = true
-	}
-	delete(rvs, last.ResourceVersion)
-	c.finished[name] = &ownWrites{last: last.ResourceVersion, replaced: rvs}
-}
-
-// isBehindOwnWrite tells whether the cached va is a copy this controller's completed syncs
-// of it replaced. The record is dropped once the cache shows the last copy written: it
-// never goes back. A copy it does not know (another writer's) keeps the record: that copy
-// may still be older than the last write. (The record goes with the VolumeAttachment at
-// the latest.)
-func (c *Controller) isBehindOwnWrite(va *storagev1.VolumeAttachment) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w, ok := c.finished[va.Name]
 	if !ok {
-		return false
+		return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumes"), name)
 	}
-	if w.replaced[va.ResourceVersion] {
-		return true
-	}
-	if va.ResourceVersion == w.last {
-		delete(c.finished, va.Name)
-	}
-	return false
+	return pv, nil
 }
 
 func (c *Controller) setForceSync(name string) {
@@ -612,12 +551,12 @@ func (c *Controller) consumeForceSync(name string) bool {
 // syncPV removes our finalizer from a PV that may let it go once no VolumeAttachment
 // references the PV any more.
 func (c *Controller) syncPV(name string) error {
-	pv, err := c.pvLister.Get(name)
+	pv, err := c.cachedPV(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("getting PersistentVolume %s from the cache: %w", name, err)
+		return err
 	}
 	if !c.pvFinalizerMayGo(pv) {
 		return nil

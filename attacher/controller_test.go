@@ -729,47 +729,60 @@ func publishDirectly(t *testing.T, f *fixture, volID, nodeID string) {
 	}
 }
 
-// Copies of a VolumeAttachment that this controller's own completed syncs replaced are
-// recognised while the cache still shows them, so they are not attached again (a second
-// CSI call and status write, as upstream makes). The fake clientset keeps no
-// resourceVersions, so the record is exercised directly; the e2e tests count the writes.
-func TestCopiesReplacedByOwnWritesAreStale(t *testing.T) {
-	backend, _ := newBackendWithVolume(t)
-	f := newFixture(t, defaultConfig(), backend)
-	at := func(rv string) *storagev1.VolumeAttachment {
-		va := newVA("va", "pv")
-		va.ResourceVersion = rv
-		return va
+// A sync reads the newer of the cached copy and this controller's own last write
+// (lifecycle.OwnWrites): while the cache is still behind a write that settled the
+// VolumeAttachment, a sync of the stale copy neither calls the driver nor writes (upstream
+// publishes, or unpublishes, again). The fake clientset keeps no resourceVersions, so the
+// written copies are handed to the controller as its patches would; the e2e tests count
+// the calls and writes against a real API server.
+func TestASyncOfACopyOlderThanTheOwnWriteDoesNothing(t *testing.T) {
+	backend, id := newBackendWithVolume(t)
+	pending := newVA("va", "pv", func(va *storagev1.VolumeAttachment) { va.ResourceVersion = "5" })
+	f := newFixture(t, defaultConfig(), backend, newPV("pv", id), newCSINode(testNode, testNodeID), pending)
+
+	// Attached by our write at 9; the cache still shows 5, pending.
+	attached := pending.DeepCopy()
+	attachedWith(finalizerName(testDriver))(attached)
+	attached.ResourceVersion = "9"
+	f.ctrl.vas.Wrote(attached)
+	if err := f.sync("va"); err != nil {
+		t.Fatal(err)
 	}
-	f.ctrl.settled("va", at("3"), at("1"), at("2"), at("3"))
-	for rv, want := range map[string]bool{"1": true, "2": true} {
-		if got := f.ctrl.isBehindOwnWrite(at(rv)); got != want {
-			t.Errorf("copy at %s: stale %v, want %v", rv, got, want)
-		}
-	}
-	if f.ctrl.isBehindOwnWrite(at("3")) {
-		t.Error("the written copy counts as stale")
-	}
-	if f.ctrl.isBehindOwnWrite(at("1")) {
-		t.Error("record kept after the cache caught up")
+	if p, u := f.csi.counts(); p+u != 0 || len(f.writes()) != 0 {
+		t.Errorf("sync of the copy behind the own write: %d publishes, %d unpublishes, writes %v; want none", p, u, f.writes())
 	}
 
-	// Deleted while its publish ran: the publish's sync wrote 7 over 5 and 6 (its own
-	// finalizer write); the detach started from 8, the deletion, before the cache showed 7,
-	// and wrote 9. Another writer's copy (8) is not stale, and does not drop the record;
-	// 7 arriving after the detach is stale.
-	f.ctrl.settled("va", at("7"), at("5"), at("6"))
-	if f.ctrl.isBehindOwnWrite(at("8")) {
-		t.Error("another writer's copy counts as stale")
+	// Deleted, and detached by our writes up to 12; the cache shows the deletion at 10,
+	// finalizer still on.
+	deleted := attached.DeepCopy()
+	deleting(deleted)
+	deleted.ResourceVersion = "10"
+	if err := f.vaStore.Update(deleted); err != nil {
+		t.Fatal(err)
 	}
-	f.ctrl.settled("va", at("9"), at("8"))
-	for _, rv := range []string{"5", "6", "7", "8"} {
-		if !f.ctrl.isBehindOwnWrite(at(rv)) {
-			t.Errorf("copy at %s, older than the last write (9), not stale", rv)
-		}
+	detached := deleted.DeepCopy()
+	detached.Finalizers = []string{"other"} // another controller's keeps it
+	detached.Status = storagev1.VolumeAttachmentStatus{}
+	detached.ResourceVersion = "12"
+	f.ctrl.vas.Wrote(detached)
+	if err := f.sync("va"); err != nil {
+		t.Fatal(err)
 	}
-	f.ctrl.vaDeleted(at("9"))
-	if f.ctrl.isBehindOwnWrite(at("7")) {
-		t.Error("record kept after the VolumeAttachment was deleted")
+	if p, u := f.csi.counts(); p+u != 0 || len(f.writes()) != 0 {
+		t.Errorf("sync of the deletion behind the own detach: %d publishes, %d unpublishes, writes %v; want none", p, u, f.writes())
+	}
+
+	// Another writer's copy newer than ours (13: our finalizer back, attached) is what the
+	// sync decides on.
+	newer := deleted.DeepCopy()
+	newer.ResourceVersion = "13"
+	if err := f.vaStore.Update(newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.sync("va"); err != nil {
+		t.Fatal(err)
+	}
+	if _, u := f.csi.counts(); u != 1 {
+		t.Errorf("sync of a copy newer than the own write: %d unpublishes, want 1", u)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	csitrans "k8s.io/csi-translation-lib"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -41,6 +42,8 @@ type fixture struct {
 	csi     *recordingClient
 	// gated, when set, holds CSI calls until the test lets them in (workers_test.go).
 	gated *gatedClient
+	// vaStore is the VolumeAttachment informer's store, for tests that make it lag.
+	vaStore cache.Store
 }
 
 // defaultConfig is the configuration of a driver with every capability the attacher uses.
@@ -91,7 +94,8 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 			t.Fatalf("cache of %v not synced", typ)
 		}
 	}
-	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec}
+	vaStore := factory.Storage().V1().VolumeAttachments().Informer().GetStore()
+	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec, vaStore: vaStore}
 }
 
 // serve serves backend on a new UNIX socket and returns a connection to it.

@@ -56,6 +56,7 @@ func (c *Controller) patchVA(ctx context.Context, old, updated *storagev1.Volume
 	if err != nil {
 		return old, fmt.Errorf("patching VolumeAttachment %s: %w", old.Name, err)
 	}
+	c.vas.Wrote(va)
 	return va, nil
 }
 
@@ -69,6 +70,7 @@ func (c *Controller) patchPV(ctx context.Context, old, updated *corev1.Persisten
 	if err != nil {
 		return old, fmt.Errorf("patching PersistentVolume %s: %w", old.Name, err)
 	}
+	c.pvs.Wrote(pv)
 	return pv, nil
 }
 
@@ -82,8 +84,7 @@ func (c *Controller) markAttached(ctx context.Context, va *storagev1.VolumeAttac
 }
 
 // markDetached records a successful unpublish: it removes our finalizer, then writes the
-// status (attached false, no metadata, no detachError). It returns the objects it wrote,
-// in order, also when a later write failed.
+// status (attached false, no metadata, no detachError).
 //
 // The order is upstream's, and it is what makes a crash (or a failed write) between the two
 // writes harmless: a VolumeAttachment being deleted without our finalizer counts as
@@ -99,24 +100,22 @@ func (c *Controller) markAttached(ctx context.Context, va *storagev1.VolumeAttac
 // deleted, ours its last finalizer), the status write could only fail with NotFound
 // (upstream sends it and ignores that), so it is skipped; and a status that is already
 // right is not written again (upstream sends an empty patch).
-func (c *Controller) markDetached(ctx context.Context, va *storagev1.VolumeAttachment) ([]*storagev1.VolumeAttachment, error) {
+func (c *Controller) markDetached(ctx context.Context, va *storagev1.VolumeAttachment) error {
 	finalizer := finalizerName(c.driver)
 	has := hasFinalizer(va.Finalizers, finalizer)
 	if !has && !va.Status.Attached {
-		return nil, nil // as upstream: nothing of ours left to undo
+		return nil // as upstream: nothing of ours left to undo
 	}
-	var written []*storagev1.VolumeAttachment
 	if has {
 		remaining := withoutFinalizer(va.Finalizers, finalizer)
 		clone := va.DeepCopy()
 		clone.Finalizers = remaining
 		updated, err := c.patchVA(ctx, va, clone, false)
 		if err != nil {
-			return written, fmt.Errorf("could not remove the finalizer: %w", err)
+			return fmt.Errorf("could not remove the finalizer: %w", err)
 		}
-		written = append(written, updated)
 		if va.DeletionTimestamp != nil && len(remaining) == 0 {
-			return written, nil // the API server deletes it now
+			return nil // the API server deletes it now
 		}
 		va = updated
 	}
@@ -124,15 +123,12 @@ func (c *Controller) markDetached(ctx context.Context, va *storagev1.VolumeAttac
 	clone.Status.Attached = false
 	clone.Status.DetachError = nil
 	clone.Status.AttachmentMetadata = nil
-	updated, err := c.patchVA(ctx, va, clone, true)
+	_, err := c.patchVA(ctx, va, clone, true)
 	if apierrors.IsNotFound(err) {
-		return written, nil // deleted meanwhile: nothing left to record
+		return nil // deleted meanwhile: nothing left to record
 	}
 	if err != nil {
-		return written, fmt.Errorf("could not mark as detached: %w", err)
+		return fmt.Errorf("could not mark as detached: %w", err)
 	}
-	if updated != va {
-		written = append(written, updated)
-	}
-	return written, nil
+	return nil
 }

@@ -97,7 +97,7 @@ func (c *Controller) processVA(intake context.Context, k kind, name string) erro
 	}
 	// A settled VolumeAttachment takes no slot: at a takeover or a resync thousands of them
 	// would otherwise wait in line with the work that calls the driver.
-	if !c.isForced(name) && (c.isBehindOwnWrite(va) || !c.needsWork(va)) {
+	if !c.isForced(name) && !c.needsWork(va) {
 		return nil
 	}
 	if !c.slots.acquire(intake) {

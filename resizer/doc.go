@@ -36,8 +36,8 @@
 // modification that fails before the driver is called (its secret cannot be read) records
 // VolumeModifyFailed, because nothing in the status says why the PVC stays InProgress.
 //
-// Both controllers read PVCs and PVs through their own writes (a client-go mutation cache
-// over the shared informers' stores): a sync that comes before the informer shows what the
+// Both controllers read PVCs and PVs through their own writes (lifecycle.OwnWrites, a
+// mutation cache over the shared informers' stores): a sync that comes before the informer shows what the
 // last sync wrote starts from the written object, so a stale copy never calls the driver
 // again. The shared informer stores are never written to. A periodic resync re-runs a PVC
 // whose work is due, never one waiting for its backoff, and costs no call, write or event

@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Annotations and event reasons, as upstream spells them (P9).
@@ -46,55 +48,31 @@ type writer struct {
 	timeout  time.Duration
 	recorder record.EventRecorder
 	driver   string
-	// claims and volumes read the PVC and PV informer caches through this sidecar's own
-	// writes: each read returns the newer, by resourceVersion, of the informer's copy and
-	// the object a write of ours returned. A sync that follows our write before its watch
-	// event arrived therefore starts from what we wrote, not from the copy it replaced
-	// (which would call the driver again, or only earn a conflict). The informer's stores
-	// themselves are never written: they are shared with every sidecar of the process, a
-	// newer watch event may already be in them, and the handlers must see our own write's
-	// event as the update it is.
-	claims  cache.MutationCache
-	volumes cache.MutationCache
+	// claims and volumes are the PVC and PV informer caches read through this sidecar's
+	// own writes (lifecycle.OwnWrites): a sync that follows a write of ours before its
+	// watch event arrived starts from what we wrote.
+	claims  *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	volumes *lifecycle.OwnWrites[*v1.PersistentVolume]
 }
-
-// ownWrites bounds the mutation caches. An entry matters only until the informer shows
-// the write (normally milliseconds) and is dropped then; the bound is far above the
-// writes in flight at once (two controllers' workers, a few writes each).
-const (
-	ownWritesMax = 1024
-	ownWritesTTL = 5 * time.Minute
-)
 
 // newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
 func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout time.Duration, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) writer {
 	logger := klog.FromContext(ops())
-	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax}
 	return writer{
 		kube: kube, ops: ops, timeout: timeout, recorder: recorder, driver: driver,
-		claims:  cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, factory.Core().V1().PersistentVolumeClaims().Informer().GetStore(), opts),
-		volumes: cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, factory.Core().V1().PersistentVolumes().Informer().GetStore(), opts),
+		claims:  lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](logger, factory.Core().V1().PersistentVolumeClaims().Informer()),
+		volumes: lifecycle.NewOwnWrites[*v1.PersistentVolume](logger, factory.Core().V1().PersistentVolumes().Informer()),
 	}
 }
 
 // claim is the PVC ns/name as the informer or our last write of it knows it, the newer.
 func (w *writer) claim(ns, name string) (*v1.PersistentVolumeClaim, bool, error) {
-	obj, ok, err := w.claims.GetByKey(ns + "/" + name)
-	if err != nil || !ok {
-		return nil, false, err
-	}
-	pvc, ok := obj.(*v1.PersistentVolumeClaim)
-	return pvc, ok, nil
+	return w.claims.Get(ns + "/" + name)
 }
 
 // volume is the PV name as the informer or our last write of it knows it, the newer.
 func (w *writer) volume(name string) (*v1.PersistentVolume, bool, error) {
-	obj, ok, err := w.volumes.GetByKey(name)
-	if err != nil || !ok {
-		return nil, false, err
-	}
-	pv, ok := obj.(*v1.PersistentVolume)
-	return pv, ok, nil
+	return w.volumes.Get(name)
 }
 
 // opContext bounds one CSI call or one write, on Ops() (P1).
@@ -118,7 +96,7 @@ func (w *writer) patchClaim(old, updated *v1.PersistentVolumeClaim, checkVersion
 	if err != nil {
 		return old, fmt.Errorf("patching PVC %s/%s: %w", old.Namespace, old.Name, err)
 	}
-	w.claims.Mutation(out)
+	w.claims.Wrote(out)
 	return out, nil
 }
 
@@ -134,7 +112,7 @@ func (w *writer) patchVolume(old, updated *v1.PersistentVolume) (*v1.PersistentV
 	if err != nil {
 		return old, fmt.Errorf("patching PV %s: %w", old.Name, err)
 	}
-	w.volumes.Mutation(out)
+	w.volumes.Wrote(out)
 	return out, nil
 }
 

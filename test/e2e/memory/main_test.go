@@ -37,6 +37,8 @@ var (
 	flagMargin       = flag.Duration("memory.margin", 10*time.Second, "wait after the resync period before reading the memory")
 	flagUpstream     = flag.Bool("memory.upstream", true, "build and measure upstream's sidecars too (benchmark only)")
 	flagMirrors      = flag.String("memory.mirrors", defaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $CSI_SIDECARS_UPSTREAM_MIRRORS")
+	flagOnly         = flag.String("memory.only", "", "measure only these of attacher, provisioner, resizer, combined (comma-separated; default all)")
+	flagOurEnv       = flag.String("memory.our-env", "", "extra environment of our processes, comma-separated NAME=value (for experiments, e.g. GOGC=50)")
 	flagHeapProfiles = flag.String("memory.heap-profiles", "", "a folder: write a heap profile of each of our processes there before it is stopped (runs them with --enable-pprof)")
 )
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -158,13 +159,18 @@ func benchmarkMemory(b *testing.B) {
 		ours := ourSidecars(resync)
 		var groups [][]sidecar
 		for _, sc := range ours[:3] {
+			if !selected(sc.name) {
+				continue
+			}
 			group := []sidecar{sc}
 			if bin, ok := upstream[sc.name]; ok {
 				group = append(group, upstreamSidecar(sc.name, bin, resync))
 			}
 			groups = append(groups, group)
 		}
-		groups = append(groups, []sidecar{ours[3]})
+		if selected(ours[3].name) {
+			groups = append(groups, []sidecar{ours[3]})
+		}
 		for _, group := range groups {
 			for label, m := range measureGroup(b, s, group, size, resync+margin) {
 				results[size][label] = m
@@ -175,6 +181,11 @@ func benchmarkMemory(b *testing.B) {
 		say("one Pod of the data set: %d bytes as JSON", size)
 	}
 	report(b, sizes, results, setup, resync, margin)
+}
+
+// selected says whether -memory.only names sidecar (or is empty).
+func selected(sidecar string) bool {
+	return *flagOnly == "" || slices.Contains(strings.Split(*flagOnly, ","), sidecar)
 }
 
 // measureGroup runs the group's processes side by side on the data set, each until it

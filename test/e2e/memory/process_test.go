@@ -117,6 +117,9 @@ func start(t testing.TB, s *e2e.Scenario, sc sidecar, id string, extra ...string
 		bin = filepath.Join(s.BinDir, bin)
 	}
 	p.cmd = exec.Command(bin, args...)
+	if sc.ours && *flagOurEnv != "" {
+		p.cmd.Env = append(os.Environ(), strings.Split(*flagOurEnv, ",")...)
+	}
 	p.log = filepath.Join(s.Dir, id+".log")
 	logFile, err := os.Create(p.log)
 	if err != nil {
