@@ -139,7 +139,10 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	}
 	vas := factory.Storage().V1().VolumeAttachments()
 	c.vaLister = vas.Lister()
-	c.vas = lifecycle.NewOwnWrites[*storagev1.VolumeAttachment](klog.FromContext(ops), vas.Informer())
+	var err error
+	if c.vas, err = lifecycle.NewOwnWrites[*storagev1.VolumeAttachment](klog.FromContext(ops), vas.Informer()); err != nil {
+		return nil, fmt.Errorf("VolumeAttachment cache: %w", err)
+	}
 	if _, err := vas.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.vaAdded,
 		UpdateFunc: c.vaUpdated,
@@ -155,7 +158,9 @@ func newController(cfg config, kube kubernetes.Interface, factory informers.Shar
 	c.pvQueue = c.newQueue(pvQueueName)
 	pvs := factory.Core().V1().PersistentVolumes()
 	c.pvLister = pvs.Lister()
-	c.pvs = lifecycle.NewOwnWrites[*corev1.PersistentVolume](klog.FromContext(ops), pvs.Informer())
+	if c.pvs, err = lifecycle.NewOwnWrites[*corev1.PersistentVolume](klog.FromContext(ops), pvs.Informer()); err != nil {
+		return nil, fmt.Errorf("PersistentVolume cache: %w", err)
+	}
 	if _, err := pvs.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.pvChanged,
 		UpdateFunc: func(_, obj any) { c.pvChanged(obj) },

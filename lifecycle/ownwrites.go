@@ -1,9 +1,13 @@
 package lifecycle
 
 import (
+	"fmt"
+	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -22,6 +26,11 @@ import (
 // an entry goes as soon as the informer shows its version or a newer one.
 type OwnWrites[T runtime.Object] struct {
 	cache cache.MutationCache
+
+	mu sync.Mutex
+	// deleted maps the key of an object a write of ours deleted to its UID, until the
+	// informer shows the deletion.
+	deleted map[string]types.UID
 }
 
 // Bounds of the entries. One matters only until the informer shows the write (normally
@@ -33,10 +42,17 @@ const (
 	ownWritesTTL = 5 * time.Minute
 )
 
-// NewOwnWrites reads informer's store through the writes given to Wrote.
-func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer) *OwnWrites[T] {
+// NewOwnWrites reads informer's store through the writes given to Wrote and Deleted.
+func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer) (*OwnWrites[T], error) {
 	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax}
-	return &OwnWrites[T]{cache: cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts)}
+	w := &OwnWrites[T]{
+		cache:   cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts),
+		deleted: map[string]types.UID{},
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: w.seenDeleted}); err != nil {
+		return nil, fmt.Errorf("watching deletions: %w", err)
+	}
+	return w, nil
 }
 
 // Get is the object of key (namespace/name, or name) as the informer or the last write of
@@ -48,10 +64,51 @@ func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 		return zero, false, err
 	}
 	t, ok := obj.(T)
-	return t, ok, nil
+	if !ok {
+		return zero, false, nil
+	}
+	if m, err := meta.Accessor(t); err == nil {
+		w.mu.Lock()
+		uid, gone := w.deleted[key]
+		w.mu.Unlock()
+		if gone && uid == m.GetUID() {
+			return zero, false, nil
+		}
+	}
+	return t, true, nil
 }
 
 // Wrote records obj, as the API server returned it from a write of this sidecar.
 func (w *OwnWrites[T]) Wrote(obj T) {
 	w.cache.Mutation(obj)
+}
+
+// Deleted records that a write of this sidecar deleted obj: a finalizer removal after
+// which the API server deleted the object. Its answer is the last stored copy, at a
+// resourceVersion the informer may still show, so no resourceVersion can say the object is
+// gone; Get reports it missing until the informer shows the deletion (or holds another
+// object of that name).
+func (w *OwnWrites[T]) Deleted(obj T) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.deleted[key] = m.GetUID()
+}
+
+// seenDeleted drops the record of an object the informer saw deleted.
+func (w *OwnWrites[T]) seenDeleted(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.deleted, key)
 }

@@ -9,31 +9,51 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// storeInformer is an informer reduced to its store: OwnWrites reads nothing else.
+// storeInformer is an informer reduced to its store and one event handler, which the test
+// calls itself.
 type storeInformer struct {
 	cache.SharedInformer
-	store cache.Store
+	store   cache.Store
+	handler cache.ResourceEventHandler
 }
 
-func (s storeInformer) GetStore() cache.Store { return s.store }
+func (s *storeInformer) GetStore() cache.Store { return s.store }
+
+func (s *storeInformer) AddEventHandler(h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
+	s.handler = h
+	return nil, nil
+}
+
+func newOwnWrites(t *testing.T) (*OwnWrites[*v1.PersistentVolume], *storeInformer) {
+	t.Helper()
+	inf := &storeInformer{store: cache.NewStore(cache.MetaNamespaceKeyFunc)}
+	w, err := NewOwnWrites[*v1.PersistentVolume](klog.Background(), inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, inf
+}
+
+func pvAt(rv, phase string) *v1.PersistentVolume {
+	return &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv", UID: "uid-1", ResourceVersion: rv}, Status: v1.PersistentVolumeStatus{Phase: v1.PersistentVolumePhase(phase)}}
+}
+
+// getPV is what w.Get("pv") says: "<resourceVersion> <phase>" or "missing".
+func getPV(t *testing.T, w *OwnWrites[*v1.PersistentVolume]) string {
+	t.Helper()
+	got, ok, err := w.Get("pv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return "missing"
+	}
+	return got.ResourceVersion + " " + string(got.Status.Phase)
+}
 
 func TestOwnWritesReturnsTheNewerOfCacheAndOwnWrite(t *testing.T) {
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	w := NewOwnWrites[*v1.PersistentVolume](klog.Background(), storeInformer{store: store})
-	pv := func(rv, phase string) *v1.PersistentVolume {
-		return &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv", ResourceVersion: rv}, Status: v1.PersistentVolumeStatus{Phase: v1.PersistentVolumePhase(phase)}}
-	}
-	get := func() string {
-		t.Helper()
-		got, ok, err := w.Get("pv")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			return "missing"
-		}
-		return got.ResourceVersion + " " + string(got.Status.Phase)
-	}
+	w, inf := newOwnWrites(t)
+	store, pv, get := inf.store, pvAt, func() string { return getPV(t, w) }
 
 	w.Wrote(pv("9", "Bound"))
 	if got := get(); got != "missing" {
@@ -61,5 +81,34 @@ func TestOwnWritesReturnsTheNewerOfCacheAndOwnWrite(t *testing.T) {
 	}
 	if got := get(); got != "6 Pending" {
 		t.Errorf("entry kept after the cache caught up: %s, want 6 Pending", got)
+	}
+}
+
+// A finalizer removal that lets the API server delete the object answers with the last
+// stored copy at the resourceVersion the informer already shows: the object is missing
+// from then on, until the informer shows the deletion; a new object of the name is not.
+func TestOwnWritesDeletedIsMissingUntilTheInformerCatchesUp(t *testing.T) {
+	w, inf := newOwnWrites(t)
+	if err := inf.store.Add(pvAt("5", "Released")); err != nil {
+		t.Fatal(err)
+	}
+	w.Deleted(pvAt("5", "Released"))
+	if got := getPV(t, w); got != "missing" {
+		t.Errorf("after our write deleted it: %s, want missing", got)
+	}
+	if err := inf.store.Delete(pvAt("5", "Released")); err != nil {
+		t.Fatal(err)
+	}
+	inf.handler.OnDelete(pvAt("5", "Released"))
+	recreated := pvAt("8", "Available")
+	recreated.UID = "uid-2"
+	if err := inf.store.Add(recreated); err != nil {
+		t.Fatal(err)
+	}
+	if got := getPV(t, w); got != "8 Available" {
+		t.Errorf("a new object of the name: %s, want 8 Available", got)
+	}
+	if len(w.deleted) != 0 {
+		t.Errorf("record kept after the informer showed the deletion: %v", w.deleted)
 	}
 }

@@ -67,7 +67,11 @@ func newFixtureOf(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *
 		factory:  informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache)),
 		recorder: record.NewFakeRecorder(100),
 	}
-	f.w = newWriter(kube, context.Background, 5*time.Second, f.recorder, cfg.DriverName, f.factory)
+	w, err := newWriter(kube, context.Background, 5*time.Second, f.recorder, cfg.DriverName, f.factory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.w = w
 	f.add(objs...)
 	return f
 }

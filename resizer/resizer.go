@@ -132,7 +132,10 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "external-resizer " + env.DriverName})
 	// One writer for both controllers: each reads the PVCs and PVs through the other's
 	// writes as well as its own.
-	base := newWriter(env.Kube, env.Ops, s.timeout, recorder, env.DriverName, env.Informers)
+	base, err := newWriter(env.Kube, env.Ops, s.timeout, recorder, env.DriverName, env.Informers)
+	if err != nil {
+		return err
+	}
 
 	expandQueue, modifyQueue := queueNames(env.DriverName, caps.expand != nil)
 	if caps.expand != nil {

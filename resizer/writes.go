@@ -56,13 +56,17 @@ type writer struct {
 }
 
 // newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
-func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout time.Duration, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) writer {
+func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout time.Duration, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) (writer, error) {
 	logger := klog.FromContext(ops())
-	return writer{
-		kube: kube, ops: ops, timeout: timeout, recorder: recorder, driver: driver,
-		claims:  lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](logger, factory.Core().V1().PersistentVolumeClaims().Informer()),
-		volumes: lifecycle.NewOwnWrites[*v1.PersistentVolume](logger, factory.Core().V1().PersistentVolumes().Informer()),
+	claims, err := lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](logger, factory.Core().V1().PersistentVolumeClaims().Informer())
+	if err != nil {
+		return writer{}, fmt.Errorf("PVC cache: %w", err)
 	}
+	volumes, err := lifecycle.NewOwnWrites[*v1.PersistentVolume](logger, factory.Core().V1().PersistentVolumes().Informer())
+	if err != nil {
+		return writer{}, fmt.Errorf("PV cache: %w", err)
+	}
+	return writer{kube: kube, ops: ops, timeout: timeout, recorder: recorder, driver: driver, claims: claims, volumes: volumes}, nil
 }
 
 // claim is the PVC ns/name as the informer or our last write of it knows it, the newer.

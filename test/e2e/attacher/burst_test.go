@@ -114,14 +114,11 @@ func TestDeletionDuringPublish(t *testing.T) {
 	journal := s.Driver.Journal()
 	publishes := e2e.CallsOn(journal, a, testdriver.MethodControllerPublishVolume)
 	unpublishes := e2e.CallsOn(journal, a, testdriver.MethodControllerUnpublishVolume)
-	// Safety: one publish, and no unpublish before it ended. A second, idempotent unpublish
-	// after the first is redundant, not unsafe; it still happens now and then (a known
-	// issue, logged rather than failed).
-	if len(publishes) != 1 || len(unpublishes) == 0 {
-		t.Fatalf("%d publishes, %d unpublishes; want one publish and an unpublish", len(publishes), len(unpublishes))
-	}
-	if len(unpublishes) > 1 {
-		t.Logf("FIGURE %d unpublishes after the publish, one would do", len(unpublishes))
+	// One publish, one unpublish, and not before the publish ended. (A second unpublish,
+	// from a sync of the copy the informer still showed after the finalizer removal that
+	// deleted it, happened in about a third of the runs before lifecycle.OwnWrites.Deleted.)
+	if len(publishes) != 1 || len(unpublishes) != 1 {
+		t.Fatalf("%d publishes, %d unpublishes; want one of each", len(publishes), len(unpublishes))
 	}
 	for _, u := range unpublishes {
 		if u.Start.Before(publishes[0].End) {

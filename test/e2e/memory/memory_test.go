@@ -249,6 +249,12 @@ func writeHeapProfile(b *testing.B, p *process) {
 		return
 	}
 	say("heap profile of %s: %s", p.label(), path)
+	// The text form ends with the runtime's memory statistics (heap, stacks, GC metadata).
+	if code, body := p.get("/debug/pprof/heap?debug=1"); code == http.StatusOK {
+		if err := os.WriteFile(filepath.Join(*flagHeapProfiles, p.id+".txt"), body, 0o644); err != nil {
+			b.Logf("heap profile: %v", err)
+		}
+	}
 }
 
 // report logs the tables and reports the full size's figures as metrics.
