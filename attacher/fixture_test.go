@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	csitrans "k8s.io/csi-translation-lib"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const (
@@ -67,16 +67,8 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 	t.Helper()
 	conn := serve(t, backend)
 	kube := fake.NewClientset(objects...)
-	// Decisions are fed from objects trimmed as the core's caches trim them. The fake
-	// clientset's watch hands out the very objects its tracker keeps (an API server's are
-	// decoded afresh), so they are trimmed as copies: trimming them in place races the
-	// tracker's own reads.
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(func(obj any) (any, error) {
-		if o, ok := obj.(runtime.Object); ok {
-			obj = o.DeepCopyObject()
-		}
-		return lifecycle.TrimForCache(obj)
-	}))
+	// Decisions are fed from objects trimmed as the core's caches trim them.
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(cachetest.Transform()))
 	ops, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()

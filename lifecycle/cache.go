@@ -4,6 +4,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 // TrimForCache is the transform of the shared informer caches: it drops what no hosted
@@ -17,12 +18,25 @@ import (
 //   - A Pod keeps only what the resizer's in-use check reads (which claims it mounts, and
 //     whether it has ended) and its identity. No sidecar writes Pods.
 func TrimForCache(obj any) (any, error) {
+	return trimForCache(obj, nil)
+}
+
+// NewCacheTransform is the transform of one process's informer caches: TrimForCache, and
+// maps of strings that many objects repeat shared among them (sharedMaps).
+func NewCacheTransform() cache.TransformFunc {
+	shared := newSharedMaps()
+	return func(obj any) (any, error) { return trimForCache(obj, shared) }
+}
+
+func trimForCache(obj any, maps *sharedMaps) (any, error) {
 	if pod, ok := obj.(*v1.Pod); ok {
-		return trimPod(pod), nil
-	}
-	if m, err := meta.Accessor(obj); err == nil {
+		obj = trimPod(pod)
+	} else if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
+	} else {
+		return obj, nil // a tombstone, say: not decoded by us
 	}
+	internStrings(obj, maps)
 	return obj, nil
 }
 

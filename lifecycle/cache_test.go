@@ -1,8 +1,12 @@
 package lifecycle
 
 import (
+	"fmt"
+	"maps"
 	"reflect"
+	"strings"
 	"testing"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,5 +57,62 @@ func TestTrimForCacheKeepsWhatThePodInUseCheckReads(t *testing.T) {
 	}
 	if len(p.Spec.Containers) != 0 || len(p.Labels) != 0 || len(p.Status.Conditions) != 0 {
 		t.Errorf("fields no sidecar reads were kept: %+v", p)
+	}
+}
+
+// The cache transform changes nothing a reader sees: every field keeps its value. Repeated
+// strings and equal maps of strings are held once; an object's own strings stay its own.
+func TestCacheTransformSharesRepeatedStringsAndMapsAndKeepsEveryValue(t *testing.T) {
+	transform := NewCacheTransform()
+	var got []*v1.PersistentVolume
+	for i := range 3 {
+		pv := samplePV(i)
+		pv.ManagedFields = nil
+		// Built anew, as a decoder does: equal content, separate memory.
+		pv.Spec.CSI.Driver = strings.Clone(pv.Spec.CSI.Driver)
+		pv.Annotations = maps.Clone(pv.Annotations)
+		want := pv.DeepCopy()
+		out, err := transform(pv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(out, want) {
+			t.Fatalf("transformed PV differs from the original:\n%+v\n%+v", out, want)
+		}
+		got = append(got, out.(*v1.PersistentVolume))
+	}
+	a, b := got[0], got[2]
+	if unsafe.StringData(a.Spec.CSI.Driver) != unsafe.StringData(b.Spec.CSI.Driver) {
+		t.Error("the driver's name is held twice")
+	}
+	if reflect.ValueOf(a.Annotations).UnsafePointer() != reflect.ValueOf(b.Annotations).UnsafePointer() {
+		t.Error("equal annotations are two maps")
+	}
+	if unsafe.StringData(a.Spec.CSI.VolumeHandle) == unsafe.StringData(b.Spec.CSI.VolumeHandle) && a.Spec.CSI.VolumeHandle != b.Spec.CSI.VolumeHandle {
+		t.Error("volume handles mixed up")
+	}
+	// A map with content of its own is not replaced by another object's.
+	c := samplePV(3)
+	c.Annotations["only"] = "mine"
+	out, _ := transform(c)
+	if out.(*v1.PersistentVolume).Annotations["only"] != "mine" {
+		t.Error("an object's own annotation was lost")
+	}
+}
+
+func TestSharedMapsTableIsBounded(t *testing.T) {
+	s := newSharedMaps()
+	for i := range maxSharedMaps + 10 {
+		s.share(map[string]string{"k": fmt.Sprint(i)})
+	}
+	if n := len(s.maps); n > maxSharedMaps {
+		t.Errorf("%d maps kept, want at most %d", n, maxSharedMaps)
+	}
+	big := map[string]string{}
+	for i := range maxSharedLength + 1 {
+		big[fmt.Sprint(i)] = "v"
+	}
+	if got := s.share(big); reflect.ValueOf(got).UnsafePointer() != reflect.ValueOf(big).UnsafePointer() {
+		t.Error("a large map was replaced")
 	}
 }

@@ -162,7 +162,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 
 	events := newEventBroadcaster(ctx, kube, "")
 	defer events.Shutdown()
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, informerResync, informers.WithTransform(TrimForCache))
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, informerResync, informers.WithTransform(NewCacheTransform()))
 	// Informers, the shared ones and those a sidecar runs itself (Env.Done), live as long
 	// as the process.
 	stopInformers := make(chan struct{})

@@ -31,8 +31,8 @@ import (
 	"k8s.io/component-base/metrics"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const capNS = "kube-system"
@@ -155,7 +155,7 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 		change(&cfg)
 	}
 	// Decisions are fed from objects trimmed as the core's caches trim them.
-	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(lifecycle.TrimForCache))
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(cachetest.Transform()))
 	if w.tracker, err = newCapacityTracker(cfg, factory, 20*time.Millisecond, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -90,7 +91,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 		change(&cfg)
 	}
 	// Decisions are fed from objects trimmed as the core's caches trim them.
-	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(lifecycle.TrimForCache))
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(cachetest.Transform()))
 	w.factory = factory
 	if w.ctrl, err = newController(cfg, factory); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
@@ -54,7 +55,7 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 		t.Fatal(err)
 	}
 	kube := fake.NewClientset()
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache))
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(cachetest.Transform()))
 	c, err := newController(config{opts: o, driver: drv, kube: kube, queueMetrics: names, backlog: backlog}, factory)
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -64,7 +65,7 @@ func newFixtureOf(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *
 	f := &fixture{
 		t: t, kube: kube, versions: versions, driver: d, conn: conn,
 		// Decisions are fed from objects trimmed as the core's caches trim them.
-		factory:  informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(lifecycle.TrimForCache)),
+		factory:  informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(cachetest.Transform())),
 		recorder: record.NewFakeRecorder(100),
 	}
 	w, err := newWriter(kube, context.Background, 5*time.Second, f.recorder, cfg.DriverName, f.factory)

@@ -1,0 +1,150 @@
+package lifecycle
+
+import (
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"unique"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Strings that thousands of cached objects repeat (the driver's name, a class, a node, a
+// namespace, label and annotation keys and values, finalizers, access modes, phases) are
+// decoded afresh into every object. internStrings replaces each by one shared copy
+// (unique.Make: the copy lives while an object uses it), so a cache holds it once.
+// Strings that identify one object (names, UIDs, resourceVersions, volume handles) are
+// left alone: interning them would add an entry per object to the runtime's table and
+// save nothing. Strings are immutable, so sharing one changes nothing an object's reader
+// or a DeepCopy sees.
+
+// perObject names the struct fields whose strings are one object's own.
+var perObject = map[string]bool{
+	"Name": true, "UID": true, "ResourceVersion": true, "VolumeHandle": true, "VolumeName": true,
+	"PersistentVolumeName": true, "ClaimName": true, "Message": true, "SnapshotHandle": true,
+	"VolumeSnapshotContentName": true, "BoundVolumeSnapshotContentName": true,
+}
+
+// skipTypes are walked no further: a Quantity's and a Time's strings are not theirs to
+// share (a Quantity caches its own string form), and managedFields are dropped anyway.
+var skipTypes = map[reflect.Type]bool{
+	reflect.TypeFor[resource.Quantity]():           true,
+	reflect.TypeFor[metav1.Time]():                 true,
+	reflect.TypeFor[metav1.MicroTime]():            true,
+	reflect.TypeFor[[]metav1.ManagedFieldsEntry](): true,
+}
+
+// internStrings shares the repeated strings of the object obj points to, and with maps
+// set, its maps of strings that other objects hold too.
+func internStrings(obj any, maps *sharedMaps) {
+	v := reflect.ValueOf(obj)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return
+	}
+	internValue(v.Elem(), false, maps)
+}
+
+var stringMapType = reflect.TypeFor[map[string]string]()
+
+func internValue(v reflect.Value, own bool, maps *sharedMaps) {
+	if skipTypes[v.Type()] {
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		if !own && v.CanSet() && v.Len() > 0 {
+			v.SetString(unique.Make(v.String()).Value())
+		}
+	case reflect.Pointer:
+		if !v.IsNil() {
+			internValue(v.Elem(), own, maps)
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range v.NumField() {
+			if f := t.Field(i); f.IsExported() {
+				internValue(v.Field(i), perObject[f.Name], maps)
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			internValue(v.Index(i), own, maps)
+		}
+	case reflect.Map:
+		if v.Type().Key().Kind() == reflect.String && v.Type().Elem().Kind() == reflect.String && !v.IsNil() {
+			internStringMap(v)
+			if maps != nil && v.Type() == stringMapType && v.CanSet() {
+				v.Set(reflect.ValueOf(maps.share(v.Interface().(map[string]string))))
+			}
+		}
+	}
+}
+
+// internStringMap rebuilds a map of strings with shared keys and values. Its entries are
+// set anew (a map's keys cannot be changed in place); the map stays the object's own.
+func internStringMap(m reflect.Value) {
+	iter := m.MapRange()
+	type kv struct{ k, v reflect.Value }
+	var entries []kv
+	for iter.Next() {
+		entries = append(entries, kv{iter.Key(), iter.Value()})
+	}
+	for _, e := range entries {
+		k := reflect.New(e.k.Type()).Elem()
+		k.SetString(unique.Make(e.k.String()).Value())
+		val := reflect.New(e.v.Type()).Elem()
+		val.SetString(unique.Make(e.v.String()).Value())
+		m.SetMapIndex(e.k, reflect.Value{})
+		m.SetMapIndex(k, val)
+	}
+}
+
+// sharedMaps lets cached objects with equal maps of strings (labels, annotations, volume
+// attributes: often the same on every object of a driver, a class or a node) hold one map
+// between them. Cached objects are read-only (an informer's contract: a sidecar changes a
+// DeepCopy, which copies the map), so one object's reader never sees another's change.
+// The table keeps at most maxSharedMaps maps, and starts afresh when full: maps already
+// shared stay with their objects, and what is common now gets shared again.
+type sharedMaps struct {
+	mu   sync.Mutex
+	maps map[string]map[string]string // by content
+}
+
+const (
+	maxSharedMaps   = 4096
+	maxSharedLength = 16 // entries: larger maps are rarely equal
+)
+
+func newSharedMaps() *sharedMaps {
+	return &sharedMaps{maps: map[string]map[string]string{}}
+}
+
+// share is the shared map with m's content; m itself, which becomes the shared one, the
+// first time its content is seen.
+func (s *sharedMaps) share(m map[string]string) map[string]string {
+	if len(m) == 0 || len(m) > maxSharedLength {
+		return m
+	}
+	keys := slices.Sorted(maps.Keys(m))
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte(0)
+		b.WriteString(m[k])
+		b.WriteByte(0)
+	}
+	content := b.String()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if shared, ok := s.maps[content]; ok {
+		return shared
+	}
+	if len(s.maps) >= maxSharedMaps {
+		clear(s.maps)
+	}
+	s.maps[content] = m
+	return m
+}
