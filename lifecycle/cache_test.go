@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 )
@@ -88,22 +89,26 @@ func TestCacheTransformSharesRepeatedStringsAndMapsAndKeepsEveryValue(t *testing
 	if reflect.ValueOf(a.Annotations).UnsafePointer() != reflect.ValueOf(b.Annotations).UnsafePointer() {
 		t.Error("equal annotations are two maps")
 	}
+	if reflect.ValueOf(a.Spec.Capacity).UnsafePointer() != reflect.ValueOf(b.Spec.Capacity).UnsafePointer() {
+		t.Error("equal capacities are two maps")
+	}
 	if unsafe.StringData(a.Spec.CSI.VolumeHandle) == unsafe.StringData(b.Spec.CSI.VolumeHandle) && a.Spec.CSI.VolumeHandle != b.Spec.CSI.VolumeHandle {
 		t.Error("volume handles mixed up")
 	}
 	// A map with content of its own is not replaced by another object's.
 	c := samplePV(3)
 	c.Annotations["only"] = "mine"
+	c.Spec.Capacity[v1.ResourceStorage] = resource.MustParse("2Gi")
 	out, _ := transform(c)
-	if out.(*v1.PersistentVolume).Annotations["only"] != "mine" {
-		t.Error("an object's own annotation was lost")
+	if got := out.(*v1.PersistentVolume); got.Annotations["only"] != "mine" || got.Spec.Capacity.Storage().String() != "2Gi" {
+		t.Errorf("an object's own annotation or capacity was lost: %v %v", got.Annotations, got.Spec.Capacity)
 	}
 }
 
 func TestSharedMapsTableIsBounded(t *testing.T) {
 	s := newSharedMaps()
 	for i := range maxSharedMaps + 10 {
-		s.share(map[string]string{"k": fmt.Sprint(i)})
+		s.share(reflect.ValueOf(map[string]string{"k": fmt.Sprint(i)}))
 	}
 	if n := len(s.maps); n > maxSharedMaps {
 		t.Errorf("%d maps kept, want at most %d", n, maxSharedMaps)
@@ -112,7 +117,7 @@ func TestSharedMapsTableIsBounded(t *testing.T) {
 	for i := range maxSharedLength + 1 {
 		big[fmt.Sprint(i)] = "v"
 	}
-	if got := s.share(big); reflect.ValueOf(got).UnsafePointer() != reflect.ValueOf(big).UnsafePointer() {
+	if got := s.share(reflect.ValueOf(big)); got.UnsafePointer() != reflect.ValueOf(big).UnsafePointer() {
 		t.Error("a large map was replaced")
 	}
 }

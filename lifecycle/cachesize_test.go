@@ -43,6 +43,19 @@ func samplePV(i int) *v1.PersistentVolume {
 	}
 }
 
+func samplePVC(i int) *v1.PersistentVolumeClaim {
+	size := resource.MustParse("1Gi")
+	return &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("data-%05d", i), Namespace: "default", UID: "7a1a1b2c-1234-4321-abcd-123456789012", ResourceVersion: fmt.Sprint(90000 + i), CreationTimestamp: metav1.Now(),
+			Annotations: map[string]string{"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes",
+				"volume.beta.kubernetes.io/storage-provisioner": "hostpath.csi.k8s.io", "volume.kubernetes.io/storage-provisioner": "hostpath.csi.k8s.io"},
+			Finalizers: []string{"kubernetes.io/pvc-protection"}},
+		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: ptr.To("csi-hostpath-sc"),
+			VolumeMode: ptr.To(v1.PersistentVolumeFilesystem), VolumeName: samplePV(i).Name, Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: size}}},
+		Status: v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound, AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, Capacity: v1.ResourceList{v1.ResourceStorage: size}},
+	}
+}
+
 func sampleVA(i int) *storagev1.VolumeAttachment {
 	pv := samplePV(i).Name
 	return &storagev1.VolumeAttachment{
@@ -93,8 +106,9 @@ func cachedBytes(t testing.TB, n int, sample func(int) protoObject, empty func()
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
 }
 
-// BenchmarkCachedObjectBytes prints what one cached PV and VolumeAttachment cost as
-// decoded, and as TrimForCache keeps them.
+// BenchmarkCachedObjectBytes prints what one cached PV, claim and VolumeAttachment cost:
+// as decoded, as TrimForCache keeps them (managedFields dropped, repeated strings shared),
+// and as a process's caches keep them (NewCacheTransform: equal maps shared too).
 func BenchmarkCachedObjectBytes(b *testing.B) {
 	const n = 2500
 	asIs := func(obj any) (any, error) { return obj, nil }
@@ -104,6 +118,7 @@ func BenchmarkCachedObjectBytes(b *testing.B) {
 		empty  func() protoObject
 	}{
 		{"PV", func(i int) protoObject { return samplePV(i) }, func() protoObject { return &v1.PersistentVolume{} }},
+		{"PVC", func(i int) protoObject { return samplePVC(i) }, func() protoObject { return &v1.PersistentVolumeClaim{} }},
 		{"VolumeAttachment", func(i int) protoObject { return sampleVA(i) }, func() protoObject { return &storagev1.VolumeAttachment{} }},
 	}
 	for range b.N {

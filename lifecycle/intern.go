@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -47,7 +46,7 @@ func internStrings(obj any, maps *sharedMaps) {
 	internValue(v.Elem(), false, maps)
 }
 
-var stringMapType = reflect.TypeFor[map[string]string]()
+var quantityType = reflect.TypeFor[resource.Quantity]()
 
 func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 	if skipTypes[v.Type()] {
@@ -74,11 +73,15 @@ func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 			internValue(v.Index(i), own, maps)
 		}
 	case reflect.Map:
-		if v.Type().Key().Kind() == reflect.String && v.Type().Elem().Kind() == reflect.String && !v.IsNil() {
+		if v.IsNil() || v.Type().Key().Kind() != reflect.String {
+			return
+		}
+		elem := v.Type().Elem()
+		if elem.Kind() == reflect.String {
 			internStringMap(v)
-			if maps != nil && v.Type() == stringMapType && v.CanSet() {
-				v.Set(reflect.ValueOf(maps.share(v.Interface().(map[string]string))))
-			}
+		}
+		if maps != nil && v.CanSet() && (elem.Kind() == reflect.String || elem == quantityType) {
+			v.Set(maps.share(v))
 		}
 	}
 }
@@ -103,14 +106,16 @@ func internStringMap(m reflect.Value) {
 }
 
 // sharedMaps lets cached objects with equal maps of strings (labels, annotations, volume
-// attributes: often the same on every object of a driver, a class or a node) hold one map
-// between them. Cached objects are read-only (an informer's contract: a sidecar changes a
-// DeepCopy, which copies the map), so one object's reader never sees another's change.
-// The table keeps at most maxSharedMaps maps, and starts afresh when full: maps already
-// shared stay with their objects, and what is common now gets shared again.
+// attributes: often the same on every object of a driver, a class or a node) or of
+// quantities (a claim's requests, a volume's capacity) hold one map between them. Cached
+// objects are read-only (an informer's contract: a sidecar changes a DeepCopy, which
+// copies the map), and a map's values are read as copies, so one object's reader never sees
+// another's change. The table keeps at most maxSharedMaps maps, and starts afresh when
+// full: maps already shared stay with their objects, and what is common now gets shared
+// again.
 type sharedMaps struct {
 	mu   sync.Mutex
-	maps map[string]map[string]string // by content
+	maps map[string]reflect.Value // by type and content
 }
 
 const (
@@ -119,24 +124,32 @@ const (
 )
 
 func newSharedMaps() *sharedMaps {
-	return &sharedMaps{maps: map[string]map[string]string{}}
+	return &sharedMaps{maps: map[string]reflect.Value{}}
 }
 
-// share is the shared map with m's content; m itself, which becomes the shared one, the
-// first time its content is seen.
-func (s *sharedMaps) share(m map[string]string) map[string]string {
-	if len(m) == 0 || len(m) > maxSharedLength {
+// share is the shared map with m's type and content; m itself, which becomes the shared
+// one, the first time its content is seen. m's keys are strings, its values strings or
+// Quantities.
+func (s *sharedMaps) share(m reflect.Value) reflect.Value {
+	if m.Len() == 0 || m.Len() > maxSharedLength {
 		return m
 	}
-	keys := slices.Sorted(maps.Keys(m))
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k)
-		b.WriteByte(0)
-		b.WriteString(m[k])
-		b.WriteByte(0)
+	entries := make([]string, 0, m.Len())
+	for iter := m.MapRange(); iter.Next(); {
+		value := iter.Value()
+		text := ""
+		if q, ok := value.Interface().(resource.Quantity); ok {
+			text = q.String() // of a copy: String caches its result in the Quantity
+		} else {
+			text = value.String()
+		}
+		entries = append(entries, iter.Key().String()+"\x00"+text)
 	}
-	content := b.String()
+	slices.Sort(entries)
+	content := m.Type().String() + "\x00" + strings.Join(entries, "\x00")
+	// The map itself, not the field of the object it was read from: the table outlives
+	// that object, whose field a later transform may set.
+	m = reflect.ValueOf(m.Interface())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if shared, ok := s.maps[content]; ok {
