@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -117,7 +118,52 @@ func TestSharedMapsTableIsBounded(t *testing.T) {
 	for i := range maxSharedLength + 1 {
 		big[fmt.Sprint(i)] = "v"
 	}
-	if got := s.share(reflect.ValueOf(big)); got.UnsafePointer() != reflect.ValueOf(big).UnsafePointer() {
-		t.Error("a large map was replaced")
+	if got := s.share(reflect.ValueOf(big)); !reflect.DeepEqual(got.Interface(), big) {
+		t.Errorf("a large map changed: %v", got)
+	}
+	if n := len(s.maps); n > maxSharedMaps {
+		t.Errorf("a large map was kept in the table")
+	}
+}
+
+// An informer may pass one object through its transform twice (a watch list's objects go
+// into a temporary store, and through the transform again as they enter the queue) while
+// other informers transform objects that share its maps: a shared map is only ever read, so
+// this neither races nor changes any object. (Run under -race by make test-race.)
+func TestCacheTransformRepeatedWhileOthersRun(t *testing.T) {
+	transform := NewCacheTransform()
+	const n = 200
+	objs := make([]*v1.PersistentVolume, n)
+	want := make([]*v1.PersistentVolume, n)
+	for i := range n {
+		pv := samplePV(i)
+		pv.ManagedFields = nil
+		want[i] = pv.DeepCopy()
+		out, err := transform(pv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs[i] = out.(*v1.PersistentVolume)
+	}
+	var wg sync.WaitGroup
+	for part := range 2 { // again, each object by one goroutine, as an informer does
+		wg.Go(func() {
+			for _, o := range objs[part*n/2 : (part+1)*n/2] {
+				_, _ = transform(o)
+			}
+		})
+	}
+	for range 2 { // fresh objects with the same maps, meanwhile
+		wg.Go(func() {
+			for i := range n {
+				_, _ = transform(samplePV(i))
+			}
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if !reflect.DeepEqual(objs[i], want[i]) {
+			t.Fatalf("object %d changed by the repeated transform:\n%+v\n%+v", i, objs[i], want[i])
+		}
 	}
 }

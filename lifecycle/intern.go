@@ -73,36 +73,32 @@ func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 			internValue(v.Index(i), own, maps)
 		}
 	case reflect.Map:
-		if v.IsNil() || v.Type().Key().Kind() != reflect.String {
+		// A map is only ever read, never changed: it may already be shared with other
+		// objects (an informer can pass an object through its transform twice). A new
+		// map takes its place.
+		if v.IsNil() || v.Len() == 0 || !v.CanSet() || v.Type().Key().Kind() != reflect.String {
 			return
 		}
-		elem := v.Type().Elem()
-		if elem.Kind() == reflect.String {
-			internStringMap(v)
-		}
-		if maps != nil && v.CanSet() && (elem.Kind() == reflect.String || elem == quantityType) {
+		if elem := v.Type().Elem(); elem.Kind() == reflect.String || elem == quantityType {
 			v.Set(maps.share(v))
 		}
 	}
 }
 
-// internStringMap rebuilds a map of strings with shared keys and values. Its entries are
-// set anew (a map's keys cannot be changed in place); the map stays the object's own.
-func internStringMap(m reflect.Value) {
-	iter := m.MapRange()
-	type kv struct{ k, v reflect.Value }
-	var entries []kv
-	for iter.Next() {
-		entries = append(entries, kv{iter.Key(), iter.Value()})
+// internedCopy is a new map with m's entries, its strings shared (unique.Make).
+func internedCopy(m reflect.Value) reflect.Value {
+	out := reflect.MakeMapWithSize(m.Type(), m.Len())
+	for iter := m.MapRange(); iter.Next(); {
+		k := reflect.New(m.Type().Key()).Elem()
+		k.SetString(unique.Make(iter.Key().String()).Value())
+		val := iter.Value()
+		if val.Kind() == reflect.String {
+			val = reflect.New(m.Type().Elem()).Elem()
+			val.SetString(unique.Make(iter.Value().String()).Value())
+		}
+		out.SetMapIndex(k, val)
 	}
-	for _, e := range entries {
-		k := reflect.New(e.k.Type()).Elem()
-		k.SetString(unique.Make(e.k.String()).Value())
-		val := reflect.New(e.v.Type()).Elem()
-		val.SetString(unique.Make(e.v.String()).Value())
-		m.SetMapIndex(e.k, reflect.Value{})
-		m.SetMapIndex(k, val)
-	}
+	return out
 }
 
 // sharedMaps lets cached objects with equal maps of strings (labels, annotations, volume
@@ -127,12 +123,13 @@ func newSharedMaps() *sharedMaps {
 	return &sharedMaps{maps: map[string]reflect.Value{}}
 }
 
-// share is the shared map with m's type and content; m itself, which becomes the shared
-// one, the first time its content is seen. m's keys are strings, its values strings or
-// Quantities.
+// share is the map shared by objects with m's type and content: a copy of m with shared
+// strings (internedCopy), which the table keeps the first time the content is seen. m is
+// only read. With s nil, or for a large map, it is a copy of m nobody shares. m's keys are
+// strings, its values strings or Quantities.
 func (s *sharedMaps) share(m reflect.Value) reflect.Value {
-	if m.Len() == 0 || m.Len() > maxSharedLength {
-		return m
+	if s == nil || m.Len() > maxSharedLength {
+		return internedCopy(m)
 	}
 	entries := make([]string, 0, m.Len())
 	for iter := m.MapRange(); iter.Next(); {
@@ -147,17 +144,21 @@ func (s *sharedMaps) share(m reflect.Value) reflect.Value {
 	}
 	slices.Sort(entries)
 	content := m.Type().String() + "\x00" + strings.Join(entries, "\x00")
-	// The map itself, not the field of the object it was read from: the table outlives
-	// that object, whose field a later transform may set.
-	m = reflect.ValueOf(m.Interface())
+	s.mu.Lock()
+	shared, ok := s.maps[content]
+	s.mu.Unlock()
+	if ok {
+		return shared
+	}
+	shared = internedCopy(m)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if shared, ok := s.maps[content]; ok {
-		return shared
+	if first, ok := s.maps[content]; ok {
+		return first // another transform was quicker
 	}
 	if len(s.maps) >= maxSharedMaps {
 		clear(s.maps)
 	}
-	s.maps[content] = m
-	return m
+	s.maps[content] = shared
+	return shared
 }
