@@ -494,12 +494,21 @@ func TestANodeDeploymentTakesFreeClaimsForItsNodeAndLeavesOtherNodesAlone(t *tes
 	if _, err := w.kube.CoreV1().PersistentVolumes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Released as the PV controller releases it: its claim is gone (a claim left in
+	// place would be provisioned again once the volume is deleted).
 	own := w.pv("pvc-uid-1")
+	ownID := own.Spec.CSI.VolumeHandle
+	if err := w.kube.CoreV1().PersistentVolumeClaims("ns").Delete(ctx, "free", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	own.Status.Phase = v1.VolumeReleased
 	if _, err := w.kube.CoreV1().PersistentVolumes().UpdateStatus(ctx, own, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("n1's volume deleted", func() bool { return w.pv("pvc-uid-1") == nil })
+	w.waitFor("n1's volume deleted", func() bool {
+		_, inDriver := w.driver.Volume(ownID)
+		return w.pv("pvc-uid-1") == nil && !inDriver
+	})
 	if _, ok := w.driver.Volume(n2ID); !ok || w.pv("pvc-n2") == nil {
 		t.Error("n1 deleted n2's volume")
 	}
