@@ -2,53 +2,22 @@ package provisioner
 
 import (
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
+	"github.com/csi-sidecars/csi-sidecars/internal/queuenames"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
-
-// queueNames records the names of the queues that report metrics to it.
-type queueNames struct {
-	mu    sync.Mutex
-	names []string
-}
-
-type noopMetric struct{}
-
-func (noopMetric) Inc()            {}
-func (noopMetric) Dec()            {}
-func (noopMetric) Set(float64)     {}
-func (noopMetric) Observe(float64) {}
-
-func (q *queueNames) NewDepthMetric(name string) workqueue.GaugeMetric {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.names = append(q.names, name)
-	return noopMetric{}
-}
-func (*queueNames) NewAddsMetric(string) workqueue.CounterMetric           { return noopMetric{} }
-func (*queueNames) NewLatencyMetric(string) workqueue.HistogramMetric      { return noopMetric{} }
-func (*queueNames) NewWorkDurationMetric(string) workqueue.HistogramMetric { return noopMetric{} }
-func (*queueNames) NewUnfinishedWorkSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueNames) NewLongestRunningProcessorSecondsMetric(string) workqueue.SettableGaugeMetric {
-	return noopMetric{}
-}
-func (*queueNames) NewRetriesMetric(string) workqueue.CounterMetric { return noopMetric{} }
 
 // Every queue is the core's (lifecycle.NewQueue): client-go's workqueue metrics under
 // upstream's names where upstream has the queue, and the sidecar's backlog.
 func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.T) {
-	names := &queueNames{}
+	names := &queuenames.Recorder{}
 	backlog := &lifecycle.Backlog{}
 	var o options
 	if err := newFlagSet(&o).Parse(nil); err != nil {
@@ -66,8 +35,8 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 		t.Fatal(err)
 	}
 	for _, want := range []string{"claims", "volumes", "provisioner-sources", "csistoragecapacity"} {
-		if !slices.Contains(names.names, want) {
-			t.Errorf("queues %v, want one named %q (the workqueue metric label)", names.names, want)
+		if !slices.Contains(names.Names(), want) {
+			t.Errorf("queues %v, want one named %q (the workqueue metric label)", names.Names(), want)
 		}
 	}
 	c.claimQueue.Add("uid-1")

@@ -274,6 +274,23 @@ func (s *Scenario) WaitForHolder(name, want string) {
 	})
 }
 
+// WaitForRunningHolder waits until Lease name is held by one of replicas (by identity)
+// whose process runs, and returns its identity.
+func (s *Scenario) WaitForRunningHolder(name string, replicas map[string]*Replica) string {
+	s.T.Helper()
+	var id string
+	s.WaitUntil(fmt.Sprintf("Lease %s held by a running replica", name), func() bool {
+		l, err := s.Client.CoordinationV1().Leases(s.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		id = Holder(l)
+		r := replicas[id]
+		return r != nil && r.Running()
+	})
+	return id
+}
+
 // WaitForCalls waits until the driver's journal satisfies cond.
 func (s *Scenario) WaitForCalls(what string, cond func([]testdriver.Call) bool) {
 	s.T.Helper()

@@ -91,17 +91,7 @@ func (c *attachChaos) startAs(name, id string) *e2e.Replica {
 // leader waits for a Lease holder that is a running replica and returns its identity.
 func (c *attachChaos) leader() string {
 	c.T.Helper()
-	var id string
-	c.WaitUntil("a running leader", func() bool {
-		l, err := c.Client.CoordinationV1().Leases(c.Namespace).Get(context.Background(), c.leaseName, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		id = e2e.Holder(l)
-		r := c.replicas[id]
-		return r != nil && r.Running()
-	})
-	return id
+	return c.WaitForRunningHolder(c.leaseName, c.replicas)
 }
 
 // round attaches new volumes, kills the leader while it publishes them, deletes a third

@@ -142,17 +142,7 @@ func (c *chaos) start(name, id string) *e2e.Replica {
 // leader waits for a Lease holder that is a running replica, and returns its identity.
 func (c *chaos) leader() string {
 	c.T.Helper()
-	var id string
-	c.WaitUntil("a running leader", func() bool {
-		l, err := c.Client.CoordinationV1().Leases(c.Namespace).Get(c.ctx(), c.leaseName, metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		id = e2e.Holder(l)
-		r := c.replicas[id]
-		return r != nil && r.Running()
-	})
-	return id
+	return c.WaitForRunningHolder(c.leaseName, c.replicas)
 }
 
 // round creates claims, kills the leader while their CreateVolume calls run, deletes and
