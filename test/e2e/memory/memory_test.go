@@ -20,8 +20,9 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
-// shortPairs is the test's data set: 50 claims, PVs and VolumeAttachments, 100 Pods.
-const shortPairs = 50
+// shortPairs is the test's data set: 250 claims, PVs and VolumeAttachments, 500 Pods
+// (a few seconds to create; every process fills its caches through the cache transform).
+const shortPairs = 250
 
 // Each of our processes, alone and combined, leads and gets ready on a small steady data
 // set, resyncs, and leaves it alone: no call that changes a volume, no write to a claim,
