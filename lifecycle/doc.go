@@ -39,6 +39,11 @@
 // renewing it is left to client-go's LeaderElector, through a termLock that times the
 // renewals and refuses every write once the term is over.
 //
+// What sidecars share beyond the process: the informer caches, whose transform
+// (NewCacheTransform) drops what no sidecar reads and holds repeated strings and equal maps
+// once (cached objects are read-only); one way to build a queue (NewQueue); and one way to
+// read a cache through a sidecar's own writes (OwnWrites).
+//
 // The package never imports a sidecar. One process may host several sidecars at once, each
 // with its own Lease, sharing the signal handler, HTTP server, CSI connection and informer
 // factory; nothing here is package-level mutable state.
