@@ -291,6 +291,20 @@ func (s *Scenario) WaitForRunningHolder(name string, replicas map[string]*Replic
 	return id
 }
 
+// MeanAndLongest are the mean and the longest of ds in seconds (0, 0 for none): a chaos
+// run's figures of time to converge.
+func MeanAndLongest(ds []time.Duration) (mean, longest float64) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+		longest = max(longest, d.Seconds())
+	}
+	return sum.Seconds() / float64(len(ds)), longest
+}
+
 // WaitForCalls waits until the driver's journal satisfies cond.
 func (s *Scenario) WaitForCalls(what string, cond func([]testdriver.Call) bool) {
 	s.T.Helper()

@@ -243,22 +243,10 @@ func (c *attachChaos) count() {
 	c.res.overlaps = len(c.Driver.Overlaps())
 }
 
-func (r attachChaosResult) convergeFigures() (mean, longest float64) {
-	if len(r.converge) == 0 {
-		return 0, 0
-	}
-	var sum time.Duration
-	for _, d := range r.converge {
-		sum += d
-		longest = max(longest, d.Seconds())
-	}
-	return sum.Seconds() / float64(len(r.converge)), longest
-}
-
 // check fails t unless the run ended clean, and logs its figures.
 func (r attachChaosResult) check(t testing.TB) {
 	t.Helper()
-	mean, longest := r.convergeFigures()
+	mean, longest := e2e.MeanAndLongest(r.converge)
 	t.Logf("FIGURE attacher chaos: %d rounds, %d VolumeAttachments, %d deleted while nobody led (%d of them published by the dead leader's calls)",
 		r.rounds, r.attachments, r.deleted, r.uncertain)
 	t.Logf("FIGURE attacher chaos: %d publications left for deleted attachments, %d attachments stuck, %d overlaps; converged %.1fs after the kill on average, %.1fs at most",
@@ -280,7 +268,7 @@ func BenchmarkAttacherChaos(b *testing.B) {
 	for range b.N {
 		r := runAttachChaos(b, 20)
 		r.check(b)
-		mean, longest := r.convergeFigures()
+		mean, longest := e2e.MeanAndLongest(r.converge)
 		b.ReportMetric(float64(r.left), "publications-left")
 		b.ReportMetric(float64(r.uncertain), "uncertain-publishes")
 		b.ReportMetric(float64(r.stuck), "stuck-attachments")

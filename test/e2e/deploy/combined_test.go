@@ -196,32 +196,7 @@ func TestCombinedProcessDoesAllThreeJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *
 	}
 
 	const n = 3
-	claims := []string{"claim-a", "claim-b", "claim-c"}
-	for _, claim := range claims {
-		if err := store.CreateClaim(ctx, claim); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitCount(t, s, "volumes provisioned", n, func() (int, error) { pvs, err := store.Provisioned(ctx); return len(pvs), err })
-	if _, err := store.BindAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pvs, err := store.Provisioned(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pv := range pvs {
-		if err := store.CreateAttachment(ctx, pv.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitCount(t, s, "volumes attached", n, func() (int, error) { return store.Attached(ctx) })
-	for _, claim := range claims {
-		if err := store.Expand(ctx, claim, "2Gi"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitCount(t, s, "volumes expanded", n, func() (int, error) { return store.Expanded(ctx, "2Gi") })
+	runStorageJob(ctx, t, s, store, "claim-a", "claim-b", "claim-c")
 	journal := s.Driver.Journal()
 	for sidecar, method := range methods {
 		if got := len(e2e.CallsOn(journal, a, method)); got < n {

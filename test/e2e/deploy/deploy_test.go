@@ -169,9 +169,23 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 		})
 	}
 
-	const n = 3
-	for i := range n {
-		if err := store.CreateClaim(ctx, "claim-"+string(rune('a'+i))); err != nil {
+	runStorageJob(ctx, t, s, store, "claim-a", "claim-b", "claim-c")
+
+	// Events are part of the job too: the provisioner's on each claim (they share its API
+	// budget, so they may come a little after the volumes).
+	s.WaitUntil("a ProvisioningSucceeded event: the provisioner can write events", func() bool {
+		events, err := s.Client.CoreV1().Events(s.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=ProvisioningSucceeded"})
+		return err == nil && len(events.Items) > 0
+	})
+}
+
+// runStorageJob has the sidecars do their whole job for each claim: provision its volume,
+// attach it once bound, expand it to 2Gi; it waits for each step across all claims.
+func runStorageJob(ctx context.Context, t *testing.T, s *e2e.Scenario, store e2e.Storage, claims ...string) {
+	t.Helper()
+	n := len(claims)
+	for _, claim := range claims {
+		if err := store.CreateClaim(ctx, claim); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -189,19 +203,12 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 		}
 	}
 	waitCount(t, s, "volumes attached", n, func() (int, error) { return store.Attached(ctx) })
-	for i := range n {
-		if err := store.Expand(ctx, "claim-"+string(rune('a'+i)), "2Gi"); err != nil {
+	for _, claim := range claims {
+		if err := store.Expand(ctx, claim, "2Gi"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitCount(t, s, "volumes expanded", n, func() (int, error) { return store.Expanded(ctx, "2Gi") })
-
-	// Events are part of the job too: the provisioner's on each claim (they share its API
-	// budget, so they may come a little after the volumes).
-	s.WaitUntil("a ProvisioningSucceeded event: the provisioner can write events", func() bool {
-		events, err := s.Client.CoreV1().Events(s.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=ProvisioningSucceeded"})
-		return err == nil && len(events.Items) > 0
-	})
 }
 
 func waitCount(t *testing.T, s *e2e.Scenario, what string, want int, count func() (int, error)) {

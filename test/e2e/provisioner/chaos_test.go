@@ -396,23 +396,10 @@ func (c *chaos) settleFigures() {
 	c.res.overlaps = len(c.Driver.Overlaps())
 }
 
-// convergeFigures are the mean and the longest time to converge, in seconds.
-func (r chaosResult) convergeFigures() (mean, longest float64) {
-	if len(r.converge) == 0 {
-		return 0, 0
-	}
-	var sum time.Duration
-	for _, d := range r.converge {
-		sum += d
-		longest = max(longest, d.Seconds())
-	}
-	return sum.Seconds() / float64(len(r.converge)), longest
-}
-
 // check fails t unless the run ended clean, and logs its figures.
 func (r chaosResult) check(t testing.TB) {
 	t.Helper()
-	mean, longest := r.convergeFigures()
+	mean, longest := e2e.MeanAndLongest(r.converge)
 	t.Logf("FIGURE provisioner chaos: %d rounds, %d claims (%d deleted and %d rescheduled while nobody led); %d volumes upstream would have leaked",
 		r.rounds, r.claims, r.deleted, r.rescheduled, r.atRisk)
 	t.Logf("FIGURE provisioner chaos: leaked %d volumes, %d PersistentVolumes without a volume, %d claims stuck, %d overlaps; converged %.1fs after the kill on average, %.1fs at most",
@@ -436,7 +423,7 @@ func BenchmarkProvisionerChaos(b *testing.B) {
 	for range b.N {
 		r := runChaos(b, 20)
 		r.check(b)
-		mean, longest := r.convergeFigures()
+		mean, longest := e2e.MeanAndLongest(r.converge)
 		b.ReportMetric(float64(r.leaked), "leaked-volumes")
 		b.ReportMetric(float64(r.atRisk), "upstream-would-leak")
 		b.ReportMetric(float64(r.orphanPVs), "pvs-without-volume")
