@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -53,16 +54,31 @@ func Binaries(root string) (string, error) {
 }
 
 // Main is a TestMain for an end-to-end package: it builds the binaries into *binDir and
-// runs the tests with one shared control plane.
+// runs the tests with one shared control plane. Without a control plane (-short, or
+// CSI_SIDECARS_SKIP_CONTROLPLANE=1) nothing is built and *binDir stays empty: the tests
+// skip (RequireBinaries).
 func Main(m *testing.M, root string, kube *controlplane.Shared, binDir *string) int {
-	dir, err := Binaries(root)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if !flag.Parsed() {
+		flag.Parse()
 	}
-	defer os.RemoveAll(dir)
-	*binDir = dir
+	if !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" {
+		dir, err := Binaries(root)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		*binDir = dir
+	}
 	return kube.Main(m, controlplane.Options{})
+}
+
+// RequireBinaries skips t when Main built no binaries (a run without a control plane).
+func RequireBinaries(t testing.TB, binDir string) {
+	t.Helper()
+	if binDir == "" {
+		t.Skip("binaries are built only for runs with a control plane (not -short)")
+	}
 }
 
 // Scenario is one test's world: its own namespace, a test CSI driver named after it (so

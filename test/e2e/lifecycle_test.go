@@ -206,6 +206,7 @@ func TestLeaseTakenAwayFencesInFlightCalls(t *testing.T) {
 
 // Bad flags fail fast with the flag's name and exit code 2, for both binaries.
 func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
+	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{
 		{"csi-sidecars", "attacher", "--kube-api-qps=lots"},
 		{"csi-sidecars", "resizer", "-leader-election-lease-duration=soon"},
@@ -224,6 +225,7 @@ func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
 
 // Every subcommand shows the shared flags.
 func TestHelpShowsSharedFlags(t *testing.T) {
+	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{{"--help"}, {"attacher", "--help"}, {"resizer", "--help"}, {"provisioner", "--help"}} {
 		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
 		if err != nil {
@@ -380,6 +382,7 @@ func TestReleaseGateOffLeavesTheLeaseToExpire(t *testing.T) {
 
 // Upstream's --version prints the version and exits 0, on the binary and on a subcommand.
 func TestVersionFlag(t *testing.T) {
+	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{{"--version"}, {"attacher", "--version"}, {"provisioner", "--version", "--csi-address=/x"}} {
 		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "csi-sidecars ") {
