@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
@@ -375,7 +374,7 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment)
 		VolumeContext:    vol.source.VolumeAttributes,
 		Secrets:          secrets,
 	}
-	callCtx, cancel := context.WithTimeout(markMigrated(ctx, vol.migrated), c.timeout)
+	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, vol.migrated), c.timeout)
 	defer cancel()
 	c.logRequest(ctx, "ControllerPublishVolume", req)
 	rsp, err := c.csi.ControllerPublishVolume(callCtx, req)
@@ -452,7 +451,7 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 		return err
 	}
 	req := &csi.ControllerUnpublishVolumeRequest{VolumeId: vol.source.VolumeHandle, NodeId: nodeID, Secrets: secrets}
-	callCtx, cancel := context.WithTimeout(markMigrated(ctx, vol.migrated), c.timeout)
+	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, vol.migrated), c.timeout)
 	defer cancel()
 	c.logRequest(ctx, "ControllerUnpublishVolume", req)
 	rsp, err := c.csi.ControllerUnpublishVolume(callCtx, req)
@@ -584,15 +583,6 @@ func (c *Controller) syncPV(name string) error {
 	}
 	klog.FromContext(ctx).V(2).Info("Removed finalizer from PersistentVolume", "PersistentVolume", name)
 	return nil
-}
-
-// markMigrated labels the CSI call's metrics of a migrated in-tree volume, as upstream.
-func markMigrated(ctx context.Context, migrated bool) context.Context {
-	value := "false"
-	if migrated {
-		value = "true"
-	}
-	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: value})
 }
 
 // logRequest logs a CSI request at -v=5 with its secrets stripped.

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -179,3 +180,9 @@ func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, metho
 
 // InFlight is the number of CSI calls running now.
 func (c *fencedConn) InFlight() int64 { return c.inflight.Load() }
+
+// MarkMigrated labels the metrics of the CSI calls made on the returned context as those of
+// a migrated in-tree volume (migrated="true") or not, as upstream's sidecars do.
+func MarkMigrated(ctx context.Context, migrated bool) context.Context {
+	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: strconv.FormatBool(migrated)})
+}

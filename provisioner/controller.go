@@ -529,7 +529,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	logger := klog.FromContext(ctx)
 	// Whatever was known about the name, this call may make it.
 	c.absent.forget(uid)
-	callCtx, cancel := context.WithTimeout(markMigrated(ctx, p.pv.migrated), c.opts.timeout)
+	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, p.pv.migrated), c.opts.timeout)
 	resp, err := c.csi.CreateVolume(callCtx, p.req)
 	cancel()
 	if err != nil {
@@ -575,7 +575,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	if err != nil {
 		// The volume does not fit the claim: delete it and start over.
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "failed to provision volume with StorageClass %q: %v", p.class.Name, err)
-		if cleanupErr := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); cleanupErr != nil {
+		if cleanupErr := c.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); cleanupErr != nil {
 			// Still pending: the retry creates (idempotent) and cleans up again.
 			return fmt.Errorf("%w; cleanup of volume %s failed, volume is orphaned: %v", err, p.pvName, cleanupErr)
 		}
@@ -602,7 +602,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 // the record; a failure leaves the plan pending, and the retry undoes it.
 func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
 	claim := c.claimWithRecord(uid, p)
-	if err := c.deleteBackendVolume(markMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
+	if err := c.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
 		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 	}
 	c.absent.mark(uid, p.pvName)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,7 +62,7 @@ func (c *controller) syncVolume(name string) error {
 		return nil
 	}
 	start := time.Now()
-	err = c.delete(markMigrated(ctx, migrated), vol)
+	err = c.delete(lifecycle.MarkMigrated(ctx, migrated), vol)
 	c.metrics.deleted(pv.Spec.StorageClassName, start, err)
 	var pvErr pvRemovalError
 	switch {

@@ -1,11 +1,8 @@
 package provisioner
 
 import (
-	"context"
 	"fmt"
-	"strconv"
 
-	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
@@ -121,11 +118,4 @@ func inTreePV(pv *v1.PersistentVolume) (*v1.PersistentVolume, error) {
 		return nil, fmt.Errorf("failed to translate CSI PV to in-tree: %w", err)
 	}
 	return translated, nil
-}
-
-// markMigrated labels the CSI call's metrics (migrated="true" for a volume of an in-tree
-// class), as upstream does; the label exists only for a driver that replaces an in-tree
-// plugin.
-func markMigrated(ctx context.Context, migrated bool) context.Context {
-	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: strconv.FormatBool(migrated)})
 }

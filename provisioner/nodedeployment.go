@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -165,7 +166,7 @@ func (c *controller) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *sto
 		topologies = ar.GetRequisite()
 	}
 	for _, t := range topologies {
-		ctx, cancel := context.WithTimeout(markMigrated(c.ops, p.pv.migrated), c.opts.timeout)
+		ctx, cancel := context.WithTimeout(lifecycle.MarkMigrated(c.ops, p.pv.migrated), c.opts.timeout)
 		resp, err := c.csi.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: p.req.GetVolumeCapabilities(), Parameters: p.req.GetParameters(), AccessibleTopology: t})
 		cancel()
 		if err != nil {

@@ -3,11 +3,10 @@ package resizer
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
-	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -64,7 +63,7 @@ func (e *csiExpander) expand(ctx context.Context, pv *v1.PersistentVolume, size 
 	}
 	logger := klog.FromContext(ctx)
 	logger.V(5).Info("ControllerExpandVolume", "request", protosanitizer.StripSecrets(req))
-	rsp, err := e.client.ControllerExpandVolume(markMigrated(ctx, migrated), req)
+	rsp, err := e.client.ControllerExpandVolume(lifecycle.MarkMigrated(ctx, migrated), req)
 	if err != nil {
 		return 0, false, err
 	}
@@ -110,13 +109,6 @@ func migratedTo(pv *v1.PersistentVolume) string {
 		return ""
 	}
 	return driver
-}
-
-// markMigrated labels the CSI call's metrics (migrated="true" for a translated in-tree
-// volume), as upstream does; the label exists only for a driver that replaces an in-tree
-// plugin.
-func markMigrated(ctx context.Context, migrated bool) context.Context {
-	return context.WithValue(ctx, connection.AdditionalInfoKey, connection.AdditionalInfo{Migrated: strconv.FormatBool(migrated)})
 }
 
 // trivialExpander serves drivers that grow volumes only on the node: no controller call,
