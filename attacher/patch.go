@@ -115,11 +115,7 @@ func (c *Controller) markDetached(ctx context.Context, va *storagev1.VolumeAttac
 			return fmt.Errorf("could not remove the finalizer: %w", err)
 		}
 		if va.DeletionTimestamp != nil && len(remaining) == 0 {
-			// The API server deleted it. Its answer carries the resourceVersion of the
-			// copy the informer may still show, finalizer on: a sync of that copy
-			// would detach again.
-			c.vas.Deleted(updated)
-			return nil
+			return nil // the API server deleted it (patchVA recorded that, see OwnWrites.Wrote)
 		}
 		va = updated
 	}

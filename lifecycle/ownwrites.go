@@ -42,7 +42,7 @@ const (
 	ownWritesTTL = 5 * time.Minute
 )
 
-// NewOwnWrites reads informer's store through the writes given to Wrote and Deleted.
+// NewOwnWrites reads informer's store through the writes given to Wrote.
 func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer) (*OwnWrites[T], error) {
 	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax}
 	w := &OwnWrites[T]{
@@ -78,28 +78,32 @@ func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	return t, true, nil
 }
 
-// Wrote records obj, as the API server returned it from a write of this sidecar.
+// Wrote records obj, as the API server returned it from a write of this sidecar. An answer
+// that is being deleted and has no finalizer left means the write (the last finalizer's
+// removal) let the API server delete the object; it is the last stored copy, at a
+// resourceVersion the informer may still show, so no resourceVersion can say the object
+// is gone: Get reports it missing until the informer shows the deletion (or holds another
+// object of that name). (The kinds the sidecars write have no graceful deletion, which
+// keeps an object without finalizers for a while.)
 func (w *OwnWrites[T]) Wrote(obj T) {
+	if m, err := meta.Accessor(obj); err == nil && m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
+		w.deletedBy(obj, m.GetUID())
+		return
+	}
 	w.cache.Mutation(obj)
 }
 
-// Deleted records that a write of this sidecar deleted obj: a finalizer removal after
-// which the API server deleted the object. Its answer is the last stored copy, at a
-// resourceVersion the informer may still show, so no resourceVersion can say the object is
-// gone; Get reports it missing until the informer shows the deletion (or holds another
-// object of that name).
-func (w *OwnWrites[T]) Deleted(obj T) {
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return
-	}
+func (w *OwnWrites[T]) deletedBy(obj T, uid types.UID) {
 	key, err := cache.MetaNamespaceKeyFunc(obj)
 	if err != nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.deleted[key] = m.GetUID()
+	if len(w.deleted) >= ownWritesMax {
+		clear(w.deleted) // bounded as the mutation cache is; the informer catches up anyway
+	}
+	w.deleted[key] = uid
 }
 
 // seenDeleted drops the record of an object the informer saw deleted.

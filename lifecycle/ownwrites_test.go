@@ -92,7 +92,9 @@ func TestOwnWritesDeletedIsMissingUntilTheInformerCatchesUp(t *testing.T) {
 	if err := inf.store.Add(pvAt("5", "Released")); err != nil {
 		t.Fatal(err)
 	}
-	w.Deleted(pvAt("5", "Released"))
+	gone := pvAt("5", "Released") // the answer to the last finalizer's removal
+	gone.DeletionTimestamp = &metav1.Time{}
+	w.Wrote(gone)
 	if got := getPV(t, w); got != "missing" {
 		t.Errorf("after our write deleted it: %s, want missing", got)
 	}

@@ -116,7 +116,7 @@ func TestDeletionDuringPublish(t *testing.T) {
 	unpublishes := e2e.CallsOn(journal, a, testdriver.MethodControllerUnpublishVolume)
 	// One publish, one unpublish, and not before the publish ended. (A second unpublish,
 	// from a sync of the copy the informer still showed after the finalizer removal that
-	// deleted it, happened in about a third of the runs before lifecycle.OwnWrites.Deleted.)
+	// deleted it, happened in about a third of the runs before lifecycle.OwnWrites recorded such a deletion.)
 	if len(publishes) != 1 || len(unpublishes) != 1 {
 		t.Fatalf("%d publishes, %d unpublishes; want one of each", len(publishes), len(unpublishes))
 	}
