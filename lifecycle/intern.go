@@ -105,7 +105,8 @@ func internedCopy(m reflect.Value) reflect.Value {
 // attributes: often the same on every object of a driver, a class or a node) or of
 // quantities (a claim's requests, a volume's capacity) hold one map between them. Cached
 // objects are read-only (an informer's contract: a sidecar changes a DeepCopy, which
-// copies the map), and a map's values are read as copies, so one object's reader never sees
+// copies the map), and a map's values are read as copies (a Quantity's copy still shares its
+// decimal, which no sidecar changes in place), so one object's reader never sees
 // another's change. The table keeps at most maxSharedMaps maps, and starts afresh when
 // full: maps already shared stay with their objects, and what is common now gets shared
 // again.

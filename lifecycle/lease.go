@@ -210,12 +210,24 @@ func newLeaseWatch(identity string) *leaseWatch {
 // drain still fences it at once. Where RBAC allows no list and watch on Leases (older
 // upstream roles), it polls the Lease every retry period instead, as client-go does, with
 // one warning: a released Lease is then taken up to a retry period later.
+//
+// client has no request timeout (the watch is long); its plain requests, the access review
+// and the polls, are bounded by the retry period here: a poll that has not answered by the
+// next one is no use.
 func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string, retryPeriod time.Duration) error {
-	if !mayListAndWatch(synced, client, namespace) {
+	reviewCtx, cancel := context.WithTimeout(synced, retryPeriod)
+	mayWatch := mayListAndWatch(reviewCtx, client, namespace)
+	cancel()
+	if !mayWatch {
 		klog.FromContext(run).Info("Warning: RBAC does not allow list and watch on Leases here; polling the Lease every --leader-election-retry-period instead", "lease", namespace+"/"+name, "retryPeriod", retryPeriod)
 		leases := client.CoordinationV1().Leases(namespace)
-		w.pollOnce(synced, leases, name)
-		go wait.UntilWithContext(run, func(ctx context.Context) { w.pollOnce(ctx, leases, name) }, retryPeriod)
+		poll := func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, retryPeriod)
+			defer cancel()
+			w.pollOnce(ctx, leases, name)
+		}
+		poll(synced)
+		go wait.UntilWithContext(run, poll, retryPeriod)
 		return synced.Err()
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,

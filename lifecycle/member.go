@@ -69,9 +69,8 @@ type member struct {
 	lock      rl.Interface // the Lease; each term wraps it in a termLock
 	watch     *leaseWatch
 	elector   *leaderelection.HealthzAdaptor
-	leKube    kubernetes.Interface
-	// watchKube watches the Lease: the same budget as leKube but no request timeout,
-	// which would cut the watch every half renew deadline.
+	// watchKube watches the Lease: the same budget as the Lease lock's client but no
+	// request timeout, which would cut the watch every half renew deadline.
 	watchKube kubernetes.Interface
 
 	inflightAtDriverLoss atomic.Int64
@@ -101,7 +100,6 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 		if err != nil {
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
-		m.leKube = leKube
 		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(cfg)); err != nil {
 			return nil, fmt.Errorf("creating the Lease watch client: %w", err)
 		}

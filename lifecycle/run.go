@@ -168,7 +168,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	stopInformers := make(chan struct{})
 	defer close(stopInformers)
 	shared := Env{
-		Kube:                   kube,
 		RestConfig:             cfg,
 		Informers:              factory,
 		Events:                 events,
