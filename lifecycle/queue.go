@@ -51,6 +51,9 @@ func NewQueue[T comparable](o QueueOptions) *Queue[T] {
 }
 
 func (q *Queue[T]) note(item T, ready time.Time) {
+	if q.ShuttingDown() {
+		return // the workqueue drops the item
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if at, ok := q.waiting[item]; !ok || ready.Before(at) {
@@ -84,7 +87,8 @@ func (q *Queue[T]) Get() (T, bool) {
 	return item, shutdown
 }
 
-// ShutDown implements workqueue.Interface: queued items are dropped, nothing waits.
+// ShutDown implements workqueue.Interface. Nothing counts as waiting from then on: new
+// items are dropped, and the workers stop taking queued ones (RunWorkers, P1).
 func (q *Queue[T]) ShutDown() {
 	q.TypedRateLimitingInterface.ShutDown()
 	q.mu.Lock()

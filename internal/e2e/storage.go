@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 )
 
@@ -78,13 +79,21 @@ func (s Storage) Bind(ctx context.Context, pv *corev1.PersistentVolume) error {
 	if pv.Spec.ClaimRef == nil {
 		return fmt.Errorf("PV %s has no claimRef", pv.Name)
 	}
-	pvc, err := kube.CoreV1().PersistentVolumeClaims(pv.Spec.ClaimRef.Namespace).Get(ctx, pv.Spec.ClaimRef.Name, metav1.GetOptions{})
-	if err != nil {
+	// The provisioner may still be writing the claim (its provisioning record goes after
+	// the PV is saved): read it again on a conflict, as controllers do.
+	claims := kube.CoreV1().PersistentVolumeClaims(pv.Spec.ClaimRef.Namespace)
+	var pvc *corev1.PersistentVolumeClaim
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := claims.Get(ctx, pv.Spec.ClaimRef.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		current.Spec.VolumeName = pv.Name
+		pvc, err = claims.Update(ctx, current, metav1.UpdateOptions{})
 		return err
-	}
-	pvc.Spec.VolumeName = pv.Name
-	if pvc, err = kube.CoreV1().PersistentVolumeClaims(pvc.Namespace).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("binding claim %s: %w", pvc.Name, err)
+	})
+	if err != nil {
+		return fmt.Errorf("binding claim %s: %w", pv.Spec.ClaimRef.Name, err)
 	}
 	pvc.Status.Phase = corev1.ClaimBound
 	pvc.Status.AccessModes = pv.Spec.AccessModes
@@ -116,13 +125,16 @@ func (s Storage) CreateAttachment(ctx context.Context, pv string) error {
 
 // Expand raises a claim's request, as a user would.
 func (s Storage) Expand(ctx context.Context, name, size string) error {
-	pvc, err := s.Kube.CoreV1().PersistentVolumeClaims(s.Namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	claims := s.Kube.CoreV1().PersistentVolumeClaims(s.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc, err := claims.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse(size)
+		_, err = claims.Update(ctx, pvc, metav1.UpdateOptions{})
 		return err
-	}
-	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse(size)
-	_, err = s.Kube.CoreV1().PersistentVolumeClaims(s.Namespace).Update(ctx, pvc, metav1.UpdateOptions{})
-	return err
+	})
 }
 
 // Provisioned lists the PVs of the driver.
