@@ -326,7 +326,7 @@ func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work
 			ok++
 		}
 	}
-	d.say("%s exited %d after draining %v: %d/%d of its calls completed, none cancelled", leader.name, h.exitCode, h.drain.Round(time.Millisecond), ok, len(finished))
+	d.say("%s exited %d after draining %v: %d/%d of its calls completed, %d cancelled or failed", leader.name, h.exitCode, h.drain.Round(time.Millisecond), ok, len(finished), len(finished)-ok)
 	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(calls(c, standby.socket, method)) > 0 }); err != nil {
 		return h, err
 	}

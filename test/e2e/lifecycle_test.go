@@ -418,6 +418,9 @@ func TestMigratedDriverGetsTheMigratedMetricsLabel(t *testing.T) {
 		a := s.startReplica("replica-a")
 		a.WaitReady(t)
 		_, metrics := a.Get("/metrics")
+		if !strings.Contains(metrics, "csi_sidecar_operations_seconds_count{") {
+			t.Fatalf("driver %q: no csi_sidecar_operations_seconds metrics (the probe's calls) to look at", s.Driver.DriverName())
+		}
 		if got := strings.Contains(metrics, `migrated="`); got != c.want {
 			t.Errorf("driver %q: migrated label on csi_sidecar_operations_seconds %v, want %v", s.Driver.DriverName(), got, c.want)
 		}

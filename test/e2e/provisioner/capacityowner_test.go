@@ -2,7 +2,6 @@ package provisioner
 
 import (
 	"slices"
-	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -68,7 +67,5 @@ func TestCapacityOwnerOfAnyKind(t *testing.T) {
 	if ref := objs[0].OwnerReferences[0]; ref.Kind != "ConfigMap" || ref.APIVersion != "v1" || ref.Name != cm.Name || ref.Controller == nil || !*ref.Controller {
 		t.Errorf("owner %+v, want the ConfigMap as controller", ref)
 	}
-	if log := r.Stderr(); strings.Contains(log, "forbidden") {
-		t.Errorf("the API server refused requests:\n%s", grepLines(log, "forbidden"))
-	}
+	e2e.NoForbidden(t, r) // the API server refused no request
 }

@@ -12,6 +12,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
@@ -104,7 +105,5 @@ func TestMigratedInTreeClaimIsProvisionedAndDeleted(t *testing.T) {
 			t.Errorf("no %s metrics", method)
 		}
 	}
-	if log := r.Stderr(); strings.Contains(log, "forbidden") {
-		t.Errorf("the API server refused requests:\n%s", grepLines(log, "forbidden"))
-	}
+	e2e.NoForbidden(t, r) // the API server refused no request
 }
