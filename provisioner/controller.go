@@ -117,8 +117,10 @@ type controller struct {
 	// until the driver answers for good. It is also what keeps the plan's source protected
 	// while the claim may be gone (sourceUser).
 	inProgress map[string]*plan
-	// versions remembers claim copies this process's own writes replaced.
-	versions claimVersions
+	// ownClaims reads the claim cache through this process's own writes of claims
+	// (record, reschedule, node selection): a sync that comes before the informer shows
+	// one decides on what was written, not on the copy it replaced.
+	ownClaims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	// absent remembers recorded volumes the driver answered for good that it does not
 	// have, so that their undo needs no CSI call.
 	absent absentVolumes
@@ -165,6 +167,11 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		return nil, fmt.Errorf("indexing claims by UID: %w", err)
 	}
 	c.claims = claims.GetIndexer()
+	own, err := lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](klog.Background(), claims)
+	if err != nil {
+		return nil, fmt.Errorf("claim cache: %w", err)
+	}
+	c.ownClaims = own
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueClaim,
 		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
@@ -239,7 +246,6 @@ func (c *controller) forgetClaim(obj any) {
 		obj = tomb.Obj
 	}
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
-		c.versions.forget(string(claim.UID))
 		c.absent.forget(string(claim.UID))
 		c.slow.forget(string(claim.UID))
 		if c.node != nil {
@@ -296,6 +302,13 @@ func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
 		return nil
 	}
 	claim, _ := objs[0].(*v1.PersistentVolumeClaim)
+	if claim == nil {
+		return nil
+	}
+	// The newer of the cached copy and this process's last write of the claim.
+	if newer, ok, err := c.ownClaims.Get(claim.Namespace + "/" + claim.Name); err == nil && ok && newer.UID == claim.UID {
+		return newer
+	}
 	return claim
 }
 
@@ -370,10 +383,6 @@ func (c *controller) syncClaim(uid string) error {
 	claim := c.claimByUID(uid)
 	if claim != nil {
 		logger = logger.WithValues("claim", klog.KObj(claim))
-		if c.versions.behind(claim) {
-			logger.V(4).Info("Cache is behind this process's own write of the claim; its event will follow")
-			return nil
-		}
 	}
 	ctx := klog.NewContext(c.ops, logger)
 	p := c.pending(uid)

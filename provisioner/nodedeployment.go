@@ -131,10 +131,12 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	apiCtx, cancel := context.WithTimeout(c.ops, c.opts.timeout)
 	defer cancel()
 	// Update, not patch: the resource version makes exactly one node win.
-	if _, err := c.kube.CoreV1().PersistentVolumeClaims(current.Namespace).Update(apiCtx, current, metav1.UpdateOptions{}); err != nil {
+	written, err := c.kube.CoreV1().PersistentVolumeClaims(current.Namespace).Update(apiCtx, current, metav1.UpdateOptions{})
+	if err != nil {
 		n.failed(uid)
 		return false, fmt.Errorf("selecting node %q for claim %s: %w", n.name, klog.KObj(claim), err)
 	}
+	c.ownClaims.Wrote(written)
 	n.forget(uid)
 	return false, nil
 }

@@ -70,30 +70,27 @@ func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeC
 	defer cancel()
 	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
 	current, removed := claim, false
-	seen := []*v1.PersistentVolumeClaim{claim}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if current.UID != claim.UID || current.Annotations[volumehelpers.AnnSelectedNode] != node {
 			return nil
 		}
 		update := current.DeepCopy()
 		delete(update.Annotations, volumehelpers.AnnSelectedNode)
-		_, err := claims.Update(ctx, update, metav1.UpdateOptions{})
-		removed = err == nil
+		out, err := claims.Update(ctx, update, metav1.UpdateOptions{})
+		if removed = err == nil; removed {
+			// The copies before the update still select the node: a sync must not plan
+			// for it again from one of them.
+			c.ownClaims.Wrote(out)
+		}
 		if apierrors.IsConflict(err) {
 			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
 			if getErr != nil {
 				return getErr
 			}
 			current = fresh
-			seen = append(seen, fresh)
 		}
 		return err
 	})
-	if removed {
-		// The copies before the update still select the node: a sync on one of them must
-		// not plan for it again.
-		c.versions.replaced(string(claim.UID), seen...)
-	}
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

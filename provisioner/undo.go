@@ -92,7 +92,6 @@ func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolume
 	defer cancel()
 	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
 	current, written := claim, (*v1.PersistentVolumeClaim)(nil)
-	seen := []*v1.PersistentVolumeClaim{claim}
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		switch existing, _ := recordOf(current); {
 		case current.UID != claim.UID:
@@ -115,7 +114,6 @@ func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolume
 				return getErr
 			}
 			current = fresh
-			seen = append(seen, fresh)
 		}
 		written = out
 		return err
@@ -124,7 +122,7 @@ func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolume
 		return nil, fmt.Errorf("recording on claim %s that volume %s may be created: %w", klog.KObj(claim), rec.Volume, err)
 	}
 	if written != current {
-		c.versions.replaced(string(claim.UID), seen...)
+		c.ownClaims.Wrote(written)
 	}
 	return written, nil
 }
@@ -141,7 +139,6 @@ func (c *controller) dropRecord(ctx context.Context, claim *v1.PersistentVolumeC
 	defer cancel()
 	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
 	current := claim
-	seen := []*v1.PersistentVolumeClaim{claim}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if current.UID != claim.UID {
 			return nil
@@ -150,17 +147,16 @@ func (c *controller) dropRecord(ctx context.Context, claim *v1.PersistentVolumeC
 		if !had {
 			return nil
 		}
-		_, err := claims.Update(ctx, update, metav1.UpdateOptions{})
+		out, err := claims.Update(ctx, update, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
-			c.versions.replaced(string(claim.UID), seen...)
+			c.ownClaims.Wrote(out)
 		case apierrors.IsConflict(err):
 			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
 			if getErr != nil {
 				return getErr
 			}
 			current = fresh
-			seen = append(seen, fresh)
 		}
 		return err
 	})
@@ -316,54 +312,4 @@ func (c *controller) learnVolumeID(ctx context.Context, req *csi.CreateVolumeReq
 // volume of that name: a final error other than AlreadyExists (which says it has one).
 func isAbsentAnswer(err error, outcome createOutcome) bool {
 	return outcome != createInBackground && status.Code(err) != codes.AlreadyExists
-}
-
-// claimVersions remembers, by claim UID, the resource versions of claim copies that this
-// process's own writes (record, reschedule) replaced. A cache still showing one of them is
-// behind a write whose own event is on its way: deciding on that copy would act on what
-// the write just changed, for example plan again for a node the claim was just handed
-// back from. (Resource versions are opaque: they are only compared for equality.)
-type claimVersions struct {
-	mu sync.Mutex
-	m  map[string]map[string]bool
-}
-
-// replaced records that copies were replaced by a write of this process.
-func (v *claimVersions) replaced(uid string, copies ...*v1.PersistentVolumeClaim) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.m == nil {
-		v.m = map[string]map[string]bool{}
-	}
-	if v.m[uid] == nil {
-		v.m[uid] = map[string]bool{}
-	}
-	for _, c := range copies {
-		if c != nil {
-			v.m[uid][c.ResourceVersion] = true
-		}
-	}
-}
-
-func (v *claimVersions) forget(uid string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.m, uid)
-}
-
-// behind tells whether the cached claim is a copy replaced by a write of this process.
-// Once the cache shows another version the memory goes.
-func (v *claimVersions) behind(claim *v1.PersistentVolumeClaim) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	uid := string(claim.UID)
-	rvs, ok := v.m[uid]
-	if !ok {
-		return false
-	}
-	if rvs[claim.ResourceVersion] {
-		return true
-	}
-	delete(v.m, uid)
-	return false
 }
