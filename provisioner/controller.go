@@ -305,8 +305,15 @@ func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
 	if claim == nil {
 		return nil
 	}
-	// The newer of the cached copy and this process's last write of the claim.
-	if newer, ok, err := c.ownClaims.Get(claim.Namespace + "/" + claim.Name); err == nil && ok && newer.UID == claim.UID {
+	// The newer of the cached copy and this process's last write of the claim; none when
+	// that write let the API server delete it (the informer may not show it yet).
+	newer, ok, err := c.ownClaims.Get(claim.Namespace + "/" + claim.Name)
+	switch {
+	case err != nil:
+		return claim
+	case !ok:
+		return nil
+	case newer.UID == claim.UID:
 		return newer
 	}
 	return claim
