@@ -7,6 +7,8 @@
 // run kube-controller-manager, a scheduler or a kubelet: objects are stored
 // and validated, admission and RBAC are enforced, but nothing reconciles them
 // (no Pods are ever scheduled, namespaces get no "default" ServiceAccount).
+// Package cluster runs kube-controller-manager and kube-scheduler next to it,
+// as children started the same way (Child).
 //
 // The binaries are built once per machine by hack/control-plane.sh (make
 // testenv); see Assets. Most test packages should use Shared from TestMain so
