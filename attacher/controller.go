@@ -26,10 +26,6 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// apiBudget is how long the API reads and writes of one sync may take on top of the CSI
-// call's --timeout.
-const apiBudget = time.Minute
-
 // config is what the controller is told: flags and what the driver can do.
 type config struct {
 	driver  string
@@ -287,9 +283,10 @@ func (c *Controller) cachedVA(name string) (*storagev1.VolumeAttachment, error) 
 func (c *Controller) sync(va *storagev1.VolumeAttachment) error {
 	name := va.Name
 	logger := klog.FromContext(c.ops).WithValues("VolumeAttachment", name)
-	// P1: the CSI call and the writes that record it run on Ops(), never on intake.
-	ctx, cancel := context.WithTimeout(klog.NewContext(c.ops, logger), c.timeout+apiBudget)
-	defer cancel()
+	// P1: the CSI call and the writes that record it run on Ops(), never on intake. The
+	// CSI call has --timeout; API requests wait for their token of the client budget as
+	// long as it takes (P14), and client-go bounds each once sent.
+	ctx := klog.NewContext(c.ops, logger)
 	forced := c.consumeForceSync(name)
 	if c.trivial {
 		return c.syncTrivial(ctx, va)
@@ -574,8 +571,7 @@ func (c *Controller) syncPV(name string) error {
 			return nil // its deletion enqueues the PV again
 		}
 	}
-	ctx, cancel := context.WithTimeout(c.ops, apiBudget)
-	defer cancel()
+	ctx := c.ops
 	clone := pv.DeepCopy()
 	clone.Finalizers = withoutFinalizer(pv.Finalizers, finalizerName(c.driver))
 	if _, err := c.patchPV(ctx, pv, clone); err != nil {

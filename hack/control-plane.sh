@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, etcd and kustomize from Go modules into a per-machine cache, once.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kustomize from Go modules into a per-machine cache, once.
 # Prints the folder that holds the binaries. Reuses what is present.
 set -euo pipefail
 K8S_VERSION=v1.37.2
@@ -13,17 +13,21 @@ if [ ! -x "$dir/etcd" ]; then
   go build -o "$dir/etcd.tmp" go.etcd.io/etcd/server/v3
   mv "$dir/etcd.tmp" "$dir/etcd"
 fi
-if [ ! -x "$dir/kube-apiserver" ]; then
-  echo "building kube-apiserver into $dir (10-18 min cold)" >&2
-  minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  go build -o "$dir/kube-apiserver.tmp" -ldflags "-s -w \
-    -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
-    -X k8s.io/component-base/version.gitMajor=1 \
-    -X k8s.io/component-base/version.gitMinor=${minor} \
-    -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}" \
-    k8s.io/kubernetes/cmd/kube-apiserver
-  mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
-fi
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+ldflags="-s -w \
+  -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} \
+  -X k8s.io/component-base/version.gitMajor=1 \
+  -X k8s.io/component-base/version.gitMinor=${minor} \
+  -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}"
+# kube-apiserver first (10-18 min cold); kube-controller-manager and kube-scheduler reuse its
+# build cache (a few minutes more).
+for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+  if [ ! -x "$dir/$cmd" ]; then
+    echo "building $cmd into $dir" >&2
+    go build -o "$dir/$cmd.tmp" -ldflags "$ldflags" "k8s.io/kubernetes/cmd/$cmd"
+    mv "$dir/$cmd.tmp" "$dir/$cmd"
+  fi
+done
 if [ ! -x "$dir/kustomize" ]; then
   echo "building kustomize into $dir (about 1 min)" >&2
   GOBIN="$dir" go install sigs.k8s.io/kustomize/kustomize/v5@${KUSTOMIZE_VERSION}

@@ -135,12 +135,16 @@ func IsFinalError(err error) bool {
 // fencedConn is one sidecar's view of the shared driver connection. It counts calls in
 // flight and ties each call to the sidecar's Ops() context, so losing the Lease or running
 // out of drain time cancels every CSI call at once, however the caller built its context
-// (P3, P6). After fencing it refuses new calls.
+// (P3, P6). After fencing, and from the first signal on, it refuses new calls: a drain
+// waits only for the calls already in the driver and the writes that record them (P14);
+// work that had not reached the driver is left, with what it recorded, to the next leader.
 type fencedConn struct {
 	conn     grpc.ClientConnInterface
 	ops      context.Context
 	inflight atomic.Int64
 	onChange func(delta int64)
+	// draining is set when intake ends.
+	draining atomic.Bool
 	// broken is set when a call ended with Unavailable: the connection may have broken under
 	// it, and the driver may still be working on it.
 	broken atomic.Bool
@@ -149,20 +153,25 @@ type fencedConn struct {
 var _ grpc.ClientConnInterface = &fencedConn{}
 
 func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	if c.ops.Err() != nil {
-		return status.Errorf(codes.Aborted, "%s not started: this replica stopped leading or ran out of drain time", method)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(c.ops, cancel)
-	defer stop()
-
+	// Counted before the check: once draining is set, a count of zero means no call can
+	// still reach the driver (idleAfterDrain).
 	c.inflight.Add(1)
 	c.onChange(1)
 	defer func() {
 		c.inflight.Add(-1)
 		c.onChange(-1)
 	}()
+	if c.ops.Err() != nil {
+		return status.Errorf(codes.Aborted, "%s not started: this replica stopped leading or ran out of drain time", method)
+	}
+	if c.draining.Load() {
+		return status.Errorf(codes.Aborted, "%s not started: this replica is shutting down; the next leader does it", method)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(c.ops, cancel)
+	defer stop()
+
 	err := c.conn.Invoke(ctx, method, args, reply, opts...)
 	if status.Code(err) == codes.Unavailable {
 		c.broken.Store(true)
@@ -180,6 +189,16 @@ func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, metho
 
 // InFlight is the number of CSI calls running now.
 func (c *fencedConn) InFlight() int64 { return c.inflight.Load() }
+
+// drain refuses every call from now on.
+func (c *fencedConn) drain() { c.draining.Store(true) }
+
+// idleAfterDrain tells, once drain was called, whether nothing of this replica can still be
+// running in the driver: no call in flight, none can start, and none was cut off by a
+// broken connection.
+func (c *fencedConn) idleAfterDrain() bool {
+	return c.draining.Load() && c.inflight.Load() == 0 && !c.broken.Load()
+}
 
 // MarkMigrated labels the metrics of the CSI calls made on the returned context as those of
 // a migrated in-tree volume (migrated="true") or not, as upstream's sidecars do.

@@ -26,14 +26,15 @@ const fenceGrace = 3 * time.Second
 type ending int
 
 const (
-	endDrained        ending = iota // Run returned after intake stopped, without error
-	endRunFailed                    // Run returned an error after intake stopped
-	endReturnedEarly                // Run returned while intake was still open
-	endStoppedEarly                 // the process stopped between taking the Lease and leading
-	endDriverLostIdle               // the driver went away with no call in flight
-	endDriverLostBusy               // the driver went away while calls were in flight
-	endDrainDeadline                // --drain-timeout ran out; calls were cancelled
-	endLeaseLost                    // renewals failed, the renew deadline passed, or another record was written
+	endDrained           ending = iota // Run returned after intake stopped, without error
+	endRunFailed                       // Run returned an error after intake stopped
+	endReturnedEarly                   // Run returned while intake was still open
+	endStoppedEarly                    // the process stopped between taking the Lease and leading
+	endDriverLostIdle                  // the driver went away with no call in flight
+	endDriverLostBusy                  // the driver went away while calls were in flight
+	endDrainDeadline                   // --drain-timeout ran out; calls were cancelled
+	endDrainDeadlineIdle               // --drain-timeout ran out with no call in the driver; writes were cancelled
+	endLeaseLost                       // renewals failed, the renew deadline passed, or another record was written
 )
 
 // endings decides, in one place, what each ending means for the process. The Lease is
@@ -53,7 +54,10 @@ var endings = [...]struct {
 	endDriverLostIdle: {ExitError, true, ""},
 	endDriverLostBusy: {ExitError, false, "driver_lost"},
 	endDrainDeadline:  {ExitError, false, "deadline"},
-	endLeaseLost:      {ExitError, false, "lease_lost"},
+	// Only API writes were left (throttled, or an API server that does not answer): the
+	// next leader redoes them, and nothing of this term runs in the driver (P14).
+	endDrainDeadlineIdle: {ExitError, true, ""},
+	endLeaseLost:         {ExitError, false, "lease_lost"},
 }
 
 // member is one hosted sidecar: its Env, its Ops() context and, with leader election, its
@@ -85,14 +89,18 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	shared.CSI = m.csi
 	shared.Backlog = &Backlog{sidecar: s.Name()}
-	// Each sidecar writes through a client of its own, with its own --kube-api-qps and
+	// Each sidecar writes through clients of its own, with its own --kube-api-qps and
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
-	// the sidecars neither share nor multiply their rate limits.
-	kube, err := kubernetes.NewForConfig(withProtobuf(cfg))
+	// the sidecars neither share nor multiply their rate limits. The budget serves writes
+	// that finish work before writes that start it (budget.go, P14).
+	own := withBudget(cfg, budgetFor(cfg.QPS, cfg.Burst))
+	own.UserAgent = cfg.UserAgent + "/" + s.Name()
+	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
 		return nil, fmt.Errorf("creating the client of %s: %w", s.Name(), err)
 	}
 	shared.Kube = kube
+	shared.RestConfig = own
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
@@ -270,6 +278,8 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	intake, stopIntake := context.WithCancel(klog.NewContext(t.leading, logger))
 	defer stopIntake()
 	defer context.AfterFunc(p.intake, stopIntake)()
+	// From the end of intake on, no new driver call starts (P14).
+	defer context.AfterFunc(intake, m.csi.drain)()
 	done := make(chan error, 1)
 	logger.Info("Leading: starting work")
 	go func() { done <- m.sidecar.Run(intake, m.env) }()
@@ -305,7 +315,11 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	case <-t.expired:
 		return m.fence(ctx, t, stopIntake, done, endLeaseLost, fmt.Sprintf("no renewal of the Lease succeeded within --leader-election-renew-deadline=%v", p.opts.RenewDeadline))
 	case <-p.drainExpired.Done():
-		return m.fence(ctx, t, stopIntake, done, endDrainDeadline, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
+		end := endDrainDeadline
+		if m.csi.idleAfterDrain() {
+			end = endDrainDeadlineIdle
+		}
+		return m.fence(ctx, t, stopIntake, done, end, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
 	}
 }
 

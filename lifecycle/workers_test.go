@@ -68,8 +68,8 @@ func TestFencingCancelsCallsWhateverTheirContext(t *testing.T) {
 	go func() {
 		errc <- conn.Invoke(context.Background(), "/csi.v1.Controller/ControllerPublishVolume", nil, nil)
 	}()
-	for conn.InFlight() != 1 {
-		runtime.Gosched() // the call is counted before it reaches the driver
+	for inner.calls.Load() != 1 {
+		runtime.Gosched() // wait until the call reached the driver
 	}
 	cancelOps()
 	if err := <-errc; status.Code(err) != codes.Canceled {
@@ -80,5 +80,34 @@ func TestFencingCancelsCallsWhateverTheirContext(t *testing.T) {
 	}
 	if inner.calls.Load() != 1 || conn.InFlight() != 0 || gauge != 0 {
 		t.Errorf("driver saw %d calls, in flight %d, gauge %d; want 1, 0, 0", inner.calls.Load(), conn.InFlight(), gauge)
+	}
+}
+
+func TestDrainingRefusesNewCallsAndLetsRunningOnesEnd(t *testing.T) {
+	ops, cancelOps := context.WithCancel(context.Background())
+	defer cancelOps()
+	inner := &blockingConn{}
+	conn := &fencedConn{conn: inner, ops: ops, onChange: func(int64) {}}
+	callCtx, endCall := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() {
+		errc <- conn.Invoke(callCtx, "/csi.v1.Controller/CreateVolume", nil, nil)
+	}()
+	for inner.calls.Load() != 1 {
+		runtime.Gosched()
+	}
+	conn.drain()
+	if err := conn.Invoke(context.Background(), "/csi.v1.Controller/CreateVolume", nil, nil); status.Code(err) != codes.Aborted {
+		t.Errorf("new call while draining: %v, want Aborted", err)
+	}
+	if conn.idleAfterDrain() {
+		t.Error("idle while a call runs in the driver")
+	}
+	endCall()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Errorf("running call: %v, want it to end on its own context (Canceled)", err)
+	}
+	if !conn.idleAfterDrain() || inner.calls.Load() != 1 {
+		t.Errorf("idle %v, driver saw %d calls; want idle after the one call", conn.idleAfterDrain(), inner.calls.Load())
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -116,10 +115,10 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error 
 }
 
 // removePV deletes the PersistentVolume of a deleted volume and removes the provisioner's
-// finalizer from it, on ctx (Ops()).
+// finalizer from it, on ctx (Ops()): two writes and no read, as upstream. The finalizer goes
+// by a strategic merge patch that deletes only that entry, so it needs neither the resource
+// version the Delete just changed nor a fresh read.
 func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) error {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
 	pvs := c.kube.CoreV1().PersistentVolumes()
 	if pv.DeletionTimestamp == nil {
 		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
@@ -129,20 +128,19 @@ func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) erro
 			return fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
 		}
 	}
-	// The Delete changed the resource version (it set the deletion timestamp): the
-	// finalizer patch starts from the server's copy, not the cache's.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		current, err := pvs.Get(ctx, pv.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if current.UID != pv.UID || !slices.Contains(current.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
-			return nil
-		}
-		_, err = c.patchFinalizers(ctx, current, withoutFinalizer(current.Finalizers))
+	if !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":                                pv.UID,
+		"$deleteFromPrimitiveList/finalizers": []string{volumehelpers.PVDeletionProtectionFinalizer},
+	}})
+	if err != nil {
 		return err
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
+	}
+	_, err = pvs.Patch(ctx, pv.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && !apierrors.IsInvalid(err) {
+		// NotFound, or another PersistentVolume of the name (its UID differs): done.
 		return fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
 	}
 	return nil
@@ -234,9 +232,7 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 			return nil
 		}
 	}
-	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	secrets, err := readSecret(apiCtx, c.kube, ref)
+	secrets, err := readSecret(ctx, c.kube, ref)
 	if err != nil {
 		logger.Error(err, "Cannot read the deletion secret, deleting without it")
 	}
@@ -250,8 +246,6 @@ func (c *controller) patchFinalizers(ctx context.Context, pv *v1.PersistentVolum
 	if err != nil {
 		return pv, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
 	updated, err := c.kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return pv, fmt.Errorf("setting finalizers %v on PersistentVolume %s: %w", finalizers, pv.Name, err)

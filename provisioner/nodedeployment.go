@@ -128,7 +128,7 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	}
 	current = current.DeepCopy()
 	current.Annotations[volumehelpers.AnnSelectedNode] = n.name
-	apiCtx, cancel := context.WithTimeout(c.ops, c.opts.timeout)
+	apiCtx, cancel := c.startingWork(c.ops)
 	defer cancel()
 	// Update, not patch: the resource version makes exactly one node win.
 	written, err := c.kube.CoreV1().PersistentVolumeClaims(current.Namespace).Update(apiCtx, current, metav1.UpdateOptions{})

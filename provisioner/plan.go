@@ -1,7 +1,6 @@
 package provisioner
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -107,9 +106,9 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 			return nil, err
 		}
 	}
-	// Reads are bounded by the CSI timeout; they run on Ops() like the rest of the
-	// operation they start.
-	ctx, cancel := context.WithTimeout(c.ops, c.opts.timeout)
+	// The plan's reads start work: they end with intake and wait behind the requests
+	// that finish work (P14).
+	ctx, cancel := c.startingWork(c.ops)
 	defer cancel()
 	if vacName != "" {
 		vac, err := c.kube.StorageV1().VolumeAttributesClasses().Get(ctx, vacName, metav1.GetOptions{})

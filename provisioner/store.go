@@ -9,7 +9,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -58,51 +57,36 @@ func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error 
 // It returns nil once done: the claim comes back when a node is selected.
 //
 // It updates rather than patches: upstream's RBAC grants update on persistentvolumeclaims,
-// not patch. The update carries the claim's resource version; on a conflict the claim is
-// read again, and a node selected since (the scheduler was faster) is left alone.
+// not patch. The update carries the resource version of the freshest copy this process
+// knows; a conflict (the scheduler was faster, or the claim changed) goes back to the
+// queue, which decides again from the cache (P14).
 func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeClaim, why error) error {
 	node, ok := claim.Annotations[volumehelpers.AnnSelectedNode]
 	if !ok {
 		return why
 	}
 	logger := klog.FromContext(ctx)
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
-	current, removed := claim, false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if current.UID != claim.UID || current.Annotations[volumehelpers.AnnSelectedNode] != node {
+	if fresh := c.claimByUID(string(claim.UID)); fresh != nil && fresh.ResourceVersion != claim.ResourceVersion {
+		if fresh.Annotations[volumehelpers.AnnSelectedNode] != node {
+			logger.V(4).Info("Not rescheduling: the claim's node changed meanwhile", "claim", klog.KObj(claim), "node", node)
 			return nil
 		}
-		update := current.DeepCopy()
-		delete(update.Annotations, volumehelpers.AnnSelectedNode)
-		out, err := claims.Update(ctx, update, metav1.UpdateOptions{})
-		if removed = err == nil; removed {
-			// The copies before the update still select the node: a sync must not plan
-			// for it again from one of them.
-			c.ownClaims.Wrote(out)
-		}
-		if apierrors.IsConflict(err) {
-			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-			if getErr != nil {
-				return getErr
-			}
-			current = fresh
-		}
-		return err
-	})
-	if apierrors.IsNotFound(err) {
-		return nil
+		claim = fresh
 	}
-	if err != nil {
+	update := claim.DeepCopy()
+	delete(update.Annotations, volumehelpers.AnnSelectedNode)
+	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
 		err = fmt.Errorf("removing annotation %s from claim %s to reschedule (%v): %w", volumehelpers.AnnSelectedNode, klog.KObj(claim), why, err)
 		logger.Error(err, "Cannot ask the scheduler for another node, retrying")
 		return err
 	}
-	if removed {
-		logger.V(2).Info("Asked the scheduler for another node", "claim", klog.KObj(claim), "node", node, "reason", why.Error())
-	} else {
-		logger.V(4).Info("Not rescheduling: the claim is gone or its node changed meanwhile", "claim", klog.KObj(claim), "node", node)
-	}
+	// The copies before the update still select the node: a sync must not plan for it
+	// again from one of them.
+	c.ownClaims.Wrote(out)
+	logger.V(2).Info("Asked the scheduler for another node", "claim", klog.KObj(claim), "node", node, "reason", why.Error())
 	return nil
 }

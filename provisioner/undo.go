@@ -13,7 +13,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -78,92 +77,61 @@ func (c *controller) recordFacts(claim *v1.PersistentVolumeClaim, p *plan) recor
 }
 
 // writeRecord puts the record on the claim (one update: the finalizer and the annotation),
-// before the CreateVolume it describes, on ctx (Ops(), P1). It returns the claim as
-// written. It updates rather than patches (upstream's RBAC grants update on claims), with
-// the resource version; on a conflict it reads the claim again and gives up with
-// errRecordChanged when the claim no longer asks for this volume, or carries another
-// record (a previous leader's, not yet in this cache).
+// before the CreateVolume it describes. It returns the claim as written. It updates rather
+// than patches (upstream's RBAC grants update on claims), with the resource version of the
+// freshest copy this process knows (OwnWrites), and never reads the claim again: a conflict
+// (the scheduler or the PV controller wrote it meanwhile) is errRecordChanged, and the
+// claim goes back to the queue, whose backoff lets the cache catch up before it is decided
+// again (P14). It starts work, so it ends with intake (StartingWork).
 func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) (*v1.PersistentVolumeClaim, error) {
 	value, err := rec.encode()
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	switch existing, _ := recordOf(claim); {
+	case claim.DeletionTimestamp != nil:
+		// No finalizer can be added to an object being deleted, and it wants nothing.
+		return nil, fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
+		return nil, fmt.Errorf("%w: the claim selects another node", errRecordChanged)
+	case existing != nil && existing.sameAs(rec) && slices.Contains(claim.Finalizers, provisioningFinalizer):
+		return claim, nil
+	}
+	ctx, cancel := c.startingWork(ctx)
 	defer cancel()
-	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
-	current, written := claim, (*v1.PersistentVolumeClaim)(nil)
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		switch existing, _ := recordOf(current); {
-		case current.UID != claim.UID:
-			return fmt.Errorf("%w: the claim was deleted and created again", errRecordChanged)
-		case current.DeletionTimestamp != nil:
-			// No finalizer can be added to an object being deleted, and it wants nothing.
-			return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
-		case current.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
-			return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
-		case existing != nil && existing.sameAs(rec) && slices.Contains(current.Finalizers, provisioningFinalizer):
-			written = current
-			return nil
-		case existing != nil && current != claim:
-			return fmt.Errorf("%w: the claim carries another record", errRecordChanged)
-		}
-		out, err := claims.Update(ctx, withRecord(current, value), metav1.UpdateOptions{})
-		if apierrors.IsConflict(err) {
-			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-			if getErr != nil {
-				return getErr
-			}
-			current = fresh
-		}
-		written = out
-		return err
-	})
-	if err != nil {
+	written, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, withRecord(claim, value), metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("%w: %v", errRecordChanged, err)
+	case err != nil:
 		return nil, fmt.Errorf("recording on claim %s that volume %s may be created: %w", klog.KObj(claim), rec.Volume, err)
 	}
-	if written != current {
-		c.ownClaims.Wrote(written)
-	}
+	c.ownClaims.Wrote(written)
 	return written, nil
 }
 
 // dropRecord removes the record from the claim once the volume is known (recorded by a
 // PersistentVolume, or undone), on ctx (Ops()). A claim that is gone, or is another one
-// now, has nothing to drop. It updates with the resource version and reads the claim
-// again on a conflict: the PV controller binds the claim at about the same time.
+// now, has nothing to drop. It updates the freshest copy this process knows, with its
+// resource version; a conflict (the PV controller binds the claim at about the same time)
+// goes back to the queue, never to a fresh read (P14).
 func (c *controller) dropRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
 	if claim == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	claims := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace)
-	current := claim
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if current.UID != claim.UID {
-			return nil
-		}
-		update, had := withoutRecord(current)
-		if !had {
-			return nil
-		}
-		out, err := claims.Update(ctx, update, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			c.ownClaims.Wrote(out)
-		case apierrors.IsConflict(err):
-			fresh, getErr := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-			if getErr != nil {
-				return getErr
-			}
-			current = fresh
-		}
-		return err
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+	update, had := withoutRecord(claim)
+	if !had {
+		return nil
 	}
-	return nil
+	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	switch {
+	case err == nil:
+		c.ownClaims.Wrote(out)
+		return nil
+	case apierrors.IsNotFound(err):
+		return nil
+	}
+	return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
 }
 
 // recorded ends a record whose volume a PersistentVolume records: the record goes, and
@@ -190,9 +158,7 @@ func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentV
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
 	// The cache may not show a PersistentVolume saved a moment ago (by the previous
 	// leader): deleting its volume would leave it without one. Ask the API server.
-	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	_, err := c.kube.CoreV1().PersistentVolumes().Get(apiCtx, rec.Volume, metav1.GetOptions{})
-	cancel()
+	_, err := c.kube.CoreV1().PersistentVolumes().Get(ctx, rec.Volume, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		logger.V(2).Info("The volume has a PersistentVolume after all; dropping the record")
@@ -278,9 +244,7 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 			}
 		}
 	}
-	apiCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	secrets, err := readSecret(apiCtx, c.kube, ref)
+	secrets, err := readSecret(ctx, c.kube, ref)
 	if err != nil {
 		// Without the secret the driver's answer would not say whether the volume exists.
 		return nil, fmt.Errorf("the provisioner secret is needed to find the volume: %w", err)

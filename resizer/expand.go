@@ -243,7 +243,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 		c.inUse.forget(key)
 	}
 
-	ctx, cancel := c.opContext()
+	ctx, cancel := c.callContext()
 	ctx = klog.NewContext(ctx, logger)
 	reached, nodeExpansion, callErr := c.expander.expand(ctx, pv, plan.size.Value())
 	cancel()

@@ -329,7 +329,7 @@ func (c *modifyController) apply(key string, pvc *v1.PersistentVolumeClaim, pv *
 		}
 		params[paramPVCName], params[paramPVCNamespace], params[paramPVName] = pvc.Name, pvc.Namespace, pv.Name
 	}
-	ctx, cancel := c.opContext()
+	ctx, cancel := c.callContext()
 	ctx = klog.NewContext(ctx, klog.FromContext(ctx).WithValues("pvc", key))
 	callErr := c.modifier.modify(ctx, pv, params)
 	cancel()

@@ -79,8 +79,10 @@ func (w *writer) volume(name string) (*v1.PersistentVolume, bool, error) {
 	return w.volumes.Get(name)
 }
 
-// opContext bounds one CSI call or one write, on Ops() (P1).
-func (w *writer) opContext() (context.Context, context.CancelFunc) {
+// callContext bounds one CSI call by --timeout, on Ops() (P1). API writes run on Ops()
+// itself: a write waits for its token of the client budget as long as it takes, and
+// client-go bounds the request once sent (P14).
+func (w *writer) callContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(w.ops(), w.timeout)
 }
 
@@ -94,8 +96,7 @@ func (w *writer) patchClaim(old, updated *v1.PersistentVolumeClaim, checkVersion
 	if err != nil || patch == nil {
 		return old, err
 	}
-	ctx, cancel := w.opContext()
-	defer cancel()
+	ctx := w.ops()
 	out, err := w.kube.CoreV1().PersistentVolumeClaims(old.Namespace).Patch(ctx, old.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return old, fmt.Errorf("patching PVC %s/%s: %w", old.Namespace, old.Name, err)
@@ -110,8 +111,7 @@ func (w *writer) patchVolume(old, updated *v1.PersistentVolume) (*v1.PersistentV
 	if err != nil || patch == nil {
 		return old, err
 	}
-	ctx, cancel := w.opContext()
-	defer cancel()
+	ctx := w.ops()
 	out, err := w.kube.CoreV1().PersistentVolumes().Patch(ctx, old.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return old, fmt.Errorf("patching PV %s: %w", old.Name, err)

@@ -1,9 +1,12 @@
 //go:build tools
 
-// Package tools records the binaries the tests build: kube-apiserver and etcd.
+// Package tools records the binaries the tests build: kube-apiserver, kube-controller-manager,
+// kube-scheduler and etcd.
 package tools
 
 import (
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )

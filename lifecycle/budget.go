@@ -1,0 +1,203 @@
+package lifecycle
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
+)
+
+// A sidecar's API budget (--kube-api-qps, --kube-api-burst) is a token bucket, as client-go's
+// own, with two differences that keep goodput up when the offered load is more than the
+// budget (P14):
+//
+//   - Requests that start new work (StartingWork: a provisioning record, an attach's
+//     finalizer) get a token only when no other request of the sidecar waits for one. Work
+//     already in the driver is recorded first; new work waits, instead of every operation
+//     taking longer and more of them timing out half-done.
+//   - A request waits for its token as long as its context lives. The sidecars put no
+//     deadline on an API write: client-go's request timeout starts after the token, and the
+//     API server bounds a request itself. A write that times out in the limiter and is
+//     retried with a fresh read spends the budget twice and is a congestion collapse.
+//
+// The core builds one budget per hosted sidecar and sets it as the RateLimiter of that
+// sidecar's clients (Env.Kube, Env.RestConfig).
+type budget struct {
+	qps     float32
+	limiter *rate.Limiter
+
+	mu sync.Mutex
+	// waiting holds the requests waiting for a token, by class: finishing (and every
+	// other request) first, starting second; each in arrival order.
+	waiting [2][]*budgetWaiter
+	started bool
+	wake    chan struct{}
+}
+
+type budgetWaiter struct {
+	ready   chan struct{}
+	granted bool
+}
+
+const (
+	classFinishing = iota
+	classStarting
+)
+
+type startingWorkKey struct{}
+
+var _ flowcontrol.RateLimiter = &budget{}
+
+func newBudget(qps float32, burst int) *budget {
+	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
+}
+
+// withBudget returns a copy of cfg whose clients draw from b; a nil b (no client-side
+// limit: a negative --kube-api-qps) leaves cfg's own rules.
+func withBudget(cfg *rest.Config, b *budget) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	if b != nil {
+		out.RateLimiter = b
+	}
+	return out
+}
+
+// budgetFor is the budget of qps and burst by client-go's rules: 0 is client-go's default
+// (5 and 10), a negative QPS means no client-side limit (nil).
+func budgetFor(qps float32, burst int) *budget {
+	switch {
+	case qps < 0:
+		return nil
+	case qps == 0:
+		qps, burst = rest.DefaultQPS, rest.DefaultBurst
+	}
+	if burst <= 0 {
+		burst = rest.DefaultBurst
+	}
+	return newBudget(qps, burst)
+}
+
+// StartingWork returns a context for the API writes that start new work, before the driver
+// is called (a record, a finalizer put on first): it ends when intake ends, so such a write
+// never stretches a drain (P14: the work is left, with what was recorded, to the next
+// leader), and its requests wait for a token behind every request that finishes work.
+// Cancel it when the write is done.
+func StartingWork(ctx, intake context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithValue(ctx, startingWorkKey{}, true))
+	stop := context.AfterFunc(intake, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+func classOf(ctx context.Context) int {
+	if starting, _ := ctx.Value(startingWorkKey{}).(bool); starting {
+		return classStarting
+	}
+	return classFinishing
+}
+
+// Wait blocks until the request may be sent or ctx ends.
+func (b *budget) Wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	w := &budgetWaiter{ready: make(chan struct{})}
+	class := classOf(ctx)
+	b.mu.Lock()
+	b.waiting[class] = append(b.waiting[class], w)
+	if !b.started {
+		b.started = true
+		go b.dispatch()
+	}
+	b.mu.Unlock()
+	b.poke()
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if w.granted {
+			return nil
+		}
+		q := b.waiting[class]
+		for i, x := range q {
+			if x == w {
+				b.waiting[class] = append(q[:i:i], q[i+1:]...)
+				break
+			}
+		}
+		return ctx.Err()
+	}
+}
+
+func (b *budget) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch hands out tokens, one at a time, each to the first waiter of the most urgent
+// class at the moment the token is there. It runs for the life of the process, as the
+// clients do.
+func (b *budget) dispatch() {
+	for {
+		if !b.anyWaiting() {
+			<-b.wake
+			continue
+		}
+		r := b.limiter.Reserve()
+		if d := r.Delay(); d > 0 {
+			time.Sleep(d)
+		}
+		b.mu.Lock()
+		w := b.next()
+		if w == nil {
+			// Everyone gave up meanwhile: the token goes back.
+			r.Cancel()
+		} else {
+			w.granted = true
+			close(w.ready)
+		}
+		b.mu.Unlock()
+	}
+}
+
+func (b *budget) anyWaiting() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiting[classFinishing])+len(b.waiting[classStarting]) > 0
+}
+
+// next pops the waiter to serve; b.mu held.
+func (b *budget) next() *budgetWaiter {
+	for class := range b.waiting {
+		if q := b.waiting[class]; len(q) > 0 {
+			b.waiting[class] = q[1:]
+			return q[0]
+		}
+	}
+	return nil
+}
+
+// TryAccept takes a token if one is there and nobody waits for it.
+func (b *budget) TryAccept() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.waiting[classFinishing])+len(b.waiting[classStarting]) > 0 {
+		return false
+	}
+	return b.limiter.Allow()
+}
+
+// Accept blocks until a token is there.
+func (b *budget) Accept() { _ = b.Wait(context.Background()) }
+
+// QPS is the budget's rate.
+func (b *budget) QPS() float32 { return b.qps }
+
+// Stop does nothing: the budget lives as long as the process.
+func (b *budget) Stop() {}

@@ -1,0 +1,107 @@
+package lifecycle
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A budget with no tokens left serves every waiting request that finishes work before any
+// request that starts work, whatever order they came in.
+func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
+	b := newBudget(5, 1) // a token every 200 ms once the burst is spent
+	if err := b.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for i, r := range []struct {
+		name     string
+		starting bool
+	}{{"start1", true}, {"start2", true}, {"finish1", false}, {"finish2", false}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			if r.starting {
+				var cancel context.CancelFunc
+				ctx, cancel = StartingWork(ctx, context.Background())
+				defer cancel()
+			}
+			if err := b.Wait(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, r.name)
+			mu.Unlock()
+		}()
+		waitForWaiters(t, b, i+1)
+	}
+	wg.Wait()
+	want := []string{"finish1", "finish2", "start1", "start2"}
+	if !slices.Equal(order, want) {
+		t.Fatalf("served %v, want %v", order, want)
+	}
+}
+
+// waitForWaiters waits until n requests wait for a token.
+func waitForWaiters(t *testing.T, b *budget, n int) {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		queued := len(b.waiting[classFinishing]) + len(b.waiting[classStarting])
+		b.mu.Unlock()
+		if queued >= n {
+			return
+		}
+	}
+	t.Fatalf("fewer than %d requests wait for a token", n)
+}
+
+// A request that waits for its token is not abandoned for being throttled: it waits as long
+// as its context lives, and gives up only when that ends.
+func TestBudgetWaitEndsOnlyWithTheContext(t *testing.T) {
+	b := newBudget(1, 1)
+	if err := b.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() { errc <- b.Wait(ctx) }()
+	cancel()
+	if err := <-errc; err != context.Canceled {
+		t.Errorf("cancelled wait: %v, want context.Canceled", err)
+	}
+	if err := b.Wait(context.Background()); err != nil {
+		t.Errorf("wait without deadline: %v", err)
+	}
+}
+
+// A write that starts work ends with intake, so that it never stretches a drain.
+func TestStartingWorkEndsWithIntake(t *testing.T) {
+	intake, stop := context.WithCancel(context.Background())
+	ctx, cancel := StartingWork(context.Background(), intake)
+	defer cancel()
+	if classOf(ctx) != classStarting {
+		t.Error("not marked as starting work")
+	}
+	stop()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("still open after intake ended")
+	}
+}
+
+func TestBudgetForFollowsClientGo(t *testing.T) {
+	if budgetFor(-1, 10) != nil {
+		t.Error("a negative QPS has a budget; want no client-side limit")
+	}
+	if b := budgetFor(0, 0); b.QPS() != 5 || b.limiter.Burst() != 10 {
+		t.Errorf("QPS 0: %v/%d, want client-go's 5/10", b.QPS(), b.limiter.Burst())
+	}
+}
