@@ -132,7 +132,7 @@ func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) erro
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid":                                pv.UID,
+		"uid":                                 pv.UID,
 		"$deleteFromPrimitiveList/finalizers": []string{volumehelpers.PVDeletionProtectionFinalizer},
 	}})
 	if err != nil {
