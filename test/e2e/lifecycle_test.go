@@ -129,6 +129,42 @@ func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
 	}
 }
 
+// P14: when the drain deadline passes and only API writes are left (results waiting for
+// tokens of a spent --kube-api-qps budget), nothing of the term runs in the driver: the
+// Lease is released at once instead of left to expire, and no driver call started after
+// the signal.
+func TestDrainDeadlineWithNoCallInTheDriverReleasesTheLease(t *testing.T) {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 200 * time.Millisecond}})
+	// One write every 10 s: the first result is recorded, the others wait.
+	a := s.startReplica("replica-a", "--drain-timeout=2s", "--kube-api-qps=0.1", "--kube-api-burst=1")
+	s.waitForHolder("replica-a")
+	a.WaitReady(t)
+	s.createWork(6)
+	s.WaitForCalls("4 calls ended on replica-a", func(c []testdriver.Call) bool {
+		ended := 0
+		for _, call := range callsOn(c, a) {
+			if !call.End.IsZero() {
+				ended++
+			}
+		}
+		return ended >= 4
+	})
+
+	signalled := a.Signal(t, syscall.SIGTERM)
+	if code := a.Wait(t, 30*time.Second); code == 0 {
+		t.Errorf("exit code 0, want non-zero: results were left unrecorded")
+	}
+	for _, c := range callsOn(s.Driver.Journal(), a) {
+		if c.Start.After(signalled) {
+			t.Errorf("call for %s started %v after the signal", c.VolumeName, c.Start.Sub(signalled))
+		}
+	}
+	if h := e2e.Holder(s.lease()); h != "" {
+		t.Errorf("Lease holder after exit is %q, want empty (released: no call in the driver)", h)
+	}
+	t.Logf("FIGURE drain deadline with writes only: exited after %v", a.ExitedAt.Sub(signalled).Round(time.Millisecond))
+}
+
 // P5: a second signal during the drain exits at once, non-zero.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
