@@ -28,15 +28,14 @@
 //     renewal, which Options.Validate makes strictly earlier than a standby that saw that
 //     renewal may take the Lease; only the ending of a term that left nothing running in
 //     the driver empties the holder (termLock.release), never client-go's release-on-cancel.
-//
 //   - P14: each hosted sidecar's clients draw from one budget (budget.go) that lets a request
 //     wait for its token as long as its context lives and serves requests that finish work
 //     before those that start it (StartingWork); from the end of intake on no new CSI call
 //     starts, so a drain waits only for the calls in the driver and their writes.
 //
 // How a term ends (drained, fenced, drain deadline with or without calls in the driver,
-// driver lost idle or busy, stopped before leading, lost the race) and what that means for the exit code and the Lease is decided in
-// one table, endings in member.go. When one of several hosted sidecars ends on its own, the
+// driver lost idle or busy, stopped before leading, lost the race) and what that means for
+// the exit code and the Lease is decided in one table, endings in member.go. When one of several hosted sidecars ends on its own, the
 // process stops: the others drain and release, and the exit code is the worst of them.
 //
 // Acquiring the Lease is done here (watch-triggered, see lease.go) because client-go's
