@@ -134,16 +134,17 @@ func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
 // Lease is released at once instead of left to expire, and no driver call started after
 // the signal.
 func TestDrainDeadlineWithNoCallInTheDriverReleasesTheLease(t *testing.T) {
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 200 * time.Millisecond}})
-	// One write every 10 s: the first result is recorded, the others wait.
-	a := s.startReplica("replica-a", "--drain-timeout=2s", "--kube-api-qps=0.1", "--kube-api-burst=1")
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 100 * time.Millisecond}})
+	// One write a second: calls end ten times faster than their results can be recorded,
+	// so at the signal every worker waits for a token.
+	a := s.startReplica("replica-a", "--drain-timeout=1s", "--kube-api-qps=1", "--kube-api-burst=1")
 	s.waitForHolder("replica-a")
 	a.WaitReady(t)
-	s.createWork(6)
-	s.WaitForCalls("4 calls ended on replica-a", func(c []testdriver.Call) bool {
+	s.createWork(30)
+	s.WaitForCalls("4 CreateVolume calls ended on replica-a", func(c []testdriver.Call) bool {
 		ended := 0
 		for _, call := range callsOn(c, a) {
-			if !call.End.IsZero() {
+			if call.Method == testdriver.MethodCreateVolume && call.Done() {
 				ended++
 			}
 		}
