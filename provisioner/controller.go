@@ -274,7 +274,9 @@ func (c *controller) enqueueAttachedVolume(obj any) {
 // run works both queues until intake ends, then returns when every worker has finished
 // the operation it holds (on Ops(), P1).
 func (c *controller) run(intake context.Context) {
+	c.mu.Lock()
 	c.intake = intake
+	c.mu.Unlock()
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
 	if c.snapshots != nil && !cache.WaitForCacheSync(intake.Done(), c.snapshots.informer.HasSynced) {
@@ -386,7 +388,9 @@ func (c *controller) forgetSaved(obj any) {
 // reads, the record, taking a claim for a node): they end with intake and wait behind the
 // requests that finish work (lifecycle.StartingWork, P14).
 func (c *controller) startingWork(ctx context.Context) (context.Context, context.CancelFunc) {
+	c.mu.Lock()
 	intake := c.intake
+	c.mu.Unlock()
 	if intake == nil {
 		// Tests that sync without Run.
 		intake = context.Background()
