@@ -1,0 +1,212 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+)
+
+func TestAssetsNamesTheMissingBinaryAndHowToBuildIt(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(controlplane.AssetsEnv, dir)
+	for _, bin := range []string{"etcd", "kube-apiserver", SchedulerBinary} {
+		if err := os.WriteFile(filepath.Join(dir, bin), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Assets()
+	if err == nil {
+		t.Fatal("Assets() succeeded without kube-controller-manager")
+	}
+	for _, want := range []string{"make testenv", filepath.Join(dir, ControllerManagerBinary) + " is missing"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Assets() error %q does not mention %q", err, want)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, ControllerManagerBinary), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Assets(); err != nil || got != dir {
+		t.Errorf("Assets() = %q, %v; want %q", got, err, dir)
+	}
+}
+
+func TestPercentileIsNearestRank(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 100; i++ {
+		ds = append(ds, time.Duration(101-i)*time.Millisecond)
+	}
+	for p, want := range map[float64]time.Duration{50: 50 * time.Millisecond, 99: 99 * time.Millisecond, 100: 100 * time.Millisecond, 1: time.Millisecond} {
+		if got := Percentile(ds, p); got != want {
+			t.Errorf("Percentile(1..100ms, %v) = %v, want %v", p, got, want)
+		}
+	}
+	if got := Percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("Percentile of one value = %v", got)
+	}
+	if got := Percentile(nil, 50); got != 0 {
+		t.Errorf("Percentile of none = %v", got)
+	}
+}
+
+// The workload tracks each stage from the objects the control loop and the sidecars write;
+// here the test writes them, on a fake clientset.
+func TestWorkloadRecordsEachStageFromTheObjects(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kube := fake.NewClientset()
+	const ns, driver, node = "ns", "d.csi.test", "n1"
+	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("default ServiceAccount: %v", err)
+	}
+	if sc, err := kube.StorageV1().StorageClasses().Get(ctx, w.Class(), metav1.GetOptions{}); err != nil ||
+		*sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer || !*sc.AllowVolumeExpansion || sc.Provisioner != driver {
+		t.Fatalf("StorageClass: %+v, %v", sc, err)
+	}
+	if err := w.CreatePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	wait := func(stage Stage) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := w.Wait(wctx, stage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claims, pods := kube.CoreV1().PersistentVolumeClaims(ns), kube.CoreV1().Pods(ns)
+	claim, err := claims.Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The PersistentVolume is seen before the claim's annotation: node-selected is implied.
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"},
+		Spec: corev1.PersistentVolumeSpec{
+			ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: "app", UID: claim.UID},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: "vol-1"}},
+		},
+	}
+	if _, err := kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Provisioned)
+	claim.Annotations = map[string]string{"volume.kubernetes.io/selected-node": node}
+	claim.Spec.VolumeName = "pvc-1"
+	claim.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}
+	if claim, err = claims.Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Bound)
+	pod, err := pods.Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Spec.NodeName = node
+	if _, err := pods.Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Scheduled)
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "csi-1"},
+		Spec:       storagev1.VolumeAttachmentSpec{Attacher: driver, NodeName: node, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pvc-1")}},
+	}
+	if va, err = kube.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	va.Status.Attached = true
+	if _, err := kube.StorageV1().VolumeAttachments().Update(ctx, va, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Attached)
+
+	if err := w.Grow(ctx, "app", "2Gi"); err != nil {
+		t.Fatal(err)
+	}
+	if claim, err = claims.Get(ctx, "app", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}
+	if _, err := claims.Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Grown)
+
+	if err := w.DeletePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.StorageV1().VolumeAttachments().Delete(ctx, "csi-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Detached)
+	if err := w.DeleteClaim(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	wait(ClaimGone)
+	if err := kube.CoreV1().PersistentVolumes().Delete(ctx, "pvc-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(VolumeDeleted)
+
+	it, _ := w.Item("app")
+	if it.PersistentVolume != "pvc-1" || it.VolumeHandle != "vol-1" || it.Node != node {
+		t.Errorf("item: %+v", it)
+	}
+	for _, s := range Stages() {
+		if it.Times[s].IsZero() {
+			t.Errorf("stage %s not recorded", s)
+		}
+	}
+	if !it.Times[NodeSelected].Equal(it.Times[Provisioned]) {
+		t.Errorf("node-selected at %v, provisioned at %v: the implied stage should be recorded with the one that implies it",
+			it.Times[NodeSelected], it.Times[Provisioned])
+	}
+	rows := w.Summary()
+	if len(rows) != len(DefaultSpans()) {
+		t.Errorf("summary has %d spans, want %d:\n%s", len(rows), len(DefaultSpans()), FormatSummary(rows))
+	}
+	for _, r := range rows {
+		if r.N != 1 || r.P50 < 0 || r.P99 != r.P50 {
+			t.Errorf("span %s: %+v", r.Span.Name, r)
+		}
+	}
+}
+
+func TestWaitSaysWhereThePodsStand(t *testing.T) {
+	ctx := context.Background()
+	kube := fake.NewClientset()
+	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: "ns", Driver: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.CreatePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = w.Wait(short, Attached)
+	if err == nil || !strings.Contains(err.Error(), "1 of 1 Pods did not reach attached") || !strings.Contains(err.Error(), "app: reached [pod-created]") {
+		t.Errorf("Wait error = %v", err)
+	}
+	if err := w.Wait(ctx, Attached, "other"); err == nil {
+		t.Error("Wait for an unknown Pod succeeded")
+	}
+}
