@@ -151,6 +151,33 @@ func (w *world) reportedAttached() map[string][]string {
 	return out
 }
 
+// checkNodesAlive checks that the fake nodes' heartbeats kept them Ready and untainted: the
+// Ready condition and the node Lease renewed within the last few heartbeats.
+func (w *world) checkNodesAlive() {
+	w.T.Helper()
+	ctx := context.Background()
+	const fresh = 10 * time.Second // heartbeats come every 2 s
+	for _, name := range w.cluster.Nodes() {
+		node, err := w.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			w.T.Fatal(err)
+		}
+		ready := false
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				ready = c.Status == corev1.ConditionTrue && time.Since(c.LastHeartbeatTime.Time) < fresh
+			}
+		}
+		if !ready || len(node.Spec.Taints) != 0 {
+			w.T.Errorf("node %s: conditions %+v, taints %+v; want Ready with a heartbeat in the last %v, no taints", name, node.Status.Conditions, node.Spec.Taints, fresh)
+		}
+		lease, err := w.Client.CoordinationV1().Leases("kube-node-lease").Get(ctx, name, metav1.GetOptions{})
+		if err != nil || lease.Spec.RenewTime == nil || time.Since(lease.Spec.RenewTime.Time) >= fresh {
+			w.T.Errorf("node %s Lease not renewed in the last %v: %+v, %v", name, fresh, lease, err)
+		}
+	}
+}
+
 // Ten Pods, each with a new WaitForFirstConsumer claim, go through their whole life under a
 // real kube-controller-manager and kube-scheduler with three nodes: scheduled, their
 // volumes provisioned on the chosen node, bound, attached to that node, half of them grown
@@ -326,6 +353,7 @@ func runLife(t testing.TB, pods, nodes int) *world {
 	if err := w.cluster.Running(); err != nil {
 		t.Error(err)
 	}
+	w.checkNodesAlive()
 	e2e.NoForbidden(t, w.provisioner, w.attacher, w.resizer)
 	return w
 }
