@@ -256,10 +256,13 @@ func TestProvisionsAClaimAndRecordsTheVolumeAsAPersistentVolume(t *testing.T) {
 		!slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
 		t.Errorf("PV does not record the volume for the claim: %+v", pv)
 	}
-	events := strings.Join(w.events(), "\n")
-	if !strings.Contains(events, "Provisioning") || !strings.Contains(events, "ProvisioningSucceeded") {
-		t.Errorf("events:\n%s", events)
-	}
+	// The event follows the PV's creation; the record on the claim replaced upstream's
+	// "Provisioning" event, so ProvisioningSucceeded is the only one.
+	var events []string
+	w.waitFor("a ProvisioningSucceeded event", func() bool {
+		events = append(events, w.events()...)
+		return slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "ProvisioningSucceeded") })
+	})
 }
 
 func TestAClaimWhoseSecretIsMissingIsNotProvisionedUntilTheSecretExists(t *testing.T) {
