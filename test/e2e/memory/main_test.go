@@ -19,6 +19,7 @@
 package memory
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"testing"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
 )
 
 var (
@@ -36,18 +38,18 @@ var (
 	flagResync       = flag.Duration("memory.resync", 30*time.Second, "resync period given to the sidecars (attacher --resync, resizer --resync-period); memory is read one resync plus -memory.margin after each leads and is ready")
 	flagMargin       = flag.Duration("memory.margin", 10*time.Second, "wait after the resync period before reading the memory")
 	flagUpstream     = flag.Bool("memory.upstream", true, "build and measure upstream's sidecars too (benchmark only)")
-	flagMirrors      = flag.String("memory.mirrors", defaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $CSI_SIDECARS_UPSTREAM_MIRRORS")
+	flagMirrors      = flag.String("memory.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
 	flagOnly         = flag.String("memory.only", "", "measure only these of attacher, provisioner, resizer, combined (comma-separated; default all)")
 	flagOurEnv       = flag.String("memory.our-env", "", "extra environment of our processes, comma-separated NAME=value (for experiments, e.g. GOGC=50)")
 	flagHeapProfiles = flag.String("memory.heap-profiles", "", "a folder: write a heap profile of each of our processes there before it is stopped (runs them with --enable-pprof)")
 )
 
-func defaultMirrors() string {
-	if dir := os.Getenv("CSI_SIDECARS_UPSTREAM_MIRRORS"); dir != "" {
-		return dir
-	}
-	return "/work/.mirror"
-}
+// upstreamBinaries are upstream's binaries by sidecar, built by TestMain before the tests
+// start (so a first build does not count against the test timeout); nil when benchmarks do
+// not run.
+var upstreamBinaries map[string]upstream.Binary
+
+var errNotPrepared = errors.New("upstream binaries are built only when benchmarks run (-bench) with -memory.upstream")
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -55,7 +57,7 @@ func TestMain(m *testing.M) {
 	// start, so it does not count against -timeout, and only when benchmarks run.
 	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" && *flagUpstream && !testing.Short() &&
 		os.Getenv(controlplane.SkipEnv) != "1" {
-		prepareUpstream()
+		upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
 	}
 	os.Exit(e2e.Main(m, "../../..", &kube, &binDir))
 }

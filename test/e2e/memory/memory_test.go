@@ -18,6 +18,7 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
 )
 
 // shortPairs is the test's data set: 250 claims, PVs and VolumeAttachments, 500 Pods
@@ -124,18 +125,18 @@ func benchmarkMemory(b *testing.B) {
 	sizes := []int{full / 2, full}
 	resync, margin := *flagResync, *flagMargin
 
-	upstream := map[string]string{}
+	upstreamBins := map[string]string{}
 	switch {
 	case !*flagUpstream:
 		say("upstream: not measured (-memory.upstream=false)")
 	case upstreamBinaries == nil:
 		say("upstream: not measured: %v", errNotPrepared)
 	default:
-		for _, u := range upstreamReleases {
-			if ub := upstreamBinaries[u.sidecar]; ub.err != nil {
-				say("upstream %s: not measured: %v", u.sidecar, ub.err)
+		for _, u := range upstream.Releases() {
+			if ub := upstreamBinaries[u.Sidecar]; ub.Err != nil {
+				say("upstream %s: not measured: %v", u.Sidecar, ub.Err)
 			} else {
-				upstream[u.sidecar] = ub.path
+				upstreamBins[u.Sidecar] = ub.Path
 			}
 		}
 	}
@@ -164,7 +165,7 @@ func benchmarkMemory(b *testing.B) {
 				continue
 			}
 			group := []sidecar{sc}
-			if bin, ok := upstream[sc.name]; ok {
+			if bin, ok := upstreamBins[sc.name]; ok {
 				group = append(group, upstreamSidecar(sc.name, bin, resync))
 			}
 			groups = append(groups, group)
@@ -282,7 +283,7 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 		return sum, true
 	}
 	fmt.Fprintf(&out, "\nPeak RSS (VmHWM), read once each process leads (ours: and is ready) plus one resync (%v) and %v.\n", resync, margin)
-	fmt.Fprintf(&out, "Upstream: %s, run side by side with ours; the combined process runs alone.\n", upstreamNames())
+	fmt.Fprintf(&out, "Upstream: %s, run side by side with ours; the combined process runs alone.\n", upstream.Names())
 	fmt.Fprintf(&out, "Each size holds N claims (PVC+PV), N VolumeAttachments, 2N Pods: 5N objects.\n")
 	for _, size := range sizes {
 		var setupTotal time.Duration
@@ -373,14 +374,6 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 		b.ReportMetric(mib(sum), "upstream-sum-MiB")
 		b.ReportMetric(float64(c.peak)/float64(sum), "combined/upstream-sum")
 	}
-}
-
-func upstreamNames() string {
-	var out []string
-	for _, u := range upstreamReleases {
-		out = append(out, u.String())
-	}
-	return strings.Join(out, ", ")
 }
 
 // say prints a line of progress on stdout, which go test shows as it comes (a benchmark's
