@@ -15,9 +15,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/audit"
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 )
@@ -37,10 +37,7 @@ const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
-- level: Metadata
-  users: ["admin"]
-  nonResourceURLs: ["/version"]
-- level: Metadata
+` + audit.MarkerRule + `- level: Metadata
   userGroups: ["system:serviceaccounts"]
 - level: None
 `
@@ -55,12 +52,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	policy := filepath.Join(dir, "audit-policy.yaml")
-	if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+	auditArgs, log, err := audit.Setup(dir, auditPolicy)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	auditLog = filepath.Join(dir, "audit.log")
+	auditLog = log
 	// Without a control plane (-short, or CSI_SIDECARS_SKIP_CONTROLPLANE=1) every test
 	// skips: building the binaries would be wasted.
 	if !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" {
@@ -70,15 +67,5 @@ func run(m *testing.M) int {
 		}
 		defer os.RemoveAll(binDir)
 	}
-	return kube.Main(m, controlplane.Options{APIServerArgs: []string{
-		"--audit-policy-file=" + policy,
-		"--audit-log-path=" + auditLog,
-		"--audit-log-format=json",
-		// Each event is written by the request's own handler, not by a batching goroutine.
-		"--audit-log-mode=blocking",
-		// No rotation while a test reads the log: 0 would mean lumberjack's 100 MB.
-		"--audit-log-maxsize=4096",
-		"--audit-log-maxage=0",
-		"--audit-log-maxbackup=0",
-	}})
+	return kube.Main(m, controlplane.Options{APIServerArgs: auditArgs})
 }

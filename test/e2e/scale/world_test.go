@@ -22,6 +22,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/audit"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -66,7 +67,7 @@ func (w *world) freshPV(j int) string   { return fmt.Sprintf("%s-f-%02d", w.Name
 
 // isSettled tells whether a request was about one of the settled objects (or the settled
 // claim's or PersistentVolume's status).
-func (w *world) isSettled(e auditEvent) bool {
+func (w *world) isSettled(e audit.Event) bool {
 	if e.ObjectRef == nil {
 		return false
 	}
