@@ -166,7 +166,7 @@ func TestWorkloadRecordsEachStageFromTheObjects(t *testing.T) {
 	wait(VolumeDeleted)
 
 	it, _ := w.Item("app")
-	if it.PersistentVolume != "pvc-1" || it.VolumeHandle != "vol-1" || it.Node != node {
+	if it.PersistentVolume != "pvc-1" || it.VolumeHandle != "vol-1" || it.Node != node || it.VolumeAttachment != "csi-1" {
 		t.Errorf("item: %+v", it)
 	}
 	for _, s := range Stages() {
@@ -208,5 +208,25 @@ func TestWaitSaysWhereThePodsStand(t *testing.T) {
 	}
 	if err := w.Wait(ctx, Attached, "other"); err == nil {
 		t.Error("Wait for an unknown Pod succeeded")
+	}
+}
+
+// Throughput is how many Pods went through a span over the time from the first one's start
+// of it to the last one's end, whatever the overlap.
+func TestSummaryThroughputIsPodsOverTheSpansWholeTime(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	w := &Workload{items: map[string]*item{}}
+	for i, name := range []string{"a", "b", "c", "d"} {
+		start := t0.Add(time.Duration(i) * time.Second)
+		w.items[name] = &item{name: name, times: map[Stage]time.Time{PodCreated: start, NodeSelected: start.Add(2 * time.Second)}}
+		w.order = append(w.order, name)
+	}
+	rows := w.Summary(Span{"select node", []Stage{PodCreated}, NodeSelected})
+	if len(rows) != 1 {
+		t.Fatalf("rows: %+v", rows)
+	}
+	// Four Pods from t0 (a's creation) to t0+5s (d's node selected).
+	if r := rows[0]; r.N != 4 || r.PerSecond != 0.8 || r.P50 != 2*time.Second {
+		t.Errorf("summary %+v, want 4 Pods at 0.8 per second, p50 2s", r)
 	}
 }

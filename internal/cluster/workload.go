@@ -154,6 +154,7 @@ type item struct {
 	pv       string // the PersistentVolume, once provisioned
 	handle   string // its CSI volume handle
 	node     string // the Pod's node, once scheduled
+	va       string // the VolumeAttachment of the volume to the node, once seen
 	grownTo  *resource.Quantity
 	times    map[Stage]time.Time
 }
@@ -166,6 +167,7 @@ type Item struct {
 	PersistentVolume string
 	VolumeHandle     string
 	Node             string
+	VolumeAttachment string
 	Times            map[Stage]time.Time
 }
 
@@ -424,7 +426,8 @@ func (w *Workload) Item(name string) (Item, bool) {
 	for s, t := range it.times {
 		times[s] = t
 	}
-	return Item{Name: it.name, ClaimUID: it.claimUID, PersistentVolume: it.pv, VolumeHandle: it.handle, Node: it.node, Times: times}, true
+	return Item{Name: it.name, ClaimUID: it.claimUID, PersistentVolume: it.pv, VolumeHandle: it.handle, Node: it.node,
+		VolumeAttachment: it.va, Times: times}, true
 }
 
 // Wait blocks until every named Pod (every Pod when names is empty) has reached stage, or
@@ -589,6 +592,7 @@ func (w *Workload) evaluateLocked(it *item, now time.Time) {
 				continue
 			}
 			present = true
+			it.va = va.Name
 			if va.Status.Attached {
 				w.recordLocked(it, Attached, now)
 			}
@@ -618,9 +622,14 @@ func (w *Workload) recordLocked(it *item, stage Stage, t time.Time) {
 // Durations are the span's durations, one per Pod that reached all its stages, in the
 // order the Pods were created.
 func (w *Workload) Durations(span Span) []time.Duration {
+	ds, _, _ := w.durations(span)
+	return ds
+}
+
+// durations are the span's durations and the first start and last end among them.
+func (w *Workload) durations(span Span) (out []time.Duration, first, last time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []time.Duration
 	for _, name := range w.order {
 		it := w.items[name]
 		end, ok := it.times[span.To]
@@ -642,8 +651,14 @@ func (w *Workload) Durations(span Span) []time.Duration {
 			continue
 		}
 		out = append(out, end.Sub(start))
+		if first.IsZero() || start.Before(first) {
+			first = start
+		}
+		if end.After(last) {
+			last = end
+		}
 	}
-	return out
+	return out, first, last
 }
 
 // SpanSummary is a span's figures over the Pods that went through it.
@@ -651,6 +666,9 @@ type SpanSummary struct {
 	Span          Span
 	N             int
 	P50, P99, Max time.Duration
+	// PerSecond is the span's throughput: N over the time from the first Pod's start of
+	// the span to the last Pod's end of it (0 when that is no time).
+	PerSecond float64
 }
 
 // Summary is each span's figures, for the Pods that went through it; spans nobody went
@@ -661,11 +679,15 @@ func (w *Workload) Summary(spans ...Span) []SpanSummary {
 	}
 	var out []SpanSummary
 	for _, span := range spans {
-		ds := w.Durations(span)
+		ds, first, last := w.durations(span)
 		if len(ds) == 0 {
 			continue
 		}
-		out = append(out, SpanSummary{Span: span, N: len(ds), P50: Percentile(ds, 50), P99: Percentile(ds, 99), Max: Percentile(ds, 100)})
+		r := SpanSummary{Span: span, N: len(ds), P50: Percentile(ds, 50), P99: Percentile(ds, 99), Max: Percentile(ds, 100)}
+		if d := last.Sub(first); d > 0 {
+			r.PerSecond = float64(len(ds)) / d.Seconds()
+		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -673,14 +695,14 @@ func (w *Workload) Summary(spans ...Span) []SpanSummary {
 // FormatSummary renders a summary as an aligned table.
 func FormatSummary(rows []SpanSummary) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-20s %-32s %4s %9s %9s %9s\n", "span", "from -> to", "n", "p50", "p99", "max")
+	fmt.Fprintf(&b, "%-20s %-32s %4s %9s %9s %9s %7s\n", "span", "from -> to", "n", "p50", "p99", "max", "per s")
 	for _, r := range rows {
 		from := make([]string, len(r.Span.From))
 		for i, s := range r.Span.From {
 			from[i] = string(s)
 		}
-		fmt.Fprintf(&b, "%-20s %-32s %4d %9s %9s %9s\n", r.Span.Name, strings.Join(from, "+")+" -> "+string(r.Span.To), r.N,
-			r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.Max.Round(time.Millisecond))
+		fmt.Fprintf(&b, "%-20s %-32s %4d %9s %9s %9s %7.2f\n", r.Span.Name, strings.Join(from, "+")+" -> "+string(r.Span.To), r.N,
+			r.P50.Round(time.Millisecond), r.P99.Round(time.Millisecond), r.Max.Round(time.Millisecond), r.PerSecond)
 	}
 	return b.String()
 }

@@ -58,6 +58,12 @@ func Binaries(root string) (string, error) {
 // CSI_SIDECARS_SKIP_CONTROLPLANE=1) nothing is built and *binDir stays empty: the tests
 // skip (RequireBinaries).
 func Main(m *testing.M, root string, kube *controlplane.Shared, binDir *string) int {
+	return MainWith(m, root, kube, binDir, controlplane.Options{})
+}
+
+// MainWith is Main with options for the control plane, for example an audit log's
+// kube-apiserver flags.
+func MainWith(m *testing.M, root string, kube *controlplane.Shared, binDir *string, opts controlplane.Options) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
@@ -70,7 +76,7 @@ func Main(m *testing.M, root string, kube *controlplane.Shared, binDir *string) 
 		defer os.RemoveAll(dir)
 		*binDir = dir
 	}
-	return kube.Main(m, controlplane.Options{})
+	return kube.Main(m, opts)
 }
 
 // RequireBinaries skips t when Main built no binaries (a run without a control plane).
@@ -153,27 +159,40 @@ type Replica struct {
 // period (10 s) to take over, which takeover assertions catch. extra may override any.
 func (s *Scenario) Start(name string, command []string, extra ...string) *Replica {
 	s.T.Helper()
+	return s.start(name, filepath.Join(s.BinDir, command[0]), command[1:], append([]string{"--leader-election-identity=" + name}, extra...))
+}
+
+// StartUpstream runs an upstream sidecar's binary (a path, such as one internal/upstream
+// built) as replica name with Start's shared flags but the identity, which upstream's
+// sidecars do not have (theirs is the host name): upstream's flags keep these names.
+func (s *Scenario) StartUpstream(name, binary string, extra ...string) *Replica {
+	s.T.Helper()
+	return s.start(name, binary, nil, extra)
+}
+
+// start runs binary with lead, the shared flags and then extra as its arguments.
+func (s *Scenario) start(name, binary string, lead, extra []string) *Replica {
+	s.T.Helper()
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, name+".sock"))
 	if err != nil {
 		s.T.Fatal(err)
 	}
 	s.T.Cleanup(srv.Stop)
 	port := FreePort(s.T)
-	args := append(append([]string{}, command[1:]...),
-		"--csi-address="+srv.Endpoint(),
-		"--kubeconfig="+s.CP.KubeconfigPath(),
+	shared := []string{
+		"--csi-address=" + srv.Endpoint(),
+		"--kubeconfig=" + s.CP.KubeconfigPath(),
 		"--leader-election",
-		"--leader-election-namespace="+s.Namespace,
-		"--leader-election-identity="+name,
+		"--leader-election-namespace=" + s.Namespace,
 		"--leader-election-lease-duration=30s",
 		"--leader-election-renew-deadline=20s",
 		"--leader-election-retry-period=10s",
-		"--http-endpoint=127.0.0.1:"+port,
+		"--http-endpoint=127.0.0.1:" + port,
 		"-v=2",
-	)
-	args = append(args, extra...)
+	}
+	args := append(append(append([]string{}, lead...), shared...), extra...)
 	r := &Replica{Name: name, Socket: srv.Socket(), Driver: srv, health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, Done: make(chan struct{})}
-	r.cmd = exec.Command(filepath.Join(s.BinDir, command[0]), args...)
+	r.cmd = exec.Command(binary, args...)
 	logFile, err := os.Create(filepath.Join(s.Dir, name+".log"))
 	if err != nil {
 		s.T.Fatal(err)
