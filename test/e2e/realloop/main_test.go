@@ -7,15 +7,27 @@
 // and lets go of the claim and its volume after the Pod and the claim are deleted. The tests
 // check the API objects and the test CSI driver's journal at each step. They skip when
 // kube-controller-manager or kube-scheduler is not built (`make testenv`).
+//
+// BenchmarkRealControlLoop (make bench) runs the same workload with ours and with upstream's
+// three binaries (internal/upstream builds them from git mirrors before the benchmark
+// starts; without mirrors it measures ours only and says why) and prints them side by side:
+// per-stage latency and throughput, what is left after settling, the API writes per
+// operation from the API server's audit log, and goodput against offered load. Figures are
+// printed, never asserted.
 package realloop
 
 import (
+	"flag"
+	"fmt"
 	"os"
 	"testing"
+	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/audit"
 	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
 )
 
 var (
@@ -25,14 +37,66 @@ var (
 	// but kube-controller-manager or kube-scheduler is not. The tests then skip without a
 	// control plane started or binaries built for them.
 	noLoop error
+	// auditLog is the API server's audit log: every write at Metadata level, events' with
+	// their body (auditPolicy).
+	auditLog string
+	// upstreamBinaries are upstream's sidecars by name, built by TestMain when benchmarks
+	// run (so a first build, minutes, does not count against -timeout); nil otherwise.
+	upstreamBinaries map[string]upstream.Binary
+
+	flagUpstream     = flag.Bool("realloop.upstream", true, "benchmark upstream's sidecars too, built from git mirrors (benchmark only)")
+	flagMirrors      = flag.String("realloop.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
+	flagLifePods     = flag.Int("realloop.life-pods", 30, "benchmark: Pods of the life run")
+	flagLifeInterval = flag.Duration("realloop.life-interval", 2*time.Second, "benchmark: a new Pod of the life run this often")
+	flagInUse        = flag.Duration("realloop.in-use", 10*time.Second, "benchmark: a life run's Pod is deleted this long after its volume is attached")
+	flagStream       = flag.Duration("realloop.stream", 40*time.Second, "benchmark: how long each goodput run offers new Pods")
+	flagIntervals    = flag.String("realloop.intervals", "1200ms,600ms,300ms", "benchmark: the goodput runs, a new Pod this often each (comma-separated durations)")
 )
 
-func TestMain(m *testing.M) {
+// auditPolicy logs every write at Metadata level, with the body of events (whose involved
+// object and source tell which volume and which sidecar they are about), and the marker
+// audit.UpTo sends. Reads are not logged: the benchmark counts writes.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+` + audit.MarkerRule + `- level: Request
+  verbs: ["create", "update", "patch"]
+  resources:
+  - group: ""
+    resources: ["events"]
+  - group: "events.k8s.io"
+    resources: ["events"]
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+`
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	flag.Parse()
 	// A missing kube-apiserver fails the package in e2e.Main, as everywhere else.
 	if _, err := controlplane.Assets(); err == nil {
 		if _, noLoop = cluster.Assets(); noLoop != nil {
-			os.Exit(m.Run())
+			return m.Run()
 		}
 	}
-	os.Exit(e2e.Main(m, "../../..", &kube, &binDir))
+	dir, err := os.MkdirTemp("", "csi-sidecars-realloop-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	args, log, err := audit.Setup(dir, auditPolicy)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	auditLog = log
+	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" && *flagUpstream && !testing.Short() &&
+		os.Getenv(controlplane.SkipEnv) != "1" {
+		upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
+	}
+	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
 }

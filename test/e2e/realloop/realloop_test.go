@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,15 +23,37 @@ const stageTimeout = 60 * time.Second
 // loop with its fake nodes, one replica of each sidecar and the workload.
 type world struct {
 	*e2e.Scenario
+	impl                           implementation
 	cluster                        *cluster.Cluster
 	work                           *cluster.Workload
 	provisioner, attacher, resizer *e2e.Replica
 }
 
+// implementation is the three sidecars a world runs: csi-sidecars' or upstream's.
+type implementation struct {
+	name string // csi-sidecars, upstream
+	// binaries are upstream's binaries by sidecar; nil for csi-sidecars.
+	binaries map[string]string
+}
+
+// ours runs `csi-sidecars <sidecar>`, one process per sidecar.
+var ours = implementation{name: "csi-sidecars"}
+
+func (im implementation) upstream() bool { return im.binaries != nil }
+
+// start runs the implementation's sidecar with its default flags and the harness's shared
+// ones (socket, kubeconfig, leader election in the scenario's namespace, diagnostics).
+func (im implementation) start(s *e2e.Scenario, sidecar string) *e2e.Replica {
+	if im.upstream() {
+		return s.StartUpstream(sidecar, im.binaries[sidecar])
+	}
+	return s.Start(sidecar, []string{"csi-sidecars", sidecar})
+}
+
 // newWorld starts the control loop with n nodes, whose driver node IDs differ from their
 // names (so a sidecar that confused the two would publish to a node the driver does not
-// know), and the three sidecars, each with upstream's default flags.
-func newWorld(t testing.TB, nodes int) *world {
+// know), and the implementation's three sidecars, each with upstream's default flags.
+func newWorld(t testing.TB, nodes int, impl implementation) *world {
 	t.Helper()
 	if noLoop != nil {
 		t.Skipf("no real control loop: %v", noLoop)
@@ -44,11 +65,11 @@ func newWorld(t testing.TB, nodes int) *world {
 		t.Fatal(err)
 	}
 	s := e2e.NewScenario(t, cp, binDir, testdriver.Config{Topology: true, Latency: 20 * time.Millisecond})
-	w := &world{Scenario: s}
+	w := &world{Scenario: s, impl: impl}
 	// Processes first: their start-up overlaps the control loop's.
-	w.provisioner = s.Start("provisioner", []string{"csi-sidecars", "provisioner"})
-	w.attacher = s.Start("attacher", []string{"csi-sidecars", "attacher"})
-	w.resizer = s.Start("resizer", []string{"csi-sidecars", "resizer"})
+	w.provisioner = impl.start(s, "provisioner")
+	w.attacher = impl.start(s, "attacher")
+	w.resizer = impl.start(s, "resizer")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -75,15 +96,43 @@ func newWorld(t testing.TB, nodes int) *world {
 		}
 	})
 	t.Logf("kube-controller-manager and kube-scheduler serving, %d nodes schedulable, after %v", nodes, time.Since(began).Round(time.Millisecond))
-	for _, r := range []*e2e.Replica{w.provisioner, w.attacher, w.resizer} {
-		r.WaitReady(t)
-	}
+	w.waitLeading()
 	w.work, err = cluster.NewWorkload(ctx, s.Client, cluster.WorkloadOptions{Namespace: s.Namespace, Driver: s.Driver.DriverName()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(w.work.Close)
 	return w
+}
+
+// waitLeading waits until each sidecar leads. Ours also say on /readyz that their caches
+// are synced; upstream's have no /readyz and start their informers once they lead.
+func (w *world) waitLeading() {
+	w.T.Helper()
+	replicas := []*e2e.Replica{w.provisioner, w.attacher, w.resizer}
+	w.WaitUntil("each sidecar holds its Lease", func() bool {
+		for _, r := range replicas {
+			if !r.Running() {
+				w.T.Fatalf("%s exited with %d:\n%s", r.Name, r.ExitCode, r.Stderr())
+			}
+		}
+		leases, err := w.Client.CoordinationV1().Leases(w.Namespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		held := 0
+		for _, l := range leases.Items {
+			if e2e.Holder(&l) != "" {
+				held++
+			}
+		}
+		return held >= len(replicas)
+	})
+	if !w.impl.upstream() {
+		for _, r := range replicas {
+			r.WaitReady(w.T)
+		}
+	}
 }
 
 // wait waits until the named Pods (all when none are named) reached stage.
@@ -186,30 +235,15 @@ func (w *world) checkNodesAlive() {
 // volume (or volume and node).
 func TestPodsWithClaimsLiveTheirWholeLifeUnderTheRealControlLoop(t *testing.T) {
 	began := time.Now()
-	w := runLife(t, 10, 3)
+	w := runLife(t, 10, 3, ours)
 	t.Logf("FIGURE real control loop, %d Pods on %d nodes, stage spans:\n%s", len(w.work.Names()), len(w.cluster.Nodes()), cluster.FormatSummary(w.work.Summary()))
 	t.Logf("FIGURE real control loop: whole test %v", time.Since(began).Round(time.Millisecond))
 }
 
-// BenchmarkPodLifeUnderTheRealControlLoop is the test's life of Pods with more of them (20
-// on 4 nodes), reported as the median and 99th percentile of each span of it in seconds
-// (cluster.DefaultSpans: select node, provision, bind claim, ...), with upstream's default
-// flags, so with its client-side rate limits.
-func BenchmarkPodLifeUnderTheRealControlLoop(b *testing.B) {
-	for range b.N {
-		w := runLife(b, 20, 4)
-		for _, r := range w.work.Summary() {
-			name := strings.ReplaceAll(r.Span.Name, " ", "-")
-			b.ReportMetric(r.P50.Seconds(), name+"-p50-s")
-			b.ReportMetric(r.P99.Seconds(), name+"-p99-s")
-		}
-	}
-}
-
 // runLife takes pods Pods through their life on a new world of nodes nodes, checking each
 // step, and returns the world for its figures.
-func runLife(t testing.TB, pods, nodes int) *world {
-	w := newWorld(t, nodes)
+func runLife(t testing.TB, pods, nodes int, impl implementation) *world {
+	w := newWorld(t, nodes, impl)
 	ctx := context.Background()
 	driver := w.Driver.DriverName()
 	names := make([]string, pods)

@@ -1,0 +1,313 @@
+package realloop
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
+)
+
+// opKey is an operation of a sidecar.
+type opKey struct{ sidecar, op string }
+
+// opOrder are the operations counted, in the order of the table. A write of a sidecar that
+// is about none of the runs' volumes is counted under the operation "other".
+var opOrder = []opKey{
+	{"provisioner", "provision"},
+	{"provisioner", "delete"},
+	{"attacher", "attach"},
+	{"attacher", "detach"},
+	{"resizer", "expand"},
+}
+
+// failedCodes are the answers counted as failed writes.
+var failedCodes = []int{409, 404, 429}
+
+// opCount is what a sidecar wrote for one kind of operation.
+type opCount struct {
+	ops    int            // operations of this kind in the runs
+	writes int            // write requests, failed ones included
+	failed map[int]int    // by HTTP status code
+	byKind map[string]int // writes by "verb resource"
+}
+
+func (c *opCount) perOp() float64 {
+	if c.ops == 0 {
+		return 0
+	}
+	return float64(c.writes) / float64(c.ops)
+}
+
+func (c *opCount) perOpString() string {
+	if c.ops == 0 {
+		return fmt.Sprintf("(%d writes)", c.writes)
+	}
+	return fmt.Sprintf("%.2f", c.perOp())
+}
+
+// failedString is the failed writes per operation by code, "0" when none failed.
+func (c *opCount) failedString() string {
+	var parts []string
+	total := 0
+	for _, code := range failedCodes {
+		total += c.failed[code]
+		parts = append(parts, c.perOpOf(c.failed[code]))
+	}
+	if total == 0 {
+		return "0"
+	}
+	return strings.Join(parts, "/")
+}
+
+func (c *opCount) perOpOf(n int) string {
+	if c.ops == 0 || n == 0 {
+		return fmt.Sprint(n)
+	}
+	return fmt.Sprintf("%.2f", float64(n)/float64(c.ops))
+}
+
+// kinds lists the writes by kind, per operation when there were operations.
+func (c *opCount) kinds() string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(c.byKind)) {
+		parts = append(parts, k+" "+c.perOpOf(c.byKind[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeCounts are the writes by sidecar and operation.
+type writeCounts map[opKey]*opCount
+
+func (wc writeCounts) add(k opKey, e audit.Event) {
+	c := wc[k]
+	if c == nil {
+		c = &opCount{failed: map[int]int{}, byKind: map[string]int{}}
+		wc[k] = c
+	}
+	c.writes++
+	c.byKind[e.Verb+" "+e.Resource()]++
+	if slices.Contains(failedCodes, e.Code()) {
+		c.failed[e.Code()]++
+	}
+}
+
+// others are the keys of writes that were about none of the runs' volumes.
+func (wc writeCounts) others() []opKey {
+	var out []opKey
+	for k := range wc {
+		if k.op == "other" {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b opKey) int { return strings.Compare(a.sidecar, b.sidecar) })
+	return out
+}
+
+// attribution is what tells which sidecar and which operation a write was for.
+type attribution struct {
+	impl      implementation
+	namespace string // the world's: its claims, Pods and their events
+	driver    string
+	items     []cluster.Item
+}
+
+// eventBody is what the audit log's request body of an event says about its object and
+// its writer (core/v1 and events.k8s.io/v1 fields).
+type eventBody struct {
+	InvolvedObject      objectRef                  `json:"involvedObject"`
+	Regarding           objectRef                  `json:"regarding"`
+	Source              struct{ Component string } `json:"source"`
+	DeprecatedSource    struct{ Component string } `json:"deprecatedSource"`
+	ReportingComponent  string                     `json:"reportingComponent"`
+	ReportingController string                     `json:"reportingController"`
+}
+
+type objectRef struct{ Kind, Namespace, Name string }
+
+func (b eventBody) object() objectRef {
+	if b.InvolvedObject.Kind != "" {
+		return b.InvolvedObject
+	}
+	return b.Regarding
+}
+
+func (b eventBody) component() string {
+	for _, c := range []string{b.Source.Component, b.ReportingComponent, b.ReportingController, b.DeprecatedSource.Component} {
+		if c != "" {
+			return c
+		}
+	}
+	return ""
+}
+
+// sidecarOf names the sidecar of the implementation that sent a request, "" for a request
+// of another client. csi-sidecars' sidecars write with the user agent csi-sidecars/<sidecar>,
+// except events, which each process writes through its shared client (csi-sidecars): those
+// are told apart by their source component (the provisioner's is <driver>_<identity>, the
+// harness's identity being the sidecar's name; the resizer's external-resizer <driver>).
+// Upstream's binaries write with client-go's default user agent, which begins with the
+// binary's name.
+func (a attribution) sidecarOf(e audit.Event, body *eventBody) string {
+	if a.impl.upstream() {
+		for _, r := range upstream.Releases() {
+			if strings.HasPrefix(e.UserAgent, r.Cmd+"/") {
+				return r.Sidecar
+			}
+		}
+		return ""
+	}
+	if s, ok := strings.CutPrefix(e.UserAgent, "csi-sidecars/"); ok {
+		return s
+	}
+	if e.UserAgent != "csi-sidecars" || body == nil {
+		return ""
+	}
+	switch c := body.component(); {
+	case strings.HasPrefix(c, a.driver+"_"):
+		return "provisioner"
+	case strings.HasPrefix(c, "external-resizer"):
+		return "resizer"
+	case strings.HasPrefix(c, "external-attacher"):
+		return "attacher"
+	}
+	return ""
+}
+
+// countWrites counts the writes of the implementation's sidecars received in [from, to),
+// by operation, and the operations of each kind the items went through.
+//
+// A write is about one item (a Pod and its claim) when it writes the claim, the item's
+// PersistentVolume or VolumeAttachment, or an event about one of them or the Pod. Its
+// operation is the sidecar's for the item at that time: the provisioner's writes before
+// the claim's deletion was requested provision, after it delete; the attacher's before the
+// Pod was deleted attach, after it detach (its PersistentVolume finalizer's removal among
+// them); the resizer's expand a claim that was grown. Lease writes are left out.
+func countWrites(events []audit.Event, from, to time.Time, a attribution) writeCounts {
+	byClaim, byPV, byVA := map[string]*cluster.Item{}, map[string]*cluster.Item{}, map[string]*cluster.Item{}
+	for i := range a.items {
+		it := &a.items[i]
+		byClaim[it.Name] = it
+		if it.PersistentVolume != "" {
+			byPV[it.PersistentVolume] = it
+		}
+		if it.VolumeAttachment != "" {
+			byVA[it.VolumeAttachment] = it
+		}
+	}
+	itemOfObject := func(kind, namespace, name string) *cluster.Item {
+		switch kind {
+		case "PersistentVolumeClaim", "Pod":
+			if namespace == a.namespace {
+				return byClaim[name]
+			}
+		case "PersistentVolume":
+			return byPV[name]
+		case "VolumeAttachment":
+			return byVA[name]
+		}
+		return nil
+	}
+
+	// An event's later writes (the correlator's count patches) carry no body with its
+	// object: remember the bodies of the events created.
+	bodies := map[string]*eventBody{}
+	bodyOf := func(e audit.Event) *eventBody {
+		if len(e.RequestObject) == 0 {
+			return bodies[e.Namespace()+"/"+e.Name()]
+		}
+		var body eventBody
+		if err := json.Unmarshal(e.RequestObject, &body); err != nil || body.object().Kind == "" {
+			return bodies[e.Namespace()+"/"+e.Name()]
+		}
+		if e.Verb == "create" || e.Verb == "update" {
+			ns := e.Namespace()
+			bodies[ns+"/"+e.Name()] = &body
+		}
+		return &body
+	}
+
+	out := writeCounts{}
+	for _, e := range events {
+		if !e.IsWrite() || e.Resource() == "leases" {
+			continue
+		}
+		var body *eventBody
+		if strings.HasPrefix(e.Resource(), "events") {
+			body = bodyOf(e)
+		}
+		if e.RequestReceived.Before(from) || !e.RequestReceived.Before(to) {
+			continue
+		}
+		sidecar := a.sidecarOf(e, body)
+		if sidecar == "" {
+			continue
+		}
+		var it *cluster.Item
+		switch res := e.Resource(); {
+		case body != nil:
+			o := body.object()
+			it = itemOfObject(o.Kind, o.Namespace, o.Name)
+		case strings.HasPrefix(res, "persistentvolumeclaims"):
+			it = itemOfObject("PersistentVolumeClaim", e.Namespace(), e.Name())
+		case strings.HasPrefix(res, "persistentvolumes"):
+			it = itemOfObject("PersistentVolume", "", e.Name())
+		case strings.HasPrefix(res, "volumeattachments"):
+			it = itemOfObject("VolumeAttachment", "", e.Name())
+		}
+		out.add(opKey{sidecar, operation(sidecar, it, e.RequestReceived)}, e)
+	}
+
+	for i := range a.items {
+		it := &a.items[i]
+		for stage, k := range map[cluster.Stage]opKey{
+			cluster.Provisioned:   {"provisioner", "provision"},
+			cluster.VolumeDeleted: {"provisioner", "delete"},
+			cluster.Attached:      {"attacher", "attach"},
+			cluster.Detached:      {"attacher", "detach"},
+			cluster.Grown:         {"resizer", "expand"},
+		} {
+			if it.Times[stage].IsZero() {
+				continue
+			}
+			if out[k] == nil {
+				out[k] = &opCount{failed: map[int]int{}, byKind: map[string]int{}}
+			}
+			out[k].ops++
+		}
+	}
+	return out
+}
+
+// operation is the sidecar's operation for item at time at, "other" when no item.
+func operation(sidecar string, it *cluster.Item, at time.Time) string {
+	if it == nil {
+		return "other"
+	}
+	after := func(stage cluster.Stage) bool {
+		t := it.Times[stage]
+		return !t.IsZero() && !at.Before(t)
+	}
+	switch sidecar {
+	case "provisioner":
+		if after(cluster.ClaimDeleted) {
+			return "delete"
+		}
+		return "provision"
+	case "attacher":
+		if after(cluster.PodDeleted) {
+			return "detach"
+		}
+		return "attach"
+	case "resizer":
+		if !it.Times[cluster.GrowRequested].IsZero() {
+			return "expand"
+		}
+	}
+	return "other"
+}
