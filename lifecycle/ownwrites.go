@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,11 +27,22 @@ import (
 // an entry goes as soon as the informer shows its version or a newer one.
 type OwnWrites[T runtime.Object] struct {
 	cache cache.MutationCache
+	// indexer is the informer's, for ByIndex and creations (NewOwnCreations); nil otherwise.
+	indexer cache.Indexer
 
 	mu sync.Mutex
 	// deleted maps the key of an object a write of ours deleted to its UID, until the
 	// informer shows the deletion.
 	deleted map[string]types.UID
+	// created holds the objects this sidecar created that the informer does not show yet
+	// (NewOwnCreations only), with when. (client-go's mutation cache can hold additions,
+	// but its first read of one drops it: it compares the addition with itself.)
+	created map[string]created[T]
+}
+
+type created[T runtime.Object] struct {
+	obj T
+	at  time.Time
 }
 
 // Bounds of the entries. One matters only until the informer shows the write (normally
@@ -44,13 +56,32 @@ const (
 
 // NewOwnWrites reads informer's store through the writes given to Wrote.
 func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer) (*OwnWrites[T], error) {
-	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax}
+	return ownWritesOver[T](logger, informer, nil)
+}
+
+// NewOwnCreations is OwnWrites for a kind the sidecar creates and never updates nor
+// deletes (records kept as Events): Get and ByIndex also return an object this sidecar
+// created (Wrote) that the informer does not show yet. Such an entry stays until the
+// informer shows the object or ownWritesTTL passes; an object deleted by someone else in
+// that time may still be returned, which only a kind with those rules can live with.
+func NewOwnCreations[T runtime.Object](logger klog.Logger, informer cache.SharedIndexInformer) (*OwnWrites[T], error) {
+	return ownWritesOver[T](logger, informer, informer.GetIndexer())
+}
+
+func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedInformer, indexer cache.Indexer) (*OwnWrites[T], error) {
+	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax, Indexer: indexer}
 	w := &OwnWrites[T]{
 		cache:   cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts),
+		indexer: indexer,
 		deleted: map[string]types.UID{},
+		created: map[string]created[T]{},
 	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: w.seenDeleted}); err != nil {
-		return nil, fmt.Errorf("watching deletions: %w", err)
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    w.seen,
+		UpdateFunc: func(_, obj any) { w.seen(obj) },
+		DeleteFunc: w.seenDeleted,
+	}); err != nil {
+		return nil, fmt.Errorf("watching the informer: %w", err)
 	}
 	return w, nil
 }
@@ -60,8 +91,14 @@ func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInf
 func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	var zero T
 	obj, ok, err := w.cache.GetByKey(key)
-	if err != nil || !ok {
+	if err != nil {
 		return zero, false, err
+	}
+	if !ok {
+		if c, ok := w.createdOnly(key); ok {
+			return c, true, nil
+		}
+		return zero, false, nil
 	}
 	t, ok := obj.(T)
 	if !ok {
@@ -78,6 +115,64 @@ func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	return t, true, nil
 }
 
+// ByIndex is the objects of an index key of the informer (NewOwnCreations only: it needs
+// the informer's indexer), each the newer of the informer's copy and this sidecar's write.
+func (w *OwnWrites[T]) ByIndex(index, key string) ([]T, error) {
+	if w.indexer == nil {
+		return nil, fmt.Errorf("no index %q: not made by NewOwnCreations", index)
+	}
+	objs, err := w.cache.ByIndex(index, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(objs))
+	for _, obj := range objs {
+		if t, ok := obj.(T); ok {
+			out = append(out, t)
+		}
+	}
+	fn := w.indexer.GetIndexers()[index]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, c := range w.created {
+		if time.Since(c.at) > ownWritesTTL {
+			delete(w.created, k)
+			continue
+		}
+		if _, inInformer, _ := w.indexer.GetByKey(k); inInformer {
+			continue
+		}
+		if keys, err := fn(c.obj); err == nil && slices.Contains(keys, key) {
+			out = append(out, c.obj)
+		}
+	}
+	return out, nil
+}
+
+// createdOnly is the object of key this sidecar created, if the informer does not show it.
+func (w *OwnWrites[T]) createdOnly(key string) (T, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, ok := w.created[key]
+	if ok && time.Since(c.at) > ownWritesTTL {
+		delete(w.created, key)
+		ok = false
+	}
+	return c.obj, ok
+}
+
+// seen drops the copy of an object this sidecar created once the informer shows it.
+func (w *OwnWrites[T]) seen(obj any) {
+	if w.indexer == nil {
+		return
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+		w.mu.Lock()
+		delete(w.created, key)
+		w.mu.Unlock()
+	}
+}
+
 // Wrote records obj, as the API server returned it from a write of this sidecar. An answer
 // that is being deleted and has no finalizer left means the write (the last finalizer's
 // removal) let the API server delete the object; it is the last stored copy, at a
@@ -89,6 +184,19 @@ func (w *OwnWrites[T]) Wrote(obj T) {
 	if m, err := meta.Accessor(obj); err == nil && m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
 		w.deletedBy(obj, m.GetUID())
 		return
+	}
+	if w.indexer != nil {
+		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			if _, inInformer, _ := w.indexer.GetByKey(key); !inInformer {
+				w.mu.Lock()
+				if len(w.created) >= ownWritesMax {
+					clear(w.created) // bounded as the mutation cache is
+				}
+				w.created[key] = created[T]{obj: obj, at: time.Now()}
+				w.mu.Unlock()
+				return
+			}
+		}
 	}
 	w.cache.Mutation(obj)
 }

@@ -114,3 +114,38 @@ func TestOwnWritesDeletedIsMissingUntilTheInformerCatchesUp(t *testing.T) {
 		t.Errorf("record kept after the informer showed the deletion: %v", w.deleted)
 	}
 }
+
+// A kind the sidecar creates: what it created counts before the informer shows it, in Get
+// and in ByIndex, and the informer's copy takes over once it has one.
+func TestOwnCreationsShowWhatTheSidecarCreatedBeforeTheInformerDoes(t *testing.T) {
+	byPhase := func(obj any) ([]string, error) { return []string{string(obj.(*v1.PersistentVolume).Status.Phase)}, nil }
+	inf := cache.NewSharedIndexInformer(&cache.ListWatch{}, &v1.PersistentVolume{}, 0, cache.Indexers{"phase": byPhase})
+	w, err := NewOwnCreations[*v1.PersistentVolume](klog.Background(), inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIndex := func() []string {
+		objs, err := w.ByIndex("phase", "Available")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, o := range objs {
+			out = append(out, o.Name+"@"+o.ResourceVersion)
+		}
+		return out
+	}
+	if got := getPV(t, w); got != "missing" {
+		t.Fatalf("nothing created: %s", got)
+	}
+	w.Wrote(pvAt("5", "Available"))
+	if got, idx := getPV(t, w), byIndex(); got != "5 Available" || len(idx) != 1 || idx[0] != "pv@5" {
+		t.Errorf("created, informer behind: Get %s, ByIndex %v; want the created copy in both", got, idx)
+	}
+	if err := inf.GetIndexer().Add(pvAt("7", "Available")); err != nil {
+		t.Fatal(err)
+	}
+	if got, idx := getPV(t, w), byIndex(); got != "7 Available" || len(idx) != 1 || idx[0] != "pv@7" {
+		t.Errorf("informer caught up: Get %s, ByIndex %v; want the informer's copy, once", got, idx)
+	}
+}

@@ -45,12 +45,14 @@ type config struct {
 	opts   options
 	driver string
 	// inTree is the in-tree plugin the driver replaces (CSI migration), "" for none.
-	inTree         string
-	identity       string // this instance, recorded in volume attributes
-	kube           kubernetes.Interface
-	csi            csi.ControllerClient
-	ops            context.Context // parent of every CSI call and the writes recording it (P1)
-	recorder       record.EventRecorder
+	inTree   string
+	identity string // this instance, recorded in volume attributes
+	kube     kubernetes.Interface
+	csi      csi.ControllerClient
+	ops      context.Context // parent of every CSI call and the writes recording it (P1)
+	recorder record.EventRecorder
+	// eventSource is the recorder's source, also that of the record's events.
+	eventSource    v1.EventSource
 	metrics        *controllerMetrics
 	pluginCaps     rpc.PluginCapabilitySet
 	controllerCaps rpc.ControllerCapabilitySet
@@ -107,6 +109,8 @@ type controller struct {
 	sourceQueue *lifecycle.Queue[string]
 	// snapshots is nil without snapshot support.
 	snapshots *snapshotWatch
+	// records keeps the provisioning records (events on the claims).
+	records *recordStore
 
 	// intake is Run's: set before the workers start, it ends waits that start no work.
 	intake context.Context
@@ -172,6 +176,12 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
+	if c.records, err = newRecordStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
+		return nil, err
+	}
+	if _, err := c.records.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
+		return nil, err
+	}
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueClaim,
 		UpdateFunc: func(_, obj any) { c.enqueueClaim(obj) },
@@ -235,17 +245,31 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 func (c *controller) enqueueClaim(obj any) {
 	// A claim with a record may be bound, deleted or another provisioner's by now: its
 	// volume must still be finished or undone.
-	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim)) {
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim) || c.records.isOpen(string(claim.UID))) {
 		c.claimQueue.Add(string(claim.UID))
 	}
 }
 
-// forgetClaim drops what this process remembers about a claim that is gone.
+// enqueueRecorded queues the claim of a record event whose record is open: whoever leads
+// finishes or undoes it, whether the claim is still there or not.
+func (c *controller) enqueueRecorded(obj any) {
+	if ev, ok := obj.(*v1.Event); ok {
+		if uid := ev.Labels[labelRecordClaim]; uid != "" && c.records.isOpen(uid) {
+			c.claimQueue.Add(uid)
+		}
+	}
+}
+
+// forgetClaim drops what this process remembers about a claim that is gone, and queues it
+// if its record is open: its volume is undone.
 func (c *controller) forgetClaim(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
+		if c.records.isOpen(string(claim.UID)) {
+			c.claimQueue.Add(string(claim.UID))
+		}
 		c.absent.forget(string(claim.UID))
 		c.slow.forget(string(claim.UID))
 		if c.node != nil {
@@ -279,7 +303,11 @@ func (c *controller) run(intake context.Context) {
 	c.mu.Unlock()
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
-	if c.snapshots != nil && !cache.WaitForCacheSync(intake.Done(), c.snapshots.informer.HasSynced) {
+	synced := []cache.InformerSynced{c.records.informer.HasSynced}
+	if c.snapshots != nil {
+		synced = append(synced, c.snapshots.informer.HasSynced)
+	}
+	if !cache.WaitForCacheSync(intake.Done(), synced...) {
 		c.claimQueue.ShutDown()
 		c.volumeQueue.ShutDown()
 		c.sourceQueue.ShutDown()
@@ -409,23 +437,27 @@ func (c *controller) syncClaim(uid string) error {
 	}
 	ctx := klog.NewContext(c.ops, logger)
 	p := c.pending(uid)
-	facts := c.recordFacts(claim, p)
+	facts := c.recordFacts(uid, claim, p)
 	action, why := decideRecord(facts)
 	if action != recordNone {
 		logger.V(4).Info("Provisioning record", "action", action.String(), "reason", why)
 	}
 	switch action {
 	case recordDrop:
-		return c.recorded(ctx, uid, c.claimWithRecord(uid, p), p)
+		return c.recorded(ctx, uid, claim, p, facts.rec)
 	case recordUndo:
-		return c.undo(ctx, uid, c.claimWithRecord(uid, p), p, facts.rec, why)
+		return c.undo(ctx, uid, claim, p, facts.rec, why)
 	case recordSkip:
 		return nil
 	case recordUntrusted:
 		// Acting on it could delete a volume that is not the claim's; keeping it blocks
 		// only the deletion of this claim, which the event explains.
 		logger.Info("Warning: leaving a provisioning record alone", "reason", why)
-		c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
+		if claim != nil && hasRecord(claim) {
+			c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
+		} else if about := c.eventObject(claim, facts.rec); about != nil {
+			c.recorder.Eventf(about, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume", why)
+		}
 		return nil
 	case recordFinish:
 		if p != nil {
@@ -471,7 +503,7 @@ func (c *controller) syncClaim(uid string) error {
 		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 		return c.planFailed(claim, err)
 	}
-	// The record goes on the claim before anything is asked of the driver (the source's
+	// The record is written before anything is asked of the driver (the source's
 	// finalizer, CreateVolume): from then on whoever leads finds the volume, finishes it or
 	// undoes it.
 	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
@@ -493,24 +525,26 @@ func (c *controller) syncClaim(uid string) error {
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		return err
 	}
-	// Upstream records a "Provisioning" event here; the record on the claim says the same,
-	// durably, and an event is one more write of the same budget (P14).
 	err = c.provision(ctx, uid, p)
 	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 	return err
 }
 
-// recordPlan makes sure the claim carries the plan's record before its CreateVolume, and
-// points the plan at the claim as written. A record of the same request (a retry, or a
-// previous leader's) stays as it is. A record of another request stays too while what it
-// asked for is unknown: the volume it may have made is undone first (errRecordChanged
-// sends the claim back to be decided again).
+// recordPlan makes sure the plan's record is open before its CreateVolume. A record of
+// the same request (a retry, or a previous leader's) stays as it is, unless it is old
+// enough for its event to expire soon (recordRefresh). A record of another request stays
+// open while what it asked for is unknown: the volume it may have made is undone first
+// (errRecordChanged sends the claim back to be decided again).
 func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
 	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
 	if err != nil {
 		return err
 	}
-	if existing != nil && existing.sameAs(rec) {
+	rec.claim = claimReference(p.claim)
+	if p.source.kind != sourceNone {
+		rec.Source = p.source.key()
+	}
+	if existing != nil && existing.sameAs(rec) && !c.recordAging(uid) {
 		p.rec = existing
 		return nil
 	}
@@ -520,12 +554,18 @@ func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existi
 		}
 		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
 	}
-	claim, err := c.writeRecord(ctx, p.claim, rec)
-	if err != nil {
+	if err := c.writeRecord(ctx, p.claim, rec); err != nil {
 		return err
 	}
-	p.claim, p.pv.claim, p.rec = claim, claim, rec
+	p.rec = rec
 	return nil
+}
+
+// recordAging tells whether the claim's open record was written long enough ago to be
+// written again (recordRefresh).
+func (c *controller) recordAging(uid string) bool {
+	open, err := c.records.open(uid)
+	return err == nil && open != nil && c.records.now().Sub(open.written) > recordRefresh
 }
 
 // classFor returns the claim's StorageClass; nil, nil for a claim without one.
@@ -599,7 +639,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	id := resp.GetVolume().GetVolumeId()
 	// A claim deleted or rescheduled while CreateVolume ran does not get the volume: it is
 	// deleted now, while its ID is known, rather than recorded for nobody.
-	if act, why := decideRecord(c.recordFacts(c.claimByUID(uid), p)); act == recordUndo {
+	if act, why := decideRecord(c.recordFacts(uid, c.claimByUID(uid), p)); act == recordUndo {
 		return c.discard(ctx, uid, p, id, why)
 	}
 	in := p.pv
@@ -625,40 +665,22 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	c.rememberSaved(pv.Name)
 	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
 	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", id, "migrated", p.pv.migrated)
-	c.recorder.Eventf(p.claim, v1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s", pv.Name)
-	// The PersistentVolume records the volume now: the claim's record can go. If this
-	// fails the plan stays pending and the retry finds the PersistentVolume.
-	return c.recorded(ctx, uid, c.claimWithRecord(uid, p), p)
+	// The PersistentVolume records the volume now: upstream's ProvisioningSucceeded event
+	// closes the record. If it fails the plan stays pending and the retry finds the
+	// PersistentVolume.
+	return c.recorded(ctx, uid, c.claimByUID(uid), p, p.rec)
 }
 
-// discard deletes a volume just created for a claim that no longer wants it, then drops
+// discard deletes a volume just created for a claim that no longer wants it, then closes
 // the record; a failure leaves the plan pending, and the retry undoes it.
 func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
-	claim := c.claimWithRecord(uid, p)
+	claim := c.claimByUID(uid)
 	if err := c.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
 		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 	}
 	c.absent.mark(uid, p.pvName)
 	c.capacityChanged(p.class.Name, nil)
-	if err := c.recorded(ctx, uid, claim, p); err != nil {
-		return err
-	}
-	klog.FromContext(ctx).V(2).Info("Provisioning undone", "volume", p.pvName, "reason", why)
-	if claim != nil {
-		c.recorder.Eventf(claim, v1.EventTypeNormal, reasonUndone, "Provisioning undone (%s): volume %s deleted", why, p.pvName)
-	}
-	return nil
-}
-
-// claimWithRecord is the freshest copy of the claim known to carry the plan's record: the
-// cache's, unless it does not show the record yet (it lags behind this process's own
-// write), then the copy that write returned; nil when the claim is gone.
-func (c *controller) claimWithRecord(uid string, p *plan) *v1.PersistentVolumeClaim {
-	claim := c.claimByUID(uid)
-	if claim == nil || hasRecord(claim) || p == nil {
-		return claim
-	}
-	return p.claim
+	return c.undone(ctx, uid, claim, p, p.rec, why, fmt.Sprintf("volume %s deleted", p.pvName))
 }
 
 // deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).

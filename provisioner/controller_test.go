@@ -44,14 +44,28 @@ type world struct {
 	driver   *testdriver.Backend
 	ctrl     *controller
 	recorder *record.FakeRecorder
-	registry metrics.KubeRegistry
-	factory  informers.SharedInformerFactory
+	// seenEvents are the API's events events() returned already.
+	seenEvents map[string]bool
+	registry   metrics.KubeRegistry
+	factory    informers.SharedInformerFactory
 	// stopIntake is SIGTERM as the controller sees it; done closes when run returned.
+	intake     context.Context
 	stopIntake context.CancelFunc
+	started    bool
 	done       chan struct{}
 }
 
 func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *world {
+	t.Helper()
+	w := newHeldWorld(t, dcfg, change, objects...)
+	w.start()
+	return w
+}
+
+// newHeldWorld is newWorld with its informers running and its workers not yet (start):
+// objects a test adds now are all in the caches, as a new leader finds them, before
+// anything is decided.
+func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *world {
 	t.Helper()
 	// drv unless the test runs the driver under another name (CSI migration).
 	if dcfg.DriverName == "" {
@@ -75,7 +89,7 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 		t.Fatal(err)
 	}
 	w := &world{t: t, kube: fake.NewClientset(objects...), driver: b, recorder: record.NewFakeRecorder(1000),
-		registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
+		seenEvents: map[string]bool{}, registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
 	stampResourceVersions(&w.kube.Fake)
 	m, err := newControllerMetrics(w.registry)
 	if err != nil {
@@ -98,20 +112,27 @@ func newWorld(t *testing.T, dcfg testdriver.Config, change func(*config), object
 	}
 	stopInformers := make(chan struct{})
 	factory.Start(stopInformers)
-	w.ctrl.startSnapshots(stopInformers)
+	w.ctrl.startInformers(stopInformers)
 	factory.WaitForCacheSync(stopInformers)
 	intake, stopIntake := context.WithCancel(context.Background())
-	w.stopIntake = stopIntake
-	go func() {
-		defer close(w.done)
-		w.ctrl.run(intake)
-	}()
+	w.intake, w.stopIntake = intake, stopIntake
 	t.Cleanup(func() {
 		stopIntake()
-		<-w.done
+		if w.started {
+			<-w.done
+		}
 		close(stopInformers)
 	})
 	return w
+}
+
+// start runs the controller's workers (a held world's caches and queues fill without them).
+func (w *world) start() {
+	w.started = true
+	go func() {
+		defer close(w.done)
+		w.ctrl.run(w.intake)
+	}()
 }
 
 // lastResourceVersion is the resource version stampResourceVersions gave last, shared by
@@ -192,9 +213,19 @@ func (w *world) pv(name string) *v1.PersistentVolume {
 	return pv
 }
 
-// events drains the recorded events so far.
+// events drains the events so far: the recorder's, and those written through the API
+// (the record's), each once, as "type reason message".
 func (w *world) events() []string {
 	var out []string
+	if list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{}); err == nil {
+		slices.SortFunc(list.Items, func(a, b v1.Event) int { return a.FirstTimestamp.Compare(b.FirstTimestamp.Time) })
+		for _, ev := range list.Items {
+			if !w.seenEvents[ev.Namespace+"/"+ev.Name] {
+				w.seenEvents[ev.Namespace+"/"+ev.Name] = true
+				out = append(out, ev.Type+" "+ev.Reason+" "+ev.Message)
+			}
+		}
+	}
 	for {
 		select {
 		case e := <-w.recorder.Events:
@@ -203,6 +234,38 @@ func (w *world) events() []string {
 			return out
 		}
 	}
+}
+
+// record is the claim's open record as the API server's events say; nil for none.
+func (w *world) record(uid string) *openRecord {
+	w.t.Helper()
+	list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{LabelSelector: labelRecordClaim + "=" + uid})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var events []*v1.Event
+	for i := range list.Items {
+		events = append(events, &list.Items[i])
+	}
+	r, err := openAmong(events, uid)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return r
+}
+
+// deadLeaderRecord is the event a provisioner that died since wrote to open the claim's
+// record.
+func deadLeaderRecord(t *testing.T, claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.Event {
+	t.Helper()
+	s := &recordStore{driverLabel: recordDriverLabel(drv), source: v1.EventSource{Component: drv + "_dead"}, now: time.Now}
+	value, err := rec.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonProvisioning, "External provisioner is provisioning volume")
+	ev.Annotations = map[string]string{annProvisioning: value}
+	return ev
 }
 
 func (w *world) calls(method string) []testdriver.Call {

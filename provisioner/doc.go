@@ -24,62 +24,63 @@
 // helpers) and csi-lib-utils (access modes, sanitised logging of requests).
 //
 // No leaked volumes (upstream's issue 486): a provisioning that was started is always
-// finished or undone, even after SIGKILL, because the claim says it was started.
+// finished or undone, even after SIGKILL, because a durable record says it was started.
 //
-//   - What: before the first CreateVolume of a claim, one update of the claim adds the
-//     finalizer provisioner.csi-sidecars.io/provisioning-protection and the annotation
-//     provisioner.csi-sidecars.io/provisioning, the record: driver, volume name, the
-//     selected node, the provisioner secret's reference, and the CreateVolume request
-//     without its secrets (record.go). The update carries the resource version (upstream's
-//     RBAC grants update, not patch, on claims).
-//   - Order of writes: record on the claim, then the source's protection finalizer, then
-//     CreateVolume, then the PersistentVolume, then the record goes (one update). At every
-//     moment either the claim's record or the PersistentVolume says the volume may exist,
-//     and which secret deletes it: the PersistentVolume names its deletion secret, the
-//     record the secret it was created with. The source's finalizer goes only once no
-//     record names the claim: it outlives the volume's uncertainty.
+//   - What: before the first CreateVolume of a claim, upstream's "Provisioning" event on
+//     the claim, written synchronously (not through the recorder) and labelled
+//     provisioner.csi-sidecars.io/record=<driver> and .../claim-uid=<UID>, opens the
+//     record; its annotation provisioner.csi-sidecars.io/provisioning holds it: driver,
+//     volume name, the selected node, the provisioner secret's reference, the data source,
+//     and the CreateVolume request without its secrets (record.go, recordstore.go).
+//   - Order of writes: record opened, then the source's protection finalizer, then
+//     CreateVolume, then the PersistentVolume, then upstream's "ProvisioningSucceeded"
+//     event, which closes the record (its annotation names the events it closes). Three
+//     writes, as upstream (P14): the claim itself is never written. At every moment either
+//     an open record or the PersistentVolume says the volume may exist, and which secret
+//     deletes it. The source's finalizer goes only once no open record names it.
 //   - Who finishes or undoes it: whoever leads next, or this process on its next sync.
-//     Claims carrying a record are queued like pending ones, so a new leader finds them all
-//     in its warm caches. decideRecord (a table-tested function) says: a PersistentVolume
-//     of the name exists: drop the record; the claim is gone, deleted, bound elsewhere,
-//     names another provisioner, selects another node than the record (rescheduled), or
-//     names its volume otherwise (flags changed): undo; else finish: CreateVolume again
-//     (idempotent by name), the PersistentVolume, drop the record.
+//     Every replica watches the record events of its driver (a label selector), so a new
+//     leader finds every open record in its warm caches, whether its claim is still there
+//     or not. decideRecord (a table-tested function) says: a PersistentVolume of the name
+//     exists: close the record; the claim is gone, deleted, bound elsewhere, names another
+//     provisioner, selects another node than the record (rescheduled), or names its volume
+//     otherwise (flags changed): undo; else finish: CreateVolume again (idempotent by
+//     name), the PersistentVolume, close the record.
 //   - Undo: ask the API server (not the cache) that no PersistentVolume records the name;
 //     send the recorded CreateVolume again, which returns the volume's ID (or makes it, to
-//     be deleted the same way); DeleteVolume; only then drop the record. A final error from
-//     the driver says it has no such volume; AlreadyExists, timeouts and a failed
-//     DeleteVolume keep the record and are retried with backoff. A process that saw the
-//     outcome itself skips the calls: a claim deleted while its CreateVolume runs has its
-//     volume deleted with the ID just returned, and one deleted after a final error loses
-//     its record without another call.
+//     be deleted the same way); DeleteVolume; only then close the record, with a
+//     ProvisioningUndone event. A final error from the driver says it has no such volume;
+//     AlreadyExists, timeouts and a failed DeleteVolume keep the record open and are
+//     retried with backoff. A process that saw the outcome itself skips the calls: a claim
+//     deleted while its CreateVolume runs has its volume deleted with the ID just
+//     returned, and one deleted after a final error has its record closed without another
+//     call.
+//   - How long: the API server keeps events for its --event-ttl (1 h by default). A record
+//     still open while its CreateVolume keeps being retried is written again every 30
+//     minutes; a record left by a crash is finished or undone as soon as a leader runs,
+//     which must be within that hour.
 //   - Secrets: the undo of this process's own plan uses the secrets it read for it. After a
 //     restart the provisioner secret is read again when the undo runs: the one the
-//     StorageClass names (the claim still exists, so its templates resolve), else, the
-//     class being gone, the one the record names. An undo whose secret cannot be read does
-//     not call the driver (an answer without credentials would say nothing about the
-//     volume): the claim keeps its record with a ProvisioningUndoFailed event until the
-//     secret is back. So delete a claim before the secret its class names, as for the
-//     deletion secret of a PersistentVolume.
-//   - Nothing blocks a user longer than the volume's uncertainty: a deleted claim goes as
-//     soon as its volume is known deleted (ProvisioningUndone event); a driver that keeps
-//     failing shows as ProvisioningUndoFailed events on the claim.
-//   - Trust: the claim's owner can edit its annotations. A record whose volume name is not
-//     made from the claim's UID is never acted on (ProvisioningRecordUntrusted event; an
-//     administrator removes the finalizer), a finished volume is made from a fresh plan,
+//     StorageClass names while the claim and its class are there (its templates resolve),
+//     else the one the record names. An undo whose secret cannot be read does not call the
+//     driver (an answer without credentials would say nothing about the volume): the record
+//     stays open, with a ProvisioningUndoFailed event, until the secret is back.
+//   - Nothing blocks a user: the claim carries no finalizer of ours and is deleted as
+//     upstream's is; a driver that keeps failing an undo shows as ProvisioningUndoFailed
+//     events on the claim.
+//   - Trust: whoever may create events in the claim's namespace can write a record. One
+//     whose volume name is not made from the claim's UID is never acted on
+//     (ProvisioningRecordUntrusted event), a finished volume is made from a fresh plan,
 //     never from the recorded request, and the secret comes from the StorageClass while
-//     there is one. An edited request can at worst make and delete a volume of the claim's
-//     own name.
-//   - Names: upstream has no such record (KEP-2994 was closed), and its claim finalizers
-//     live under provisioner.storage.kubernetes.io: a name there could later be taken by
-//     an upstream finalizer with other rules. Ours live under the project's domain, which
-//     upstream treats as unknown.
-//   - Rolling upgrade: a claim without a record is provisioned as before. Upstream leaves
-//     our finalizer and annotation alone: a claim carrying them is provisioned and bound
-//     by an upstream replica as any other, but a claim deleted while only upstream runs
-//     stays Terminating until a csi-sidecars provisioner drops the record (it finds the
-//     PersistentVolume, or undoes the volume). After a downgrade for good, remove the
-//     finalizer from such claims by hand once their volumes are known.
+//     there is one. A forged record can at worst make and delete a volume of the claim's
+//     own name that no PersistentVolume records.
+//   - Earlier versions kept the record on the claim (finalizer
+//     provisioner.csi-sidecars.io/provisioning-protection and the annotation). Such a
+//     record is still read, and leaves the claim (one update) when it closes.
+//   - Rolling upgrade with upstream: upstream ignores our labels and annotations; a claim
+//     is provisioned by whichever leads. A record left open by a csi-sidecars leader while
+//     only upstream runs is finished or undone once a csi-sidecars provisioner leads again
+//     within the event TTL.
 //
 // A CreateVolume that ends without a final answer (timeout, cancelled, unavailable,
 // aborted) is retried with the same name, which CSI makes idempotent, until the driver
@@ -110,9 +111,10 @@
 //
 // RBAC: the provisioner runs with upstream's own (external-provisioner v6.x,
 // deploy/kubernetes/rbac.yaml), so every API write uses a verb that file grants (rbac.go):
-// PersistentVolumes are created, patched and deleted, never updated; claims (their record,
-// the selected node) are updated, never patched. What some v6 release does not grant (watch and update on VolumeSnapshots
-// before v6.2) degrades the feature it serves, with one warning, as upstream does, and
+// PersistentVolumes are created, patched and deleted, never updated; claims (the selected
+// node, an earlier version's record) are updated, never patched; events are created (the
+// record's) and listed and watched (a leader reads the records back). What some v6
+// release does not grant (watch and update on VolumeSnapshots before v6.2) degrades the feature it serves, with one warning, as upstream does, and
 // never fails the work.
 //
 // CSI migration (migration.go): a driver that replaces an in-tree plugin (csi-translation-lib)

@@ -37,8 +37,16 @@ type servedWorld struct {
 
 func newServedWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *servedWorld {
 	t.Helper()
+	sw := newHeldServedWorld(t, dcfg, change, objects...)
+	sw.start()
+	return sw
+}
+
+// newHeldServedWorld is newServedWorld before its workers start (newHeldWorld).
+func newHeldServedWorld(t *testing.T, dcfg testdriver.Config, change func(*config), objects ...runtime.Object) *servedWorld {
+	t.Helper()
 	sw := &servedWorld{}
-	sw.world = newWorld(t, dcfg, func(c *config) {
+	sw.world = newHeldWorld(t, dcfg, func(c *config) {
 		tracker := c.kube.(*fake.Clientset).Tracker()
 		sw.server = &apiServer{tracker: tracker, grants: upstreamRBAC}
 		sw.admin = (&apiServer{tracker: tracker, grants: grants{
@@ -74,29 +82,81 @@ func carriesRecord(c *v1.PersistentVolumeClaim) bool {
 	return c != nil && (hasRecord(c) || slices.Contains(c.Finalizers, provisioningFinalizer))
 }
 
+// startWith adds what a dead leader left (claims, PersistentVolumes, record events), waits
+// until the caches show all of it, then starts the workers, as a new leader would.
+func (w *servedWorld) startWith(objs ...any) {
+	w.t.Helper()
+	w.create(objs...)
+	w.waitFor("the caches to show what the dead leader left", func() bool {
+		for _, o := range objs {
+			switch o := o.(type) {
+			case *v1.PersistentVolumeClaim:
+				if w.ctrl.claimByUID(string(o.UID)) == nil {
+					return false
+				}
+			case *v1.PersistentVolume:
+				if !w.ctrl.pvExists(o.Name) {
+					return false
+				}
+			case *v1.Event:
+				if !w.ctrl.records.isOpen(o.Labels[labelRecordClaim]) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	w.start()
+}
+
+// recordOpen tells whether the claim of uid has an open record, in events or (an earlier
+// version's) on the claim.
+func (w *servedWorld) recordOpen(uid, name string) bool {
+	return w.record(uid) != nil || carriesRecord(w.claim(name))
+}
+
 func (w *servedWorld) hasEvent(reason, text string) bool {
 	return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, reason) && strings.Contains(e, text) })
 }
 
-// P1 and the record: the claim carries it before the driver is asked for the volume, and
-// loses it once the PersistentVolume records the volume; no write needs more than
-// upstream's RBAC.
-func TestTheRecordIsOnTheClaimWhileCreateVolumeRunsAndGoesWithThePersistentVolume(t *testing.T) {
+// P1 and the record: it is open (upstream's "Provisioning" event, carrying it) before the
+// driver is asked for the volume, and closed (upstream's "ProvisioningSucceeded") once the
+// PersistentVolume records the volume: three writes, as upstream, and none of the claim;
+// no write needs more than upstream's RBAC.
+func TestTheRecordIsOpenWhileCreateVolumeRunsAndClosedWithThePersistentVolume(t *testing.T) {
 	w := newServedWorld(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 300 * time.Millisecond}},
 		nil, class("fast", nil), claimFor("data", "uid-1", "fast"))
 	w.waitFor("CreateVolume running", func() bool {
 		calls := w.calls(testdriver.MethodCreateVolume)
 		return len(calls) == 1 && !calls[0].Done()
 	})
-	c := w.claim("data")
-	rec, err := recordOf(c)
-	if err != nil || rec == nil || !slices.Contains(c.Finalizers, provisioningFinalizer) {
-		t.Fatalf("while CreateVolume runs the claim has finalizers %v and record %+v (%v): want both", c.Finalizers, rec, err)
+	r := w.record("uid-1")
+	if r == nil {
+		t.Fatal("no open record while CreateVolume runs")
 	}
-	if rec.Volume != "pvc-uid-1" || rec.Driver != drv || rec.req.GetParameters()["type"] != "fast" {
-		t.Errorf("record %+v asking %v, want volume pvc-uid-1 of %s as planned", rec, rec.req, drv)
+	if rec := r.rec; rec.Volume != "pvc-uid-1" || rec.Driver != drv || rec.req.GetParameters()["type"] != "fast" || rec.claim.Name != "data" {
+		t.Errorf("record %+v asking %v, want volume pvc-uid-1 of %s as planned, about claim data", rec, rec.req, drv)
 	}
-	w.waitFor("the PersistentVolume, then the record gone", func() bool { return w.pv("pvc-uid-1") != nil && !carriesRecord(w.claim("data")) })
+	if c := w.claim("data"); carriesRecord(c) || len(c.Finalizers) != 0 {
+		t.Errorf("claim finalizers %v, annotations %v: want the claim untouched", c.Finalizers, c.Annotations)
+	}
+	w.waitFor("the PersistentVolume, then the record closed", func() bool { return w.pv("pvc-uid-1") != nil && w.record("uid-1") == nil })
+	var writes []string
+	for _, r := range w.server.requestsMade() {
+		if verb, _, _ := strings.Cut(r, " "); !slices.Contains([]string{"get", "list", "watch"}, verb) {
+			writes = append(writes, r)
+		}
+	}
+	if want := []string{"create events", "create persistentvolumes", "create events"}; !slices.Equal(writes, want) {
+		t.Errorf("writes %q, want %q (upstream's three)", writes, want)
+	}
+	var reasons []string
+	for _, e := range w.events() {
+		reasons = append(reasons, strings.Fields(e)[1])
+	}
+	if !slices.Equal(reasons, []string{reasonProvisioning, reasonSucceeded}) {
+		t.Errorf("events %q, want upstream's Provisioning, then ProvisioningSucceeded", reasons)
+	}
 }
 
 // A claim deleted while its CreateVolume runs stays only until the volume made for it is
@@ -109,10 +169,10 @@ func TestAClaimDeletedWhileItsCreateVolumeRunsGoesOnceItsVolumeIsDeleted(t *test
 	if err := w.admin.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "data", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if c := w.claim("data"); c == nil || c.DeletionTimestamp == nil {
-		t.Fatalf("claim %v: want it kept by the record while CreateVolume runs", c)
+	if c := w.claim("data"); c != nil {
+		t.Fatalf("claim %v: want it gone at once, as upstream (the record is not on it)", c)
 	}
-	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
 	if n := len(w.driver.Volumes()); n != 0 {
 		t.Errorf("%d volumes left in the driver", n)
 	}
@@ -122,7 +182,7 @@ func TestAClaimDeletedWhileItsCreateVolumeRunsGoesOnceItsVolumeIsDeleted(t *test
 	if n, d := len(w.calls(testdriver.MethodCreateVolume)), len(w.calls(testdriver.MethodDeleteVolume)); n != 1 || d != 1 {
 		t.Errorf("%d CreateVolume and %d DeleteVolume calls, want 1 and 1", n, d)
 	}
-	if !w.hasEvent(reasonUndone, "being deleted") {
+	if !w.hasEvent(reasonUndone, "the claim is gone") {
 		t.Error("no event says the provisioning was undone")
 	}
 }
@@ -136,13 +196,13 @@ func TestAClaimDeletedAfterAFinalErrorLosesItsRecordWithoutAnotherCall(t *testin
 	}
 	w.create(claimFor("data", "uid-1", "fast"))
 	w.waitFor("a failed CreateVolume", func() bool { return len(w.calls(testdriver.MethodCreateVolume)) > 0 })
-	if !carriesRecord(w.claim("data")) {
-		t.Fatal("the claim lost its record while it still wants a volume")
+	if w.record("uid-1") == nil {
+		t.Fatal("the record was closed while the claim still wants a volume")
 	}
 	if err := w.admin.CoreV1().PersistentVolumeClaims("ns").Delete(context.Background(), "data", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
 	if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 0 {
 		t.Errorf("%d DeleteVolume calls for a volume the driver never made", n)
 	}
@@ -178,10 +238,10 @@ func (s *secretsSeen) all() []map[string]string {
 	return append(slices.Clone(s.create), s.erase...)
 }
 
-// A new leader, or the same process restarted, finds the claims a dead leader recorded and
-// finishes or undoes each as the claim now says; it remembers nothing, the claim tells all.
+// A new leader, or the same process restarted, finds the records a dead leader opened and
+// finishes or undoes each as the claim now says; it remembers nothing, the records and the
+// claims tell all.
 func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
-	deleting := func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }
 	late := class("late", func(sc *storagev1.StorageClass) {
 		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
 		sc.Parameters[provisionerSecret.nameKey] = "creds"
@@ -191,8 +251,10 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 		name string
 		// made: the dead leader's CreateVolume made the volume.
 		made bool
-		// change is what happened to the claim since; saved: its PersistentVolume exists.
+		// change is what happened to the claim since (gone: deleted); saved: its
+		// PersistentVolume exists.
 		change      func(*v1.PersistentVolumeClaim)
+		gone        bool
 		saved       bool
 		classGone   bool
 		createFault codes.Code
@@ -202,23 +264,27 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 		wantNode     string
 		wantDeletes  int
 		wantCreates  int
-		wantEvent    string
-		wantNoEvents bool
+		wantEvent string
+		// legacy: the record is on the claim, as earlier versions kept it.
+		legacy bool
 	}{
 		{name: "still wanted: finished", made: true, want: true, wantNode: "n1", wantCreates: 1},
 		{name: "still wanted, never made: made", want: true, wantNode: "n1", wantCreates: 1},
-		{name: "deleted: its volume is deleted", made: true, change: deleting, wantCreates: 1, wantDeletes: 1, wantEvent: "being deleted"},
-		{name: "deleted, never made: made to learn its ID and deleted", change: deleting, wantCreates: 1, wantDeletes: 1, wantEvent: "volume pvc-uid-1 deleted"},
-		{name: "deleted, its StorageClass too: the recorded request and secret are used", made: true, change: deleting, classGone: true, wantCreates: 1, wantDeletes: 1},
-		{name: "deleted, the driver cannot make it: nothing to delete", change: deleting, createFault: codes.InvalidArgument, wantCreates: 1, wantEvent: "the driver had no volume"},
+		{name: "deleted: its volume is deleted", made: true, gone: true, wantCreates: 1, wantDeletes: 1, wantEvent: "the claim is gone"},
+		{name: "deleted, never made: made to learn its ID and deleted", gone: true, wantCreates: 1, wantDeletes: 1, wantEvent: "volume pvc-uid-1 deleted"},
+		{name: "deleted, its StorageClass too: the recorded request and secret are used", made: true, gone: true, classGone: true, wantCreates: 1, wantDeletes: 1},
+		{name: "deleted, the driver cannot make it: nothing to delete", gone: true, createFault: codes.InvalidArgument, wantCreates: 1, wantEvent: "the driver had no volume"},
 		{name: "rescheduled: undone on the old node, made on the new one", made: true, want: true, wantNode: "n2", wantCreates: 2, wantDeletes: 1,
 			change: func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnSelectedNode] = "n2" }, wantEvent: "from node n1 to n2"},
-		{name: "its PersistentVolume was saved: only the record goes", made: true, saved: true, want: true, wantNode: "n1", wantNoEvents: true},
+		{name: "its PersistentVolume was saved: only the record closes", made: true, saved: true, want: true, wantNode: "n1"},
+		{name: "an earlier version's record on a deleted claim: undone, the claim let go", made: true, legacy: true, wantCreates: 1, wantDeletes: 1, wantEvent: "being deleted",
+			change: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }},
+		{name: "an earlier version's record, still wanted: finished, the claim let go", made: true, legacy: true, want: true, wantNode: "n1", wantCreates: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := &secretsSeen{}
 			creds := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "ns"}, Data: map[string][]byte{"token": []byte("t")}}
-			w := newServedWorld(t, testdriver.Config{Topology: true}, func(c *config) {
+			w := newHeldServedWorld(t, testdriver.Config{Topology: true}, func(c *config) {
 				seen.ControllerClient = c.csi
 				c.csi = seen
 			}, late, creds, node("n1", map[string]string{testdriver.TopologyKey: "n1"}), csiNode("n1", testdriver.TopologyKey),
@@ -235,8 +301,13 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			value, _ := rec.encode()
-			claim = withRecord(claim, value)
+			var left []any
+			if tc.legacy {
+				value, _ := rec.encode()
+				claim = withRecord(claim, value)
+			} else {
+				left = append(left, deadLeaderRecord(t, claim, rec))
+			}
 			var made string
 			if tc.made {
 				resp, err := seen.ControllerClient.CreateVolume(context.Background(), p.req)
@@ -251,7 +322,7 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				w.create(pv)
+				left = append(left, pv)
 			}
 			if tc.classGone {
 				if err := w.admin.StorageV1().StorageClasses().Delete(context.Background(), "late", metav1.DeleteOptions{}); err != nil {
@@ -266,16 +337,19 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 			if tc.change != nil {
 				tc.change(claim)
 			}
-			w.create(claim)
+			if !tc.gone {
+				left = append([]any{claim}, left...)
+			}
+			w.startWith(left...)
 
 			if tc.want {
-				w.waitFor("the PersistentVolume, and the record gone", func() bool { return w.pv("pvc-uid-1") != nil && !carriesRecord(w.claim("data")) })
+				w.waitFor("the PersistentVolume, and the record closed", func() bool { return w.pv("pvc-uid-1") != nil && !w.recordOpen("uid-1", "data") })
 				vols := w.driver.Volumes()
 				if len(vols) != 1 || vols[0].ID != w.pv("pvc-uid-1").Spec.CSI.VolumeHandle || vols[0].AccessibleTopology[0].Segments[testdriver.TopologyKey] != tc.wantNode {
 					t.Errorf("volumes %+v, want one on %s, the PersistentVolume's", vols, tc.wantNode)
 				}
 			} else {
-				w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+				w.waitFor("the record closed, the claim gone", func() bool { return w.claim("data") == nil && !w.recordOpen("uid-1", "data") })
 				if vols := w.driver.Volumes(); len(vols) != 0 || w.pv("pvc-uid-1") != nil {
 					t.Errorf("volumes %+v left in the driver, PersistentVolume %v", vols, w.pv("pvc-uid-1"))
 				}
@@ -315,66 +389,75 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 					t.Errorf("events %q, want %s saying %q", events, reasonUndone, tc.wantEvent)
 				}
 			}
-			if tc.wantNoEvents && len(events) != 0 {
-				t.Errorf("events %q, want none", events)
+			if tc.saved && !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, reasonSucceeded) }) {
+				t.Errorf("events %q, want %s (the dead leader could not write it)", events, reasonSucceeded)
 			}
 		})
 	}
 }
 
 // The undo of a dead leader's record needs the provisioner secret to ask the driver; without
-// it the claim waits, with an event saying why, and goes once the secret is back.
+// it the record stays open, with an event on the claim saying why, and closes once the
+// secret is back.
 func TestAnUndoWithoutItsSecretWaitsWithAnEvent(t *testing.T) {
 	sc := class("fast", func(sc *storagev1.StorageClass) {
 		sc.Parameters[provisionerSecret.nameKey] = "creds"
 		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
 	})
-	w := newServedWorld(t, testdriver.Config{}, nil, sc)
-	claim := claimFor("data", "uid-1", "fast")
+	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
 	rec, err := newRecord(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	value, _ := rec.encode()
-	claim = withRecord(claim, value)
-	claim.DeletionTimestamp = ptr.To(metav1.Now())
-	w.create(claim)
+	// The claim is gone: only its record is left.
+	w.startWith(deadLeaderRecord(t, claimFor("data", "uid-1", "fast"), rec))
 	w.waitFor("an event naming the missing secret", func() bool { return w.hasEvent(reasonUndoFailed, "creds") })
-	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 || w.claim("data") == nil {
-		t.Fatalf("%d CreateVolume calls without the secret, claim %v: want none, and the claim kept", n, w.claim("data"))
+	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 || w.record("uid-1") == nil {
+		t.Fatalf("%d CreateVolume calls without the secret, record %v: want none, and the record open", n, w.record("uid-1"))
 	}
 	if _, err := w.admin.CoreV1().Secrets("ns").Create(context.Background(), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "ns"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+	w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
 	if n := len(w.driver.Volumes()); n != 0 {
 		t.Errorf("%d volumes left", n)
 	}
 }
 
 // A record the provisioner cannot trust (it names a volume that is not made from the
-// claim's UID: edited by hand) is never acted on: another claim's volume is not deleted,
-// and an event says what to do.
+// claim's UID: written or edited by hand) is never acted on: another claim's volume is not
+// deleted, and an event says so (for an earlier version's record on the claim, which holds
+// the claim, what to do).
 func TestAnEditedRecordIsNotActedOn(t *testing.T) {
-	w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
-	other := w.createVolume("pvc-uid-other")
-	claim := claimFor("data", "uid-1", "fast")
-	req := testRequest("pvc-uid-other")
-	req.Parameters, req.CapacityRange = nil, nil
-	rec, err := newRecord(drv, "", nil, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	value, _ := rec.encode()
-	claim = withRecord(claim, value)
-	claim.DeletionTimestamp = ptr.To(metav1.Now())
-	w.create(claim)
-	w.waitFor("an event saying the record is not trusted", func() bool { return w.hasEvent(reasonUntrusted, provisioningFinalizer) })
-	if _, ok := w.driver.Volume(other); !ok || len(w.calls(testdriver.MethodDeleteVolume)) != 0 {
-		t.Error("the volume the edited record names was deleted")
-	}
-	if w.claim("data") == nil {
-		t.Error("the claim lost the finalizer nobody checked")
+	for _, legacy := range []bool{false, true} {
+		t.Run(map[bool]string{false: "event", true: "on the claim"}[legacy], func(t *testing.T) {
+			w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+			other := w.createVolume("pvc-uid-other")
+			claim := claimFor("data", "uid-1", "fast")
+			req := testRequest("pvc-uid-other")
+			req.Parameters, req.CapacityRange = nil, nil
+			rec, err := newRecord(drv, "", nil, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "Check the driver for the volume"
+			if legacy {
+				value, _ := rec.encode()
+				claim = withRecord(claim, value)
+				claim.DeletionTimestamp = ptr.To(metav1.Now())
+				w.startWith(claim)
+				want = provisioningFinalizer
+			} else {
+				w.startWith(deadLeaderRecord(t, claim, rec))
+			}
+			w.waitFor("an event saying the record is not trusted", func() bool { return w.hasEvent(reasonUntrusted, want) })
+			if _, ok := w.driver.Volume(other); !ok || len(w.calls(testdriver.MethodDeleteVolume)) != 0 {
+				t.Error("the volume the edited record names was deleted")
+			}
+			if legacy && w.claim("data") == nil {
+				t.Error("the claim lost the finalizer nobody checked")
+			}
+		})
 	}
 }
 
@@ -435,10 +518,12 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 					if err != nil {
 						t.Fatal(err)
 					}
-					value, _ := rec.encode()
-					claim = withRecord(claim, value)
-					claim.DeletionTimestamp = ptr.To(metav1.Now())
-					for _, o := range []runtime.Object{src, srcPV, claim} {
+					rec.Source = sourceRef{kind: sourceClone, namespace: "ns", name: "src"}.key()
+					if kind == "restore" {
+						rec.Source = sourceRef{kind: sourceSnapshot, namespace: "ns", name: "snap"}.key()
+					}
+					// The claim is gone: only its record is left.
+					for _, o := range []runtime.Object{src, srcPV, deadLeaderRecord(t, claim, rec)} {
 						if err := c.kube.(*fake.Clientset).Tracker().Add(o); err != nil {
 							t.Fatal(err)
 						}
@@ -455,7 +540,7 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 			if !protected() {
 				t.Fatal("the source lost its finalizer while the volume made from it was being found")
 			}
-			w.waitFor("the claim gone", func() bool { return w.claim("dst") == nil })
+			w.waitFor("the record closed", func() bool { return w.record("uid-dst") == nil })
 			w.waitFor("the source's finalizer gone", func() bool { return !protected() })
 			for _, v := range w.driver.Volumes() {
 				if v.Name == "pvc-uid-dst" {
@@ -467,7 +552,7 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 }
 
 // A driver that cannot answer an undo for a while shows it on the claim (an event each
-// time), never as silence, and the claim goes as soon as the volume is known deleted.
+// time), never as silence, and the record closes as soon as the volume is known deleted.
 func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -482,7 +567,7 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 		{name: "the name is taken by a volume made otherwise", made: true, fault: testdriver.Fault{Method: testdriver.MethodCreateVolume, Code: codes.AlreadyExists, Times: 3}, want: "other parameters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+			w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
 			req := testRequest("pvc-uid-1")
 			req.Secrets = nil
 			if tc.made {
@@ -497,11 +582,8 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			value, _ := rec.encode()
-			claim := withRecord(claimFor("data", "uid-1", "fast"), value)
-			claim.DeletionTimestamp = ptr.To(metav1.Now())
-			w.create(claim)
-			w.waitFor("the claim gone", func() bool { return w.claim("data") == nil })
+			w.startWith(deadLeaderRecord(t, claimFor("data", "uid-1", "fast"), rec))
+			w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
 			if n := len(w.driver.Volumes()); n != 0 {
 				t.Errorf("%d volumes left in the driver", n)
 			}

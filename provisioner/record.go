@@ -15,20 +15,23 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 )
 
-// The provisioning record: what a claim carries while a volume may exist in the driver
-// without a PersistentVolume to say so (the package doc tells the whole story).
+// The provisioning record: what says that a volume may exist in the driver without a
+// PersistentVolume to say so (the package doc tells the whole story). It is kept in events
+// on the claim (recordstore.go). Records of earlier csi-sidecars versions were kept on the
+// claim itself, with a finalizer holding it: such a record is still read, and dropped from
+// the claim when it ends, so that an upgrade leaves no claim held.
 //
 // Both names are under the project's own domain on purpose. Upstream has no such record
 // (its issue 486 is open and KEP-2994 was closed), and provisioner.storage.kubernetes.io is
 // where upstream puts its own claim finalizers: a name there could one day be taken by an
-// upstream finalizer with other rules, and during a rolling upgrade the two provisioners
-// would then read one finalizer two ways. Under our domain upstream treats both as unknown
+// upstream finalizer with other rules. Under our domain upstream treats both as unknown
 // and leaves them alone.
 const (
-	// provisioningFinalizer keeps the claim while its volume may exist without a
-	// PersistentVolume, so that whoever leads next still finds the record.
+	// provisioningFinalizer kept the claim while its volume might exist without a
+	// PersistentVolume (records of earlier versions, on the claim).
 	provisioningFinalizer = "provisioner.csi-sidecars.io/provisioning-protection"
-	// annProvisioning holds the record itself (JSON, see claimRecord).
+	// annProvisioning holds the record itself (JSON, see claimRecord): on the record's
+	// event, or on the claim for a record of an earlier version.
 	annProvisioning = "provisioner.csi-sidecars.io/provisioning"
 )
 
@@ -55,9 +58,15 @@ type claimRecord struct {
 	// Request is the CreateVolumeRequest without its secrets, in protobuf JSON: an undo
 	// sends it again to learn the volume's ID.
 	Request json.RawMessage `json:"request"`
+	// Source is the key of the claim or snapshot the volume is made from (sourceRef.key),
+	// "" for none: it stays protected while the record is open, claim or no claim.
+	Source string `json:"source,omitempty"`
 
 	// req is Request decoded.
 	req *csi.CreateVolumeRequest
+	// claim is the claim the record is about, as its event names it (zero for a record
+	// read from the claim itself, or made by this process).
+	claim v1.ObjectReference
 }
 
 // newRecord makes the record of a request about to be sent.
@@ -118,6 +127,11 @@ func recordOf(claim *v1.PersistentVolumeClaim) (*claimRecord, error) {
 		}
 		return nil, nil
 	}
+	return decodeRecord(value)
+}
+
+// decodeRecord reads a record from the value of annotation annProvisioning.
+func decodeRecord(value string) (*claimRecord, error) {
 	var r claimRecord
 	if err := json.Unmarshal([]byte(value), &r); err != nil {
 		return nil, fmt.Errorf("annotation %s is not a provisioning record: %w", annProvisioning, err)
@@ -236,9 +250,11 @@ type recordFacts struct {
 	// when the claim's cannot be read.
 	rec    *claimRecord
 	recErr error
-	// fromMemory: rec is this process's own, not read from the claim.
+	// fromMemory: rec is this process's own, not read from an event or the claim.
 	fromMemory bool
-	driver     string
+	// uid is the claim's UID (the queue's key), whether or not the claim is still there.
+	uid    types.UID
+	driver string
 	// inTree is the in-tree plugin the driver replaces, "" for none.
 	inTree string
 	// node is the node of a node deployment, "" otherwise.
@@ -264,8 +280,8 @@ func decideRecord(f recordFacts) (recordAction, string) {
 		return recordSkip, fmt.Sprintf("the record is driver %s's", r.Driver)
 	case f.node != "" && r.Node != f.node:
 		return recordSkip, fmt.Sprintf("the record is node %s's", r.Node)
-	case !f.fromMemory && claim != nil && !volumeOfClaim(r.Volume, claim.UID, cutLength(f.minCut)):
-		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", annProvisioning, r.Volume, claim.UID)
+	case !f.fromMemory && !volumeOfClaim(r.Volume, f.claimUID(), cutLength(f.minCut)):
+		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", annProvisioning, r.Volume, f.claimUID())
 	case f.pvExists:
 		// Whoever's it is (a cut UID can collide), the name is recorded: never delete it.
 		return recordDrop, fmt.Sprintf("PersistentVolume %s records the volume", r.Volume)
@@ -291,6 +307,14 @@ func decideRecord(f recordFacts) (recordAction, string) {
 		return recordUndo, fmt.Sprintf("the claim's volume is named %s under the current flags", f.wantName)
 	}
 	return recordFinish, ""
+}
+
+// claimUID is the UID the record is about.
+func (f recordFacts) claimUID() types.UID {
+	if f.uid == "" && f.claim != nil {
+		return f.claim.UID
+	}
+	return f.uid
 }
 
 func cutLength(uuidLength int) int {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
@@ -264,5 +265,74 @@ func TestTheRecordGoesOnAndOffInOneWriteEach(t *testing.T) {
 	}
 	if len(claim.Finalizers) != 1 || hasRecord(claim) {
 		t.Error("the claim itself was changed")
+	}
+}
+
+// The record of a claim is open from its "Provisioning" event until an event lists that
+// one as closed; the oldest open one is the record; events about another claim, or
+// unreadable, do not pass for it.
+func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
+	claim := claimFor("data", recordUID, "fast")
+	rec, err := newRecord(drv, "", nil, testRequest("pvc-"+recordUID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := newRecord(drv, "n2", nil, testRequest("pvc-"+recordUID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
+	s := &recordStore{driverLabel: recordDriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	opening := func(r *claimRecord) *v1.Event {
+		ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonProvisioning, "")
+		value, _ := r.encode()
+		ev.Annotations = map[string]string{annProvisioning: value}
+		return ev
+	}
+	closing := func(names ...string) *v1.Event {
+		ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonSucceeded, "")
+		ev.Annotations = map[string]string{annRecordCloses: strings.Join(names, ",")}
+		return ev
+	}
+	first, second := opening(rec), opening(other)
+	unreadable := opening(rec)
+	unreadable.Annotations[annProvisioning] = "{"
+	aboutAnother := opening(rec)
+	aboutAnother.InvolvedObject.UID = "another"
+	for _, tc := range []struct {
+		name     string
+		events   []*v1.Event
+		wantNode string // of the open record; "-" for none
+		wantErr  bool
+	}{
+		{name: "none", wantNode: "-"},
+		{name: "opened", events: []*v1.Event{first}, wantNode: ""},
+		{name: "opened and closed", events: []*v1.Event{first, closing(first.Name)}, wantNode: "-"},
+		{name: "two open: the oldest", events: []*v1.Event{second, first}, wantNode: ""},
+		{name: "the oldest closed", events: []*v1.Event{first, second, closing(first.Name)}, wantNode: "n2"},
+		{name: "both closed by one", events: []*v1.Event{first, second, closing(first.Name, second.Name)}, wantNode: "-"},
+		{name: "a closing event alone", events: []*v1.Event{closing("x")}, wantNode: "-"},
+		{name: "about another claim", events: []*v1.Event{aboutAnother}, wantNode: "-"},
+		{name: "unreadable", events: []*v1.Event{unreadable}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := openAmong(tc.events, recordUID)
+			switch {
+			case tc.wantErr:
+				if err == nil {
+					t.Errorf("record %+v, want an error", r)
+				}
+			case err != nil:
+				t.Errorf("error %v", err)
+			case tc.wantNode == "-":
+				if r != nil {
+					t.Errorf("open record %+v, want none", r.rec)
+				}
+			case r == nil:
+				t.Error("no open record")
+			case r.rec.Node != tc.wantNode || r.rec.claim.Name != "data":
+				t.Errorf("record of node %q about %v, want node %q about claim data", r.rec.Node, r.rec.claim, tc.wantNode)
+			}
+		})
 	}
 }

@@ -77,6 +77,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	}
 	// Upstream's per-instance identity, recorded in every volume's attributes.
 	identity := strconv.FormatInt(time.Now().UnixMilli(), 10) + "-" + strconv.Itoa(rand.IntN(10000)) + "-" + env.DriverName
+	source := v1.EventSource{Component: env.DriverName + "_" + env.Identity}
 	cfg := config{
 		opts:           s.opts,
 		driver:         env.DriverName,
@@ -85,7 +86,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		kube:           env.Kube,
 		csi:            csi.NewControllerClient(env.CSI),
 		ops:            env.Ops(),
-		recorder:       env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: env.DriverName + "_" + env.Identity}),
+		recorder:       env.Events.NewRecorder(scheme.Scheme, source),
+		eventSource:    source,
 		metrics:        m,
 		pluginCaps:     env.PluginCapabilities,
 		controllerCaps: env.ControllerCapabilities,
@@ -115,9 +117,9 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if s.ctrl, err = newController(cfg, env.Informers); err != nil {
 		return err
 	}
-	// The snapshot informer is not on the core's factory: it starts here, on every
-	// replica (P7), and stops with the process.
-	s.ctrl.startSnapshots(env.Done())
+	// The informers of the records and snapshots are not on the core's factory: they
+	// start here, on every replica (P7), and stop with the process.
+	s.ctrl.startInformers(env.Done())
 	if s.opts.enableCapacity {
 		if s.capacity, err = newCapacityFor(env, s.opts, cfg.node); err != nil {
 			return err

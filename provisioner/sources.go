@@ -106,8 +106,10 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 	return err
 }
 
-// startSnapshots starts the snapshot informer until stop closes (every replica, P7).
-func (c *controller) startSnapshots(stop <-chan struct{}) {
+// startInformers starts the informers that are not on the core's factory, the records'
+// and the snapshots', until stop closes (every replica, P7).
+func (c *controller) startInformers(stop <-chan struct{}) {
+	c.records.start(stop)
 	if c.snapshots != nil {
 		go c.snapshots.informer.Run(stop)
 	}
@@ -315,6 +317,14 @@ func (c *controller) sourceUser(ref sourceRef) string {
 		}
 	}
 	c.mu.Unlock()
+	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
+	// may have a volume in creation from the source, whatever else it says.
+	if who, err := c.records.usesSource(ref); err != nil || who != "" {
+		if err != nil {
+			return "(records unreadable: " + err.Error() + ")"
+		}
+		return who
+	}
 	objs, err := c.claims.ByIndex(cache.NamespaceIndex, ref.namespace)
 	if err != nil {
 		// Keep the finalizer rather than guess.
@@ -328,8 +338,7 @@ func (c *controller) sourceUser(ref sourceRef) string {
 		if src, err := claimSource(claim); err != nil || src != ref {
 			continue
 		}
-		// A claim whose record is still on (a crash, a deleted claim whose volume is being
-		// undone) may have a volume in creation from the source, whatever else it says.
+		// The same for a record of an earlier version, on the claim.
 		if rec, err := recordOf(claim); err == nil && rec != nil && rec.Driver == c.driver {
 			return klog.KObj(claim).String()
 		}

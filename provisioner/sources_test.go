@@ -96,7 +96,7 @@ func (w *world) sourceVolume() string {
 	return rsp.GetVolume().GetVolumeId()
 }
 
-// create creates claims and PersistentVolumes in the fake API server.
+// create creates claims, PersistentVolumes and events in the fake API server.
 func (w *world) create(objs ...any) {
 	w.t.Helper()
 	ctx := context.Background()
@@ -107,6 +107,8 @@ func (w *world) create(objs ...any) {
 			_, err = w.kube.CoreV1().PersistentVolumeClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *v1.PersistentVolume:
 			_, err = w.kube.CoreV1().PersistentVolumes().Create(ctx, o, metav1.CreateOptions{})
+		case *v1.Event:
+			_, err = w.kube.CoreV1().Events(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		}
 		if err != nil {
 			w.t.Fatal(err)

@@ -3,7 +3,6 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -54,17 +54,23 @@ func (a *absentVolumes) is(uid, volume string) bool {
 	return ok && v == volume
 }
 
-// recordFacts gathers what decideRecord needs about the claim (nil: gone) and the plan
-// pending in this process (nil: none).
-func (c *controller) recordFacts(claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
-	f := recordFacts{claim: claim, driver: c.driver, inTree: c.inTree, minCut: c.opts.volumeNameUUIDLength}
+// recordFacts gathers what decideRecord needs about the claim of uid (nil: gone) and the
+// plan pending in this process (nil: none).
+func (c *controller) recordFacts(uid string, claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
+	f := recordFacts{claim: claim, uid: types.UID(uid), driver: c.driver, inTree: c.inTree, minCut: c.opts.volumeNameUUIDLength}
 	if c.node != nil {
 		f.node = c.node.name
 	}
 	if p != nil && p.rec != nil {
 		// This process wrote it: the cache may not show it yet.
 		f.rec, f.fromMemory = p.rec, true
+	} else if open, err := c.records.open(uid); open != nil || err != nil {
+		f.recErr = err
+		if open != nil {
+			f.rec = open.rec
+		}
 	} else {
+		// A record of an earlier version, on the claim.
 		f.rec, f.recErr = recordOf(claim)
 	}
 	if claim != nil {
@@ -76,69 +82,60 @@ func (c *controller) recordFacts(claim *v1.PersistentVolumeClaim, p *plan) recor
 	return f
 }
 
-// writeRecord puts the record on the claim (one update: the finalizer and the annotation),
-// before the CreateVolume it describes. It returns the claim as written. It updates rather
-// than patches (upstream's RBAC grants update on claims), with the resource version of the
-// freshest copy this process knows (OwnWrites), and never reads the claim again: a conflict
-// (the scheduler or the PV controller wrote it meanwhile) is errRecordChanged, and the
-// claim goes back to the queue, whose backoff lets the cache catch up before it is decided
-// again (P14). It starts work, so it ends with intake (StartingWork).
-func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) (*v1.PersistentVolumeClaim, error) {
-	value, err := rec.encode()
-	if err != nil {
-		return nil, err
-	}
-	switch existing, _ := recordOf(claim); {
+// writeRecord opens the claim's record (its "Provisioning" event), before the CreateVolume
+// it describes. It starts work, so it ends with intake and waits behind the writes that
+// finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
+// errRecordChanged: it goes back to the queue and is decided again.
+func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
+	switch {
 	case claim.DeletionTimestamp != nil:
-		// No finalizer can be added to an object being deleted, and it wants nothing.
-		return nil, fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
 	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
-		return nil, fmt.Errorf("%w: the claim selects another node", errRecordChanged)
-	case existing != nil && existing.sameAs(rec) && slices.Contains(claim.Finalizers, provisioningFinalizer):
-		return claim, nil
+		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
 	}
 	ctx, cancel := c.startingWork(ctx)
 	defer cancel()
-	written, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, withRecord(claim, value), metav1.UpdateOptions{})
-	switch {
-	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: %v", errRecordChanged, err)
-	case err != nil:
-		return nil, fmt.Errorf("recording on claim %s that volume %s may be created: %w", klog.KObj(claim), rec.Volume, err)
+	if err := c.records.write(ctx, claim, rec); err != nil {
+		return fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err)
 	}
-	c.ownClaims.Wrote(written)
-	return written, nil
+	return nil
 }
 
-// dropRecord removes the record from the claim once the volume is known (recorded by a
-// PersistentVolume, or undone), on ctx (Ops()). A claim that is gone, or is another one
-// now, has nothing to drop. It updates the freshest copy this process knows, with its
-// resource version; a conflict (the PV controller binds the claim at about the same time)
-// goes back to the queue, never to a fresh read (P14).
-func (c *controller) dropRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
-	if claim == nil {
-		return nil
+// closeRecord ends the claim's record once the volume is known (recorded by a
+// PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
+// earlier version leaves the claim too (one update of the freshest copy this process
+// knows; a conflict goes back to the queue, never to a fresh read, P14).
+func (c *controller) closeRecord(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
+	if claim != nil && hasRecord(claim) {
+		update, _ := withoutRecord(claim)
+		out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			c.ownClaims.Wrote(out)
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+		}
 	}
-	update, had := withoutRecord(claim)
-	if !had {
-		return nil
-	}
-	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
-	switch {
-	case err == nil:
-		c.ownClaims.Wrote(out)
-		return nil
-	case apierrors.IsNotFound(err):
-		return nil
-	}
-	return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+	return c.records.close(ctx, uid, c.claimRef(claim, rec), eventType, reason, message)
 }
 
-// recorded ends a record whose volume a PersistentVolume records: the record goes, and
-// the plan, if any, is done.
-func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan) error {
-	if err := c.dropRecord(ctx, claim); err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot remove the provisioning record, retrying")
+// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
+// one its record's event holds.
+func (c *controller) claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
+	if claim != nil {
+		return claimReference(claim)
+	}
+	if rec != nil {
+		return rec.claim
+	}
+	return v1.ObjectReference{}
+}
+
+// recorded ends a record whose volume a PersistentVolume records, with upstream's
+// ProvisioningSucceeded event, and the plan, if any, is done.
+func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
+	if err := c.closeRecord(ctx, uid, claim, rec, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", rec.Volume)); err != nil {
+		klog.FromContext(ctx).V(2).Info("Cannot close the provisioning record, retrying", "err", err.Error())
 		return err
 	}
 	c.absent.forget(uid)
@@ -148,12 +145,12 @@ func (c *controller) recorded(ctx context.Context, uid string, claim *v1.Persist
 	return nil
 }
 
-// undo deletes the volume a claim no longer wants, then drops the record, all on ctx
+// undo deletes the volume a claim no longer wants, then closes the record, all on ctx
 // (Ops(), P1). The volume's ID is learned by sending the recorded CreateVolume again: CSI
 // makes it return the volume of that name if there is one; if there is none the driver
 // creates it, and it is deleted the same way. A final error means the driver does not
-// have the volume. Every failure is an event on the claim, and the claim stays until the
-// volume is known deleted.
+// have the volume. Every failure is an event on the claim, and the record stays open until
+// the volume is known deleted.
 func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
 	// The cache may not show a PersistentVolume saved a moment ago (by the previous
@@ -161,8 +158,8 @@ func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentV
 	_, err := c.kube.CoreV1().PersistentVolumes().Get(ctx, rec.Volume, metav1.GetOptions{})
 	switch {
 	case err == nil:
-		logger.V(2).Info("The volume has a PersistentVolume after all; dropping the record")
-		return c.recorded(ctx, uid, claim, p)
+		logger.V(2).Info("The volume has a PersistentVolume after all; closing the record")
+		return c.recorded(ctx, uid, claim, p, rec)
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("checking for PersistentVolume %s before deleting its volume: %w", rec.Volume, err)
 	}
@@ -188,21 +185,30 @@ func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentV
 		// Known absent now: a retry of the write below must not create it again.
 		c.absent.mark(uid, rec.Volume)
 	}
-	if err := c.dropRecord(ctx, claim); err != nil {
-		logger.Error(err, "Volume known absent, but the provisioning record cannot be removed; retrying")
+	what := fmt.Sprintf("the driver had no volume %s", rec.Volume)
+	if deleted {
+		what = fmt.Sprintf("volume %s deleted", rec.Volume)
+	}
+	return c.undone(ctx, uid, claim, p, rec, why, what)
+}
+
+// undone closes the record of a volume known absent with a ProvisioningUndone event; the
+// plan, if any, is done.
+func (c *controller) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why, what string) error {
+	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
+	if err := c.closeRecord(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
+		logger.Error(err, "Volume known absent, but the provisioning record cannot be closed; retrying")
 		return err
 	}
 	c.absent.forget(uid)
 	if p != nil {
 		c.finish(uid, p)
 	}
-	what := fmt.Sprintf("the driver had no volume %s", rec.Volume)
-	if deleted {
-		what = fmt.Sprintf("volume %s deleted", rec.Volume)
-	}
-	logger.V(2).Info("Provisioning undone", "deleted", deleted)
+	logger.V(2).Info("Provisioning undone", "what", what)
 	if claim != nil {
-		c.recorder.Eventf(claim, v1.EventTypeNormal, reasonUndone, "Provisioning undone (%s): %s", why, what)
+		// It may want a volume still (on another node, under another name): closing the
+		// record changed nothing that would bring it back.
+		c.claimQueue.Add(uid)
 	}
 	return nil
 }
@@ -215,15 +221,28 @@ func (p *plan) claimOr(claim *v1.PersistentVolumeClaim) *v1.PersistentVolumeClai
 	return claim
 }
 
-// undoFailed reports a failed undo on the claim (a stuck backend must not be silence) and
-// returns the error for a retry with backoff.
+// undoFailed reports a failed undo on the claim, or, the claim gone, on the reference its
+// record names (a stuck backend must not be silence), and returns the error for a retry
+// with backoff.
 func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
 	err = fmt.Errorf("undoing the provisioning of volume %s (%s): %w", rec.Volume, why, err)
-	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; the claim keeps its record until it is known deleted")
-	if claim != nil {
-		c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
+	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; its record stays open until it is known deleted")
+	if about := c.eventObject(claim, rec); about != nil {
+		c.recorder.Eventf(about, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
 	}
 	return err
+}
+
+// eventObject is what the recorder reports about: the claim, else a stand-in for the gone
+// claim the record names; nil for neither.
+func (c *controller) eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.PersistentVolumeClaim {
+	if claim != nil {
+		return claim
+	}
+	if rec == nil || rec.claim.Name == "" {
+		return nil
+	}
+	return &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: rec.claim.Namespace, Name: rec.claim.Name, UID: rec.claim.UID}}
 }
 
 // undoRequest is the CreateVolume request to send again, secrets included: this
@@ -237,10 +256,13 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 	}
 	req := proto.Clone(rec.req).(*csi.CreateVolumeRequest)
 	ref := rec.Secret
-	if class, err := c.classFor(claim); err == nil && class != nil {
-		if class, _, err := c.names().csiClass(class); err == nil {
-			if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
-				ref = fromClass
+	if claim != nil {
+		// While the claim is there its templates resolve (gone, the recorded secret it is).
+		if class, err := c.classFor(claim); err == nil && class != nil {
+			if class, _, err := c.names().csiClass(class); err == nil {
+				if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
+					ref = fromClass
+				}
 			}
 		}
 	}

@@ -23,15 +23,18 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
-// The provisioner's record on the claim (package doc, "No leaked volumes"), under chaos:
+// The provisioner's record (package doc, "No leaked volumes"), under chaos:
 // every round SIGKILLs the leader while its CreateVolume calls run, and while nobody leads
 // deletes a third of the round's claims and reschedules another part, as users and the
 // scheduler would. What upstream leaks there (its issue 486) must not leak here.
 
-// Names of the record, as the provisioner package spells them.
+// Names of the record, as the provisioner package spells them: events labelled with the
+// claim's UID; one carrying the record opens it, one listing it under "closes" closes it.
 const (
-	recordFinalizer  = "provisioner.csi-sidecars.io/provisioning-protection"
+	recordLabel      = "provisioner.csi-sidecars.io/record"
+	recordClaimLabel = "provisioner.csi-sidecars.io/claim-uid"
 	recordAnnotation = "provisioner.csi-sidecars.io/provisioning"
+	recordCloses     = "provisioner.csi-sidecars.io/closes"
 	// pvcProtectionFinalizer is what the API server's admission puts on every claim and
 	// kube-controller-manager removes once no pod uses it.
 	pvcProtectionFinalizer = "kubernetes.io/pvc-protection"
@@ -227,7 +230,7 @@ func volumeNameOf(uid types.UID) string { return "pvc-" + string(uid) }
 
 // deleteClaim deletes a claim as a user does, after doing what kube-controller-manager's
 // PVC protection controller does for a claim no pod uses (none runs here): its
-// kubernetes.io/pvc-protection finalizer goes. Only the provisioner's record can keep it.
+// kubernetes.io/pvc-protection finalizer goes, and the claim with it.
 func (c *chaos) deleteClaim(name string) {
 	c.T.Helper()
 	claims := c.Client.CoreV1().PersistentVolumeClaims(c.Namespace)
@@ -286,8 +289,15 @@ func (c *chaos) problems(release bool) []string {
 		live[list.Items[i].UID] = &list.Items[i]
 	}
 	pvs := c.pvs()
+	open, err := c.openRecords()
+	if err != nil {
+		return []string{err.Error()}
+	}
 	var out []string
 	for _, cc := range c.claims {
+		if open[cc.uid] {
+			out = append(out, fmt.Sprintf("claim %s's record is still open", cc.name))
+		}
 		claim := live[cc.uid]
 		if cc.deleted {
 			if claim != nil {
@@ -298,9 +308,6 @@ func (c *chaos) problems(release bool) []string {
 		if claim == nil {
 			out = append(out, fmt.Sprintf("claim %s is gone", cc.name))
 			continue
-		}
-		if _, recorded := claim.Annotations[recordAnnotation]; recorded || slices.Contains(claim.Finalizers, recordFinalizer) {
-			out = append(out, fmt.Sprintf("claim %s still carries the record", cc.name))
 		}
 		pv := pvs[volumeNameOf(cc.uid)]
 		switch {
@@ -329,6 +336,27 @@ func (c *chaos) problems(release bool) []string {
 		}
 	}
 	return out
+}
+
+// openRecords are the UIDs of the claims whose record is open, as the events say.
+func (c *chaos) openRecords() (map[types.UID]bool, error) {
+	events, err := c.Client.CoreV1().Events(c.Namespace).List(c.ctx(), metav1.ListOptions{LabelSelector: recordLabel})
+	if err != nil {
+		return nil, err
+	}
+	closed := map[string]bool{}
+	for _, ev := range events.Items {
+		for _, name := range strings.Split(ev.Annotations[recordCloses], ",") {
+			closed[name] = true
+		}
+	}
+	open := map[types.UID]bool{}
+	for _, ev := range events.Items {
+		if _, opens := ev.Annotations[recordAnnotation]; opens && !closed[ev.Name] {
+			open[types.UID(ev.Labels[recordClaimLabel])] = true
+		}
+	}
+	return open, nil
 }
 
 // release marks a PersistentVolume Released, as the PV controller does once its claim is
