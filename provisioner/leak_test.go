@@ -260,11 +260,11 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 		createFault codes.Code
 		// want: the claim gets (keeps) its volume, on wantNode; else it is gone and so is
 		// every volume.
-		want         bool
-		wantNode     string
-		wantDeletes  int
-		wantCreates  int
-		wantEvent string
+		want        bool
+		wantNode    string
+		wantDeletes int
+		wantCreates int
+		wantEvent   string
 		// legacy: the record is on the claim, as earlier versions kept it.
 		legacy bool
 	}{
