@@ -77,9 +77,7 @@ func BenchmarkRealControlLoop(b *testing.B) {
 		})
 	}
 	if len(results) > 0 {
-		table := formatResults(impls, results, intervals)
-		fmt.Print(table)
-		b.Log("\n" + table)
+		fmt.Print(formatResults(impls, results, intervals))
 	}
 }
 
@@ -269,9 +267,10 @@ func (w *world) life(work *cluster.Workload, name string, grow bool, inUse time.
 		w.T.Errorf("life of %s: %v", name, err)
 		return
 	}
-	if waitFor(cluster.Attached) {
+	attached := waitFor(cluster.Attached)
+	if attached {
 		it, _ := work.Item(name)
-		attached := it.Times[cluster.Attached]
+		at := it.Times[cluster.Attached]
 		if grow {
 			if err := work.Grow(ctx, name, "2Gi"); err != nil {
 				w.T.Errorf("life of %s: %v", name, err)
@@ -280,13 +279,15 @@ func (w *world) life(work *cluster.Workload, name string, grow bool, inUse time.
 			}
 		}
 		// The Pod uses its volume for inUse: the workload's think time.
-		time.Sleep(time.Until(attached.Add(inUse)))
+		time.Sleep(time.Until(at.Add(inUse)))
 	}
 	if err := work.DeletePod(ctx, name); err != nil {
 		w.T.Errorf("life of %s: %v", name, err)
 		return
 	}
-	waitFor(cluster.Detached)
+	if attached {
+		waitFor(cluster.Detached) // a volume never attached is never detached
+	}
 	if err := work.DeleteClaim(ctx, name); err != nil {
 		w.T.Errorf("life of %s: %v", name, err)
 	}
