@@ -464,6 +464,11 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 // Pods that wait for the volume, where users look; and upstream's RBAC, which drop-in users
 // keep, does not grant the attacher events at all.
 func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAttachment, err error, set func(*storagev1.VolumeAttachmentStatus, *storagev1.VolumeError)) {
+	if lifecycle.NotStarted(err) {
+		// The call never reached the driver (draining, or no longer leading): no error to
+		// show, and no write to spend on it; the next leader does the work.
+		return
+	}
 	clone := va.DeepCopy()
 	set(&clone.Status, volumeError(err, c.errorCodes, metav1.Now()))
 	if _, saveErr := c.patchVA(ctx, va, clone, true); saveErr != nil {

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -162,10 +163,10 @@ func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any,
 		c.onChange(-1)
 	}()
 	if c.ops.Err() != nil {
-		return status.Errorf(codes.Aborted, "%s not started: this replica stopped leading or ran out of drain time", method)
+		return notStarted(method, "this replica stopped leading or ran out of drain time")
 	}
 	if c.draining.Load() {
-		return status.Errorf(codes.Aborted, "%s not started: this replica is shutting down; the next leader does it", method)
+		return notStarted(method, "this replica is shutting down; the next leader does it")
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -182,9 +183,29 @@ func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any,
 func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	// CSI has no streaming calls; pass through, still bound to Ops().
 	if c.ops.Err() != nil {
-		return nil, status.Errorf(codes.Aborted, "%s not started: this replica stopped leading", method)
+		return nil, notStarted(method, "this replica stopped leading")
 	}
 	return c.conn.NewStream(ctx, desc, method, opts...)
+}
+
+// notStartedError is a CSI call the core refused to send: Aborted to whoever reads its
+// gRPC code (the operation is retried, as after any Aborted), and NotStarted to a sidecar
+// that must not report it as the driver's failure.
+type notStartedError struct{ st *status.Status }
+
+func notStarted(method, why string) error {
+	return notStartedError{st: status.Newf(codes.Aborted, "%s not started: %s", method, why)}
+}
+
+func (e notStartedError) Error() string              { return e.st.Err().Error() }
+func (e notStartedError) GRPCStatus() *status.Status { return e.st }
+
+// NotStarted tells whether err is a CSI call that never reached the driver because this
+// replica is draining or no longer leads. Such a call failed nothing: a sidecar records no
+// event or status for it and leaves the operation, as it stands, to the next leader.
+func NotStarted(err error) bool {
+	var e notStartedError
+	return errors.As(err, &e)
 }
 
 // InFlight is the number of CSI calls running now.

@@ -97,8 +97,8 @@ func TestDrainingRefusesNewCallsAndLetsRunningOnesEnd(t *testing.T) {
 		runtime.Gosched()
 	}
 	conn.drain()
-	if err := conn.Invoke(context.Background(), "/csi.v1.Controller/CreateVolume", nil, nil); status.Code(err) != codes.Aborted {
-		t.Errorf("new call while draining: %v, want Aborted", err)
+	if err := conn.Invoke(context.Background(), "/csi.v1.Controller/CreateVolume", nil, nil); status.Code(err) != codes.Aborted || !NotStarted(err) {
+		t.Errorf("new call while draining: %v, want Aborted, NotStarted", err)
 	}
 	if conn.idleAfterDrain() {
 		t.Error("idle while a call runs in the driver")

@@ -605,6 +605,12 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, p.pv.migrated), c.opts.timeout)
 	resp, err := c.csi.CreateVolume(callCtx, p.req)
 	cancel()
+	if lifecycle.NotStarted(err) {
+		// Draining or no longer leading: nothing failed, and the record (if any) is the
+		// next leader's to finish (P14).
+		logger.V(2).Info("CreateVolume not started; left to the next leader", "volume", p.pvName)
+		return err
+	}
 	if err != nil {
 		outcome := classifyCreateError(err, p.mayReschedule)
 		logger.Info("CreateVolume failed", "volume", p.pvName, "outcome", outcome.String(), "err", err.Error())

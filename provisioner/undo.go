@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Event reasons of the record's undo (ours: upstream never undoes a provisioning).
@@ -226,6 +228,10 @@ func (p *plan) claimOr(claim *v1.PersistentVolumeClaim) *v1.PersistentVolumeClai
 // with backoff.
 func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
 	err = fmt.Errorf("undoing the provisioning of volume %s (%s): %w", rec.Volume, why, err)
+	if lifecycle.NotStarted(err) {
+		// Draining or no longer leading: the undo is the next leader's.
+		return err
+	}
 	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; its record stays open until it is known deleted")
 	if about := c.eventObject(claim, rec); about != nil {
 		c.recorder.Eventf(about, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)

@@ -291,6 +291,11 @@ func (c *expansionController) markFailed(pvc *v1.PersistentVolumeClaim, err erro
 // are written to the PVC (infeasible ones so that the user may lower the request), and an
 // in-use refusal waits for the Pod to go away.
 func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, callErr error) error {
+	if lifecycle.NotStarted(callErr) {
+		// Never reached the driver (draining, or no longer leading): nothing to record;
+		// the next leader expands.
+		return callErr
+	}
 	final, infeasible := lifecycle.IsFinalError(callErr), isInfeasible(callErr)
 	c.attempts.failed(key, final, infeasible)
 	if c.inUse != nil && isInUse(callErr) {

@@ -352,6 +352,11 @@ func (c *modifyController) apply(key string, pvc *v1.PersistentVolumeClaim, pv *
 // recordFailure writes the error conditions (and Infeasible for InvalidArgument) in one
 // patch.
 func (c *modifyController) recordFailure(key string, pvc *v1.PersistentVolumeClaim, class string, callErr error) error {
+	if lifecycle.NotStarted(callErr) {
+		// Never reached the driver (draining, or no longer leading): nothing to record;
+		// the next leader modifies.
+		return callErr
+	}
 	if _, ok := status.FromError(callErr); !ok {
 		// Failed before the driver was called (a secret could not be read): retry. Upstream
 		// records no event here; we do, because nothing else tells the user why the PVC
