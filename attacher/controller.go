@@ -95,6 +95,9 @@ type Controller struct {
 	// VolumeAttachments that need work (needsWork), so that a standby that takes over
 	// starts on them and not behind a no-op sync of every settled VolumeAttachment.
 	leading atomic.Bool
+	// intake is run's, set before its workers start: the writes that start an attach end
+	// with it (startingWork).
+	intake context.Context
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
 	// their next sync calls the driver even though their status looks done.
@@ -181,6 +184,7 @@ func (c *Controller) newQueue(name string) *lifecycle.Queue[string] {
 // run works while intake lasts: attach, detach and PV workers, and the reconciler. It
 // returns once every worker finished the item it holds.
 func (c *Controller) run(intake context.Context) {
+	c.intake = intake
 	c.leading.Store(true)
 	var wg sync.WaitGroup
 	for _, k := range []kind{attachKind, detachKind} {
@@ -360,8 +364,11 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment)
 		}
 		clone.Annotations[nodeIDAnnotation] = nodeID
 	}
-	if va, err = c.patchVA(ctx, va, clone, false); err != nil {
-		return va, nil, fmt.Errorf("could not save VolumeAttachment: %w", err)
+	wctx, cancel := c.startingWork(ctx)
+	va, err = c.patchVA(wctx, va, clone, false)
+	cancel()
+	if err != nil {
+		return va, nil, lifecycle.IfNotStarted(wctx, fmt.Errorf("could not save VolumeAttachment: %w", err))
 	}
 	req := &csi.ControllerPublishVolumeRequest{
 		VolumeId:         vol.source.VolumeHandle,
@@ -382,6 +389,17 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment)
 	return va, rsp.GetPublishContext(), nil
 }
 
+// startingWork is the context of the writes that start an attach (the finalizers): they
+// end with intake and wait behind the writes that finish work (P14).
+func (c *Controller) startingWork(ctx context.Context) (context.Context, context.CancelFunc) {
+	intake := c.intake
+	if intake == nil {
+		// Tests that sync without run.
+		intake = context.Background()
+	}
+	return lifecycle.StartingWork(ctx, intake)
+}
+
 // volumeToAttach resolves the volume and, for a PV, refuses one being deleted and adds our
 // finalizer to it, so the PV outlives the attachment.
 func (c *Controller) volumeToAttach(ctx context.Context, va *storagev1.VolumeAttachment) (*volume, error) {
@@ -398,8 +416,10 @@ func (c *Controller) volumeToAttach(ctx context.Context, va *storagev1.VolumeAtt
 	if !hasFinalizer(pv.Finalizers, finalizerName(c.driver)) {
 		clone := pv.DeepCopy()
 		clone.Finalizers = append(clone.Finalizers, finalizerName(c.driver))
-		if pv, err = c.patchPV(ctx, pv, clone); err != nil {
-			return nil, fmt.Errorf("could not add PersistentVolume finalizer: %w", err)
+		wctx, cancel := c.startingWork(ctx)
+		defer cancel()
+		if pv, err = c.patchPV(wctx, pv, clone); err != nil {
+			return nil, lifecycle.IfNotStarted(wctx, fmt.Errorf("could not add PersistentVolume finalizer: %w", err))
 		}
 	}
 	return pvVolume(klog.FromContext(ctx), c.tr, pv)

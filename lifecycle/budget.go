@@ -2,10 +2,13 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 )
@@ -86,9 +89,22 @@ func budgetFor(qps float32, burst int) *budget {
 // leader), and its requests wait for a token behind every request that finishes work.
 // Cancel it when the write is done.
 func StartingWork(ctx, intake context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithValue(ctx, startingWorkKey{}, true))
-	stop := context.AfterFunc(intake, cancel)
-	return ctx, func() { stop(); cancel() }
+	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, startingWorkKey{}, true))
+	stop := context.AfterFunc(intake, func() { cancel(errIntakeEnded) })
+	return ctx, func() { stop(); cancel(context.Canceled) }
+}
+
+// errIntakeEnded is why a StartingWork context ends with intake.
+var errIntakeEnded = errors.New("intake ended: the work is left to the next leader")
+
+// IfNotStarted returns err, as one NotStarted recognises when ctx (a StartingWork context)
+// ended with intake: the write that would have started the work did not happen, or its
+// answer was not waited for, and the sidecar reports nothing about it.
+func IfNotStarted(ctx context.Context, err error) error {
+	if err == nil || !errors.Is(context.Cause(ctx), errIntakeEnded) || NotStarted(err) {
+		return err
+	}
+	return notStartedError{st: status.New(codes.Aborted, err.Error()), err: err}
 }
 
 func classOf(ctx context.Context) int {
@@ -100,8 +116,8 @@ func classOf(ctx context.Context) int {
 
 // Wait blocks until the request may be sent or ctx ends.
 func (b *budget) Wait(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
 	}
 	w := &budgetWaiter{ready: make(chan struct{})}
 	class := classOf(ctx)
@@ -129,7 +145,7 @@ func (b *budget) Wait(ctx context.Context) error {
 				break
 			}
 		}
-		return ctx.Err()
+		return context.Cause(ctx)
 	}
 }
 

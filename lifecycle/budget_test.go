@@ -2,6 +2,8 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -94,6 +96,17 @@ func TestStartingWorkEndsWithIntake(t *testing.T) {
 	case <-ctx.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("still open after intake ended")
+	}
+	// A write waiting for its token when intake ended did not start its work.
+	waitErr := newBudget(1, 1).Wait(ctx)
+	if err := IfNotStarted(ctx, fmt.Errorf("writing the record: %w", waitErr)); !NotStarted(err) || !errors.Is(err, waitErr) {
+		t.Errorf("write cut short by intake's end: %v, want NotStarted, wrapping %v", err, waitErr)
+	}
+	// Ended otherwise (its own cancel, while intake lasts), a failure is a failure.
+	own, cancelOwn := StartingWork(context.Background(), context.Background())
+	cancelOwn()
+	if err := IfNotStarted(own, own.Err()); NotStarted(err) {
+		t.Errorf("write cancelled while intake lasts: %v, want it reported", err)
 	}
 }
 

@@ -191,7 +191,11 @@ func (c *fencedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, metho
 // notStartedError is a CSI call the core refused to send: Aborted to whoever reads its
 // gRPC code (the operation is retried, as after any Aborted), and NotStarted to a sidecar
 // that must not report it as the driver's failure.
-type notStartedError struct{ st *status.Status }
+type notStartedError struct {
+	st *status.Status
+	// err is the error of a starting write intake's end cut short (IfNotStarted).
+	err error
+}
 
 func notStarted(method, why string) error {
 	return notStartedError{st: status.Newf(codes.Aborted, "%s not started: %s", method, why)}
@@ -199,9 +203,11 @@ func notStarted(method, why string) error {
 
 func (e notStartedError) Error() string              { return e.st.Err().Error() }
 func (e notStartedError) GRPCStatus() *status.Status { return e.st }
+func (e notStartedError) Unwrap() error              { return e.err }
 
 // NotStarted tells whether err is a CSI call that never reached the driver because this
-// replica is draining or no longer leads. Such a call failed nothing: a sidecar records no
+// replica is draining or no longer leads, or a write that would start work and that
+// intake's end cut short (IfNotStarted). Such a call failed nothing: a sidecar records no
 // event or status for it and leaves the operation, as it stands, to the next leader.
 func NotStarted(err error) bool {
 	var e notStartedError

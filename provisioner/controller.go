@@ -511,6 +511,10 @@ func (c *controller) syncClaim(uid string) error {
 			logger.V(2).Info("Claim changed while being recorded; deciding again", "err", err.Error())
 			return err
 		}
+		if lifecycle.NotStarted(err) {
+			// Intake ended first: nothing was started; the next leader provisions.
+			return err
+		}
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 		return err
@@ -584,6 +588,10 @@ func (c *controller) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.Stora
 
 // planFailed reports a claim that cannot be provisioned yet and decides how to go on.
 func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) error {
+	if lifecycle.NotStarted(err) {
+		// The plan's reads were cut short by intake's end: nothing to report.
+		return err
+	}
 	if errors.Is(err, errExternalPopulator) {
 		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
 		return nil

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/metrics"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
@@ -114,6 +115,7 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 	factory.Start(stopInformers)
 	w.ctrl.startInformers(stopInformers)
 	factory.WaitForCacheSync(stopInformers)
+	cache.WaitForCacheSync(stopInformers, w.ctrl.records.informer.HasSynced)
 	intake, stopIntake := context.WithCancel(context.Background())
 	w.intake, w.stopIntake = intake, stopIntake
 	t.Cleanup(func() {

@@ -161,10 +161,7 @@ func TestAMigratedClaimIsProvisionedAndItsVolumeDeletedThroughTheDriver(t *testi
 	ctx := context.Background()
 
 	claims := w.kube.CoreV1().PersistentVolumeClaims("ns")
-	w.waitFor("the PersistentVolume, and the claim without its record", func() bool {
-		c, err := claims.Get(ctx, "data", metav1.GetOptions{})
-		return w.pv("pvc-uid-1") != nil && err == nil && !hasRecord(c)
-	})
+	w.waitFor("the PersistentVolume, and the record closed", func() bool { return w.pv("pvc-uid-1") != nil && w.record("uid-1") == nil })
 	vols := w.driver.Volumes()
 	if len(vols) != 1 || vols[0].Name != "pvc-uid-1" {
 		t.Fatalf("driver volumes %+v, want pvc-uid-1", vols)

@@ -134,7 +134,7 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	written, err := c.kube.CoreV1().PersistentVolumeClaims(current.Namespace).Update(apiCtx, current, metav1.UpdateOptions{})
 	if err != nil {
 		n.failed(uid)
-		return false, fmt.Errorf("selecting node %q for claim %s: %w", n.name, klog.KObj(claim), err)
+		return false, lifecycle.IfNotStarted(apiCtx, fmt.Errorf("selecting node %q for claim %s: %w", n.name, klog.KObj(claim), err))
 	}
 	c.ownClaims.Wrote(written)
 	n.forget(uid)

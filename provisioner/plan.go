@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // plan is one claim's CreateVolume, made once and retried as it is: the same name and
@@ -46,7 +48,7 @@ func storageClassName(claim *v1.PersistentVolumeClaim) string {
 // plan reads what CreateVolume needs (listers, the provisioner secret, the
 // VolumeAttributesClass) and builds the request. It returns no plan with an error the user
 // must hear about; it makes no CSI call.
-func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (*plan, error) {
+func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (_ *plan, err error) {
 	source, err := claimSource(claim)
 	if err != nil {
 		return nil, err
@@ -110,6 +112,7 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 	// that finish work (P14).
 	ctx, cancel := c.startingWork(c.ops)
 	defer cancel()
+	defer func() { err = lifecycle.IfNotStarted(ctx, err) }()
 	if vacName != "" {
 		vac, err := c.kube.StorageV1().VolumeAttributesClasses().Get(ctx, vacName, metav1.GetOptions{})
 		if err != nil {

@@ -98,7 +98,7 @@ func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolume
 	ctx, cancel := c.startingWork(ctx)
 	defer cancel()
 	if err := c.records.write(ctx, claim, rec); err != nil {
-		return fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err)
+		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
 	}
 	return nil
 }

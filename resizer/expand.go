@@ -143,6 +143,7 @@ func (c *expansionController) claimDeleted(obj any) {
 
 // run processes PVCs until intake ends (P1: the item in hand finishes on Ops()).
 func (c *expansionController) run(intake context.Context, workers int) {
+	c.intake = intake
 	lifecycle.RunWorkers(intake, c.queue, workers, c.sync)
 }
 
@@ -233,7 +234,7 @@ func (c *expansionController) handles(pv *v1.PersistentVolume, pvc *v1.Persisten
 
 // expand runs one expansion: mark, call, record. Every step runs on Ops() (P1).
 func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, plan expansion) error {
-	pvc, err := c.patchClaim(pvc, markInProgress(pvc, plan, c.recoverFailures), true)
+	pvc, err := c.startClaim(pvc, markInProgress(pvc, plan, c.recoverFailures))
 	if err != nil {
 		return fmt.Errorf("marking the resize in progress: %w", err)
 	}

@@ -154,6 +154,7 @@ func (c *modifyController) claimDeleted(obj any) {
 }
 
 func (c *modifyController) run(intake context.Context, workers int) {
+	c.intake = intake
 	lifecycle.RunWorkers(intake, c.queue, workers, c.sync)
 }
 
@@ -294,7 +295,7 @@ func (c *modifyController) modifyTo(key string, pvc *v1.PersistentVolumeClaim, p
 	if err != nil {
 		return fmt.Errorf("getting VolumeAttributesClass %s: %w", class, err)
 	}
-	updated, err := c.patchClaim(pvc, markModifyInProgress(pvc, class, metav1.Now()), true)
+	updated, err := c.startClaim(pvc, markModifyInProgress(pvc, class, metav1.Now()))
 	if err != nil {
 		return fmt.Errorf("marking the modification in progress: %w", err)
 	}

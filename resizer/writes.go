@@ -53,6 +53,9 @@ type writer struct {
 	// watch event arrived starts from what we wrote.
 	claims  *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	volumes *lifecycle.OwnWrites[*v1.PersistentVolume]
+	// intake is the controller's run's, set before its workers start; nil in tests that
+	// sync without run.
+	intake context.Context
 }
 
 // newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
@@ -92,11 +95,28 @@ func (w *writer) callContext() (context.Context, context.CancelFunc) {
 // with a conflict instead of being overwritten. When there is no difference nothing is sent
 // and old is returned: retries of a step already recorded cost no write.
 func (w *writer) patchClaim(old, updated *v1.PersistentVolumeClaim, checkVersion bool) (*v1.PersistentVolumeClaim, error) {
+	return w.patchClaimOn(w.ops(), old, updated, checkVersion)
+}
+
+// startClaim is patchClaim for the write that starts an operation (marking it in
+// progress, before the driver is called): it ends with intake and waits behind the writes
+// that finish work (P14); cut short by intake's end, its error is NotStarted.
+func (w *writer) startClaim(old, updated *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, error) {
+	intake := w.intake
+	if intake == nil {
+		intake = context.Background()
+	}
+	ctx, cancel := lifecycle.StartingWork(w.ops(), intake)
+	defer cancel()
+	out, err := w.patchClaimOn(ctx, old, updated, true)
+	return out, lifecycle.IfNotStarted(ctx, err)
+}
+
+func (w *writer) patchClaimOn(ctx context.Context, old, updated *v1.PersistentVolumeClaim, checkVersion bool) (*v1.PersistentVolumeClaim, error) {
 	patch, err := twoWayPatch(old, updated, &v1.PersistentVolumeClaim{}, checkVersion, old.ResourceVersion)
 	if err != nil || patch == nil {
 		return old, err
 	}
-	ctx := w.ops()
 	out, err := w.kube.CoreV1().PersistentVolumeClaims(old.Namespace).Patch(ctx, old.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
 	if err != nil {
 		return old, fmt.Errorf("patching PVC %s/%s: %w", old.Namespace, old.Name, err)
