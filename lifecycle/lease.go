@@ -40,6 +40,10 @@ var (
 //   - It times renewals: expired() closes renewDeadline after the start of the last write
 //     that succeeded. A standby that saw that write may take the Lease one lease duration
 //     after it saw it, which is later (P11).
+//   - It writes the record once per minInterval: client-go's acquire and first renewal
+//     follow the write that took the Lease within milliseconds and would write the same
+//     record again; they succeed without a write. Expiry still counts from the last real
+//     write.
 //   - After close() it writes nothing, so a fenced leader never touches the Lease again.
 //   - release() is the one place that empties the holder (P2).
 //
@@ -48,6 +52,7 @@ var (
 type termLock struct {
 	rl.Interface
 	renewDeadline time.Duration
+	minInterval   time.Duration
 
 	mu       sync.Mutex
 	acquired time.Time // AcquireTime of this term's record, at the API's microsecond precision
@@ -58,8 +63,8 @@ type termLock struct {
 	expire   sync.Once
 }
 
-func newTermLock(lock rl.Interface, renewDeadline time.Duration) *termLock {
-	return &termLock{Interface: lock, renewDeadline: renewDeadline, expired: make(chan struct{})}
+func newTermLock(lock rl.Interface, renewDeadline, minInterval time.Duration) *termLock {
+	return &termLock{Interface: lock, renewDeadline: renewDeadline, minInterval: minInterval, expired: make(chan struct{})}
 }
 
 // begin fixes the acquire time of the record this term is about to write.
@@ -96,16 +101,20 @@ func (l *termLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error 
 }
 
 func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func(context.Context, rl.LeaderElectionRecord) error) error {
+	start := time.Now()
 	l.mu.Lock()
 	closed, ours := l.closed, isTermRecord(&r, l.Identity(), l.acquired)
+	recent := !l.renewed.IsZero() && start.Sub(l.renewed) < l.minInterval
 	l.mu.Unlock()
 	switch {
 	case closed:
 		return errLockClosed
 	case !ours:
 		return errNotThisTerm
+	case recent:
+		// The same record was written a moment ago: nothing to add.
+		return nil
 	}
-	start := time.Now()
 	if err := do(ctx, r); err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func TestLeaderSeesARecordOfItsOwnIdentityFromAnotherProcessAsLost(t *testing.T)
 // The term lock writes only this term's record, and nothing once closed.
 func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 	ctx := context.Background()
-	lock := newTermLock(newFakeLock(t, "replica-a"), time.Hour)
+	lock := newTermLock(newFakeLock(t, "replica-a"), time.Hour, 0)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -110,7 +110,7 @@ func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
 	ctx := context.Background()
 	const deadline = 300 * time.Millisecond
-	lock := newTermLock(newFakeLock(t, "replica-a"), deadline)
+	lock := newTermLock(newFakeLock(t, "replica-a"), deadline, 0)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -140,7 +140,7 @@ func TestReleaseEmptiesOnlyThisTermsRecord(t *testing.T) {
 	ctx := context.Background()
 	base := newFakeLock(t, "replica-a")
 	acquired := time.Now().Truncate(time.Microsecond)
-	lock := newTermLock(base, time.Hour)
+	lock := newTermLock(base, time.Hour, 0)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
 		t.Fatal(err)
@@ -193,5 +193,50 @@ func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
 		if (len(errs) == 0) != c.ok {
 			t.Errorf("lease %v renew %v: errors %v, want ok=%v", c.lease, c.renew, errs, c.ok)
 		}
+	}
+}
+
+// A takeover is one write: client-go's acquire and first renewal, right after the write that
+// took the Lease, write nothing; the renewal after minInterval writes.
+func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	base, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: "replica-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const interval = 200 * time.Millisecond
+	lock := newTermLock(base, time.Hour, interval)
+	acquired := time.Now().Truncate(time.Microsecond)
+	lock.begin(acquired)
+	writes := func() int {
+		n := 0
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "create" || a.GetVerb() == "update" {
+				n++
+			}
+		}
+		return n
+	}
+	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, _, err := lock.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+			t.Fatalf("renewing right after taking the Lease: %v", err)
+		}
+	}
+	if n := writes(); n != 1 {
+		t.Errorf("%d writes for a takeover and two renewals within %v, want 1", n, interval)
+	}
+	time.Sleep(interval) // the interval itself is what is tested
+	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes(); n != 2 {
+		t.Errorf("%d writes after the interval, want 2", n)
 	}
 }

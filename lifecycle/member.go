@@ -148,7 +148,9 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	}
 	for {
 		logger.Info("Standing by for the Lease", "lease", p.opts.LeaderElectionNamespace+"/"+m.leaseName, "identity", p.opts.LeaderElectionIdentity)
-		lock := newTermLock(m.lock, p.opts.RenewDeadline)
+		// client-go renews every retry period; its acquire and first renewal, right after
+		// the write that took the Lease, need no write of their own.
+		lock := newTermLock(m.lock, p.opts.RenewDeadline, p.opts.RetryPeriod/2)
 		if !acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
 			// A standby has nothing in flight: it exits 0 at once (P4).
 			logger.Info("Standby stopping")
