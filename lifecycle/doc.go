@@ -33,10 +33,12 @@
 //     before those that start it (StartingWork); from the end of intake on no new CSI call
 //     starts, so a drain waits only for the calls in the driver and their writes.
 //
-// How a term ends (drained, fenced, drain deadline with or without calls in the driver,
-// driver lost idle or busy, stopped before leading, lost the race) and what that means for
-// the exit code and the Lease is decided in one table, endings in member.go. When one of several hosted sidecars ends on its own, the
-// process stops: the others drain and release, and the exit code is the worst of them.
+// How a replica ends (each way is a row: drained, fenced, a drain deadline with or without
+// calls in the driver, the driver lost, a standby stopping...) and what that means for the
+// exit code and the Lease is decided in one table, endings in member.go, which the README
+// shows (a test keeps the two equal); nothing else sets an exit code or releases a Lease.
+// When one of several hosted sidecars ends on its own, the process stops: the others drain
+// and release, and the exit code is the worst of them.
 //
 // Acquiring the Lease is done here (watch-triggered, see lease.go) because client-go's
 // LeaderElector only polls every retry period and trusts any record of its own identity;

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,30 +36,81 @@ const (
 	endDrainDeadline                   // --drain-timeout ran out; calls were cancelled
 	endDrainDeadlineIdle               // --drain-timeout ran out with no call in the driver; writes were cancelled
 	endLeaseLost                       // renewals failed, the renew deadline passed, or another record was written
+	endStandbyStopped                  // stopped without leading: a standby, or during start-up
+	endStandbyDriverLost               // the driver went away while not leading
 )
 
-// endings decides, in one place, what each ending means for the process. The Lease is
-// released only when nothing this term started can still be running in the driver: Run
-// has returned, so every worker has finished its call. Otherwise it is left to expire, so
-// that no other replica calls the driver for a volume while the driver may still work on
-// this one's call (P3, P6, P11). A lost Lease is not ours to write at all.
+// leaseFate is what an ending does with the Lease.
+type leaseFate int
+
+const (
+	leaseReleased leaseFate = iota // the holder is emptied: a standby takes over at once
+	leaseKept                      // left to expire: calls of the term may still run in the driver
+	leaseNotOurs                   // another record is in it: not ours to write
+	leaseNotHeld                   // this replica does not hold it
+)
+
+func (f leaseFate) String() string {
+	return [...]string{"released", "kept: it expires", "not ours: untouched", "untouched"}[f]
+}
+
+// endings decides, in one place, what each ending means for the process: its exit code and
+// the Lease. The Lease is released only when nothing this term started can still be
+// running in the driver: Run has returned, so every worker has finished its call. Otherwise
+// it is left to expire, so that no other replica calls the driver for a volume while the
+// driver may still work on this one's call (P3, P6, P11). A lost Lease is not ours to write
+// at all. The README's table is this one (TestTheREADMEShowsTheEndingsTable).
 var endings = [...]struct {
-	code    int
-	release bool
-	outcome string // the outcome label of csi_sidecars_drain_duration_seconds when not released
+	code  int
+	lease leaseFate
+	// outcome is the label of csi_sidecars_drain_duration_seconds when the Lease is kept.
+	outcome string
+	// what is the row's first column in the README.
+	what string
 }{
-	endDrained:        {ExitOK, true, ""},
-	endRunFailed:      {ExitError, true, ""},
-	endReturnedEarly:  {ExitError, true, ""},
-	endStoppedEarly:   {ExitOK, true, ""},
-	endDriverLostIdle: {ExitError, true, ""},
-	endDriverLostBusy: {ExitError, false, "driver_lost"},
-	endDrainDeadline:  {ExitError, false, "deadline"},
+	endDrained:       {ExitOK, leaseReleased, "", "clean drain after SIGTERM/SIGINT"},
+	endStoppedEarly:  {ExitOK, leaseReleased, "", "the process stopped between taking the Lease and leading"},
+	endRunFailed:     {ExitError, leaseReleased, "", "the sidecar returned an error while draining (its workers have returned)"},
+	endReturnedEarly: {ExitError, leaseReleased, "", "the sidecar returned on its own while leading (its workers have returned)"},
 	// Only API writes were left (throttled, or an API server that does not answer): the
 	// next leader redoes them, and nothing of this term runs in the driver (P14).
-	endDrainDeadlineIdle: {ExitError, true, ""},
-	endLeaseLost:         {ExitError, false, "lease_lost"},
+	endDrainDeadlineIdle: {ExitError, leaseReleased, "", "`--drain-timeout` ran out with no call in the driver (API writes left)"},
+	endDriverLostIdle:    {ExitError, leaseReleased, "", "CSI driver lost while no call was in flight"},
+	endDriverLostBusy:    {ExitError, leaseKept, "driver_lost", "CSI driver lost (also during a drain) while calls were in flight"},
+	endDrainDeadline:     {ExitError, leaseKept, "deadline", "`--drain-timeout` ran out with calls in the driver"},
+	endLeaseLost:         {ExitError, leaseNotOurs, "lease_lost", "Lease lost: renew deadline passed, client-go gave up, or another record was written"},
+	endStandbyStopped:    {ExitOK, leaseNotHeld, "", "a standby stopping (or a replica stopped during start-up)"},
+	endStandbyDriverLost: {ExitError, leaseNotHeld, "", "CSI driver lost while not leading"},
 }
+
+// endingsTable is the endings table in Markdown, as the README shows it.
+func endingsTable() string {
+	var b strings.Builder
+	b.WriteString("| term ended by | exit | Lease |\n|---|---|---|\n")
+	for _, e := range endings {
+		fmt.Fprintf(&b, "| %s | %d | %s |\n", e.what, e.code, e.lease)
+	}
+	return b.String()
+}
+
+// driverLossOf is the row of an ending when the CSI driver was lost meanwhile: an ending
+// that would be clean was the driver's loss. (A leader's term tells the loss apart itself,
+// with or without calls in flight.)
+func (p *process) driverLossOf(end ending) ending {
+	if !p.isDriverLost() {
+		return end
+	}
+	switch end {
+	case endStandbyStopped:
+		return endStandbyDriverLost
+	case endStoppedEarly, endDrained:
+		return endDriverLostIdle
+	}
+	return end
+}
+
+// code is the exit code of an ending, by the table.
+func (p *process) code(end ending) int { return endings[p.driverLossOf(end)].code }
 
 // member is one hosted sidecar: its Env, its Ops() context and, with leader election, its
 // own Lease.
@@ -144,7 +196,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	}
 	if err := m.watch.start(ctx, p.intake, m.watchKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
-		return p.exitCode(ExitOK)
+		return p.code(endStandbyStopped)
 	}
 	for {
 		logger.Info("Standing by for the Lease", "lease", p.opts.LeaderElectionNamespace+"/"+m.leaseName, "identity", p.opts.LeaderElectionIdentity)
@@ -154,7 +206,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 		if !acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
 			// A standby has nothing in flight: it exits 0 at once (P4).
 			logger.Info("Standby stopping")
-			return p.exitCode(ExitOK)
+			return p.code(endStandbyStopped)
 		}
 		logger.Info("Acquired the Lease", "lease", m.leaseName)
 		if end, ok := m.hold(ctx, p, lock); ok {
@@ -353,6 +405,7 @@ func (m *member) fence(ctx context.Context, t term, stopIntake context.CancelFun
 // leader election.
 func (m *member) finish(ctx context.Context, p *process, lock *termLock, end ending) int {
 	logger := klog.FromContext(ctx)
+	end = p.driverLossOf(end)
 	rule := endings[end]
 	outcome := rule.outcome
 	elapsed, stopping := p.drainTime()
@@ -362,7 +415,7 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	switch {
 	case lock == nil:
 		outcome = "no_lease"
-	case !rule.release:
+	case rule.lease != leaseReleased:
 		lock.close()
 		logger.Info("Leaving the Lease to expire: calls of this term may still run in the driver, or the Lease is no longer ours", "lease", m.leaseName)
 	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
@@ -384,5 +437,5 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	if end != endStoppedEarly && stopping {
 		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
 	}
-	return p.exitCode(rule.code)
+	return rule.code
 }

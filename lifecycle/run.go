@@ -136,7 +136,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	}
 	if err := p.waitForAPIServer(p.intake, kube); err != nil {
 		logger.Info("Stopped while waiting for the API server", "reason", err.Error())
-		return p.exitCode(ExitOK)
+		return p.code(endStandbyStopped)
 	}
 
 	p.health.setNotReady("connecting to the CSI driver at " + p.opts.CSIAddress)
@@ -147,7 +147,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	if err != nil {
 		if p.intake.Err() != nil {
 			logger.Info("Stopped while connecting to the CSI driver", "reason", err.Error())
-			return p.exitCode(ExitOK)
+			return p.code(endStandbyStopped)
 		}
 		logger.Error(err, "Cannot use the CSI driver")
 		return ExitError
@@ -202,7 +202,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	for typ, ok := range factory.WaitForCacheSync(p.intake.Done()) {
 		if !ok {
 			logger.Info("Stopped while waiting for informer caches", "type", typ.String())
-			return p.exitCode(ExitOK)
+			return p.code(endStandbyStopped)
 		}
 	}
 	p.health.setNotReady("")
@@ -224,16 +224,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	code := ExitOK
 	for _, c := range codes {
 		code = max(code, c)
-	}
-	return p.exitCode(code)
-}
-
-// exitCode raises code to ExitError when the driver connection was lost.
-func (p *process) exitCode(code int) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.driverLost {
-		return max(code, ExitError)
 	}
 	return code
 }
