@@ -456,3 +456,25 @@ func TestQueuesReportTheirBacklog(t *testing.T) {
 		t.Errorf("backlog %v, want the PV queue reported, empty", waiting())
 	}
 }
+
+// Without --max-entries the reconciler still pages (listPage per page): one answer with
+// every volume would exceed gRPC's message limit in a large cluster.
+func TestReconcilerPagesWithoutMaxEntries(t *testing.T) {
+	backend, err := testdriver.New(testdriver.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := csi.NewControllerClient(serve(t, backend))
+	for i := range listPage + 1 {
+		createVolume(t, client, fmt.Sprintf("v-%d", i))
+	}
+	cfg := defaultConfig()
+	cfg.maxEntries = 0
+	f := newFixture(t, cfg, backend, newCSINode(testNode, testNodeID))
+	if err := f.ctrl.reconcileOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countCalls(backend.Journal(), testdriver.MethodListVolumes); n != 2 {
+		t.Errorf("%d ListVolumes calls for %d volumes, want 2 pages", n, listPage+1)
+	}
+}

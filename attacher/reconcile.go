@@ -92,13 +92,23 @@ func (c *Controller) publishedAs(logger klog.Logger, va *storagev1.VolumeAttachm
 	return handle, nodeID, nil
 }
 
-// listPublished pages through ListVolumes (--max-entries per page) and returns the nodes
-// each volume is published to.
+// listPage is the ListVolumes page size when --max-entries is 0. Upstream then asks for every
+// volume in one answer, which past some ten thousand volumes exceeds gRPC's 4 MiB message
+// limit, and the reconciler fails on every run; CSI requires a driver with LIST_VOLUMES to
+// honour max_entries.
+const listPage = 1000
+
+// listPublished pages through ListVolumes (--max-entries per page, else listPage) and
+// returns the nodes each volume is published to.
 func (c *Controller) listPublished(ctx context.Context) (map[string][]string, error) {
 	published := map[string][]string{}
+	page := int32(c.maxEntries)
+	if page == 0 {
+		page = listPage
+	}
 	token := ""
 	for {
-		rsp, err := c.csi.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: int32(c.maxEntries), StartingToken: token})
+		rsp, err := c.csi.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: page, StartingToken: token})
 		if err != nil {
 			return nil, fmt.Errorf("failed to list volumes: %w", err)
 		}
