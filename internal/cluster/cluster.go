@@ -86,6 +86,10 @@ type Options struct {
 	// Driver is the CSI driver every node has installed: it gets a CSIDriver object
 	// (attachRequired) and an entry in each node's CSINode. Empty: no CSI objects.
 	Driver string
+	// MoreDrivers are further CSI drivers every node has installed, each set up as
+	// Driver is, with the same node IDs and TopologyKey: a second driver under test that
+	// must not share the first one's objects.
+	MoreDrivers []string
 	// NodeID maps a node name to the driver's node ID for it (the CSINode entry and the
 	// csi.volume.kubernetes.io/nodeid annotation). Default: the node name.
 	NodeID func(node string) string
@@ -169,7 +173,7 @@ func checkBinaries(dir string) error {
 }
 
 // Start registers the nodes (with their CSINodes and Leases, heartbeats running) and the
-// CSIDriver, starts kube-controller-manager and kube-scheduler against cp, and returns once
+// CSIDrivers, starts kube-controller-manager and kube-scheduler against cp, and returns once
 // both serve their health endpoints and every node has lost the not-ready taint (so Pods
 // can be scheduled there). ctx bounds the start. Stop ends the cluster; a failed Start has
 // cleaned up after itself already.
@@ -331,6 +335,15 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// drivers are Driver and MoreDrivers.
+func (c *Cluster) drivers() []string {
+	var out []string
+	if c.opts.Driver != "" {
+		out = append(out, c.opts.Driver)
+	}
+	return append(out, c.opts.MoreDrivers...)
+}
+
 // Nodes are the fake nodes' names.
 func (c *Cluster) Nodes() []string { return slices.Clone(c.nodes) }
 
@@ -378,7 +391,7 @@ func (c *Cluster) Diagnostics() string {
 }
 
 // Stop ends the heartbeats, kills kube-scheduler and kube-controller-manager and deletes
-// the objects Start created (Nodes, their Leases and CSINodes, the CSIDriver). Pods and
+// the objects Start created (Nodes, their Leases and CSINodes, the CSIDrivers). Pods and
 // claims are the test's to delete. It is idempotent and a nil Cluster is a no-op.
 func (c *Cluster) Stop() error {
 	if c == nil {

@@ -230,3 +230,160 @@ func TestSummaryThroughputIsPodsOverTheSpansWholeTime(t *testing.T) {
 		t.Errorf("summary %+v, want 4 Pods at 0.8 per second, p50 2s", r)
 	}
 }
+
+// A Pod deleted and created again for its bound claim goes through its own stages anew:
+// scheduled and attached on the new Pod's objects, not the old one's.
+func TestRecreatedPodIsTrackedAnew(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kube := fake.NewClientset()
+	const ns, driver, node = "ns", "d.csi.test", "n1"
+	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	wait := func(stage Stage) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := w.Wait(wctx, stage); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.CreatePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RecreatePod(ctx, "app"); err == nil {
+		t.Error("RecreatePod of a Pod that was not deleted succeeded")
+	}
+	pods, vas := kube.CoreV1().Pods(ns), kube.StorageV1().VolumeAttachments()
+	claim, err := kube.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"},
+		Spec: corev1.PersistentVolumeSpec{
+			ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: "app", UID: claim.UID},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: "vol-1"}},
+		},
+	}
+	if _, err := kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	schedule := func() {
+		t.Helper()
+		pod, err := pods.Get(ctx, "app", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Spec.NodeName = node
+		if _, err := pods.Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach := func() {
+		t.Helper()
+		va := &storagev1.VolumeAttachment{
+			ObjectMeta: metav1.ObjectMeta{Name: "csi-1"},
+			Spec:       storagev1.VolumeAttachmentSpec{Attacher: driver, NodeName: node, Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pvc-1")}},
+			Status:     storagev1.VolumeAttachmentStatus{Attached: true},
+		}
+		if _, err := vas.Create(ctx, va, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	schedule()
+	attach()
+	wait(Attached)
+	first, _ := w.Item("app")
+	if err := w.DeletePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := vas.Delete(ctx, "csi-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Detached)
+
+	if err := w.RecreatePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := pods.Get(ctx, "app", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].PersistentVolumeClaim == nil || pod.Spec.Volumes[0].PersistentVolumeClaim.ClaimName != "app" {
+		t.Errorf("recreated Pod's volumes: %+v; want the claim app", pod.Spec.Volumes)
+	}
+	it, _ := w.Item("app")
+	for _, s := range []Stage{Scheduled, Attached, PodDeleted, Detached} {
+		if !it.Times[s].IsZero() {
+			t.Errorf("stage %s of the old Pod kept after RecreatePod", s)
+		}
+	}
+	if it.Node != "" || it.VolumeAttachment != "" || !it.Times[Provisioned].Equal(first.Times[Provisioned]) {
+		t.Errorf("after RecreatePod: %+v; want no node, no VolumeAttachment, the claim's stages kept", it)
+	}
+	schedule()
+	wait(Scheduled)
+	attach()
+	wait(Attached)
+	again, _ := w.Item("app")
+	if !again.Times[Attached].After(first.Times[Attached]) || again.Node != node || again.VolumeAttachment != "csi-1" {
+		t.Errorf("recreated Pod: %+v; want attached anew on %s", again, node)
+	}
+	// The new Pod is the one DeletePod deletes.
+	if err := w.DeletePod(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pods.Get(ctx, "app", metav1.GetOptions{}); err == nil {
+		t.Error("the recreated Pod is still there after DeletePod")
+	}
+}
+
+// Every driver of MoreDrivers is installed on each node as Driver is: a CSIDriver, an entry
+// in the CSINode and in the node ID annotation; unregister deletes their CSIDrivers.
+func TestMoreDriversAreInstalledOnEveryNode(t *testing.T) {
+	ctx := context.Background()
+	kube := fake.NewClientset()
+	c := &Cluster{kube: kube, opts: Options{Driver: "a.csi.test", MoreDrivers: []string{"b.csi.test"}, TopologyKey: "topo"},
+		nodes: []string{"n0"}, nodeID: map[string]string{"n0": "id0"}}
+	if err := c.register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	csiNode, err := kube.StorageV1().CSINodes().Get(ctx, "n0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := kube.CoreV1().Nodes().Get(ctx, "n0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"a.csi.test", "b.csi.test"} {
+		if _, err := kube.StorageV1().CSIDrivers().Get(ctx, d, metav1.GetOptions{}); err != nil {
+			t.Errorf("CSIDriver %s: %v", d, err)
+		}
+		found := false
+		for _, e := range csiNode.Spec.Drivers {
+			if e.Name == d && e.NodeID == "id0" && len(e.TopologyKeys) == 1 && e.TopologyKeys[0] == "topo" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("CSINode n0 lacks %s with node ID id0 and key topo: %+v", d, csiNode.Spec.Drivers)
+		}
+		if want := `"` + d + `":"id0"`; !strings.Contains(node.Annotations[annCSINodeID], want) {
+			t.Errorf("node ID annotation %q lacks %s", node.Annotations[annCSINodeID], want)
+		}
+	}
+	if node.Labels["topo"] != "id0" {
+		t.Errorf("node labels %v; want topo=id0", node.Labels)
+	}
+	if err := c.unregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := kube.StorageV1().CSIDrivers().List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
+		t.Errorf("CSIDrivers after unregister: %+v, %v", list, err)
+	}
+}

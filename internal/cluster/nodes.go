@@ -38,12 +38,12 @@ func defaultNodeCapacity() map[string]string {
 	return map[string]string{"cpu": "8", "memory": "32Gi", "pods": "110"}
 }
 
-// register creates the CSIDriver and, for each node, the Node (Ready, with capacity), its
-// Lease and its CSINode, as the kubelet and the node plugin's registrar would.
+// register creates the CSIDrivers and, for each node, the Node (Ready, with capacity), its
+// Lease and its CSINode, as the kubelet and the node plugins' registrars would.
 func (c *Cluster) register(ctx context.Context) error {
-	if c.opts.Driver != "" {
+	for _, name := range c.drivers() {
 		driver := &storagev1.CSIDriver{
-			ObjectMeta: metav1.ObjectMeta{Name: c.opts.Driver},
+			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: storagev1.CSIDriverSpec{
 				AttachRequired:       ptr.To(true),
 				PodInfoOnMount:       ptr.To(false),
@@ -51,7 +51,7 @@ func (c *Cluster) register(ctx context.Context) error {
 			},
 		}
 		if _, err := c.kube.StorageV1().CSIDrivers().Create(ctx, driver, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("cluster: create CSIDriver %s: %w", c.opts.Driver, err)
+			return fmt.Errorf("cluster: create CSIDriver %s: %w", name, err)
 		}
 	}
 	if len(c.nodes) > 0 {
@@ -87,8 +87,13 @@ func (c *Cluster) registerNode(ctx context.Context, name string, capacity corev1
 		corev1.LabelArchStable: "amd64",
 	}
 	annotations := map[string]string{AnnControllerManagedAttach: "true"}
-	if c.opts.Driver != "" {
-		nodeIDs, _ := json.Marshal(map[string]string{c.opts.Driver: id})
+	drivers := c.drivers()
+	if len(drivers) > 0 {
+		ids := map[string]string{}
+		for _, d := range drivers {
+			ids[d] = id
+		}
+		nodeIDs, _ := json.Marshal(ids)
 		annotations[annCSINodeID] = string(nodeIDs)
 		if c.opts.TopologyKey != "" {
 			labels[c.opts.TopologyKey] = id
@@ -133,16 +138,16 @@ func (c *Cluster) registerNode(ctx context.Context, name string, capacity corev1
 	if _, err := c.kube.CoordinationV1().Leases(nodeLeaseNamespace).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("cluster: create the Lease of Node %s: %w", name, err)
 	}
-	if c.opts.Driver == "" {
+	if len(drivers) == 0 {
 		return nil
 	}
-	entry := storagev1.CSINodeDriver{Name: c.opts.Driver, NodeID: id}
-	if c.opts.TopologyKey != "" {
-		entry.TopologyKeys = []string{c.opts.TopologyKey}
-	}
-	csiNode := &storagev1.CSINode{
-		ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: owner},
-		Spec:       storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{entry}},
+	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: owner}}
+	for _, d := range drivers {
+		entry := storagev1.CSINodeDriver{Name: d, NodeID: id}
+		if c.opts.TopologyKey != "" {
+			entry.TopologyKeys = []string{c.opts.TopologyKey}
+		}
+		csiNode.Spec.Drivers = append(csiNode.Spec.Drivers, entry)
 	}
 	if _, err := c.kube.StorageV1().CSINodes().Create(ctx, csiNode, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("cluster: create CSINode %s: %w", name, err)
@@ -170,8 +175,8 @@ func (c *Cluster) unregister(ctx context.Context) error {
 		keep(c.kube.CoordinationV1().Leases(nodeLeaseNamespace).Delete(ctx, name, metav1.DeleteOptions{}))
 		keep(c.kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}))
 	}
-	if c.opts.Driver != "" {
-		keep(c.kube.StorageV1().CSIDrivers().Delete(ctx, c.opts.Driver, metav1.DeleteOptions{}))
+	for _, d := range c.drivers() {
+		keep(c.kube.StorageV1().CSIDrivers().Delete(ctx, d, metav1.DeleteOptions{}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cluster: delete the nodes' objects: %w", err)

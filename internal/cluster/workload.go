@@ -124,8 +124,9 @@ type WorkloadOptions struct {
 }
 
 // Workload creates Pods, each with a new claim of its own of one WaitForFirstConsumer
-// StorageClass, grows and deletes the claims, and records when each Pod reached each
-// Stage. A Pod and its claim have the same name. Its methods are safe for concurrent use.
+// StorageClass, deletes and recreates the Pods, grows and deletes the claims, and records
+// when each Pod reached each Stage. A Pod and its claim have the same name. Its methods are
+// safe for concurrent use.
 type Workload struct {
 	kube    kubernetes.Interface
 	opts    WorkloadOptions
@@ -295,6 +296,22 @@ func (w *Workload) CreatePod(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("cluster: create claim %s: %w", name, err)
 	}
+	pod, err := w.createPod(ctx, name)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	it := &item{name: name, claimUID: claim.UID, podUID: pod.UID, times: map[Stage]time.Time{}}
+	w.items[name] = it
+	w.order = append(w.order, name)
+	w.recordLocked(it, PodCreated, time.Now())
+	w.evaluateLocked(it, time.Now())
+	w.mu.Unlock()
+	return nil
+}
+
+// createPod creates the Pod name, which mounts the claim of the same name.
+func (w *Workload) createPod(ctx context.Context, name string) (*corev1.Pod, error) {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: w.opts.Namespace},
 		Spec: corev1.PodSpec{
@@ -310,17 +327,41 @@ func (w *Workload) CreatePod(ctx context.Context, name string) error {
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
 		},
 	}
-	pod, err = w.kube.CoreV1().Pods(w.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	pod, err := w.kube.CoreV1().Pods(w.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("cluster: create Pod %s: %w", name, err)
+		return nil, fmt.Errorf("cluster: create Pod %s: %w", name, err)
+	}
+	return pod, nil
+}
+
+// RecreatePod creates a deleted Pod again, with the same claim, as a rollout replaces a
+// Pod: once its claim is bound, kube-scheduler binds it to the volume's node at once and
+// kube-controller-manager attaches the volume there anew. The Pod's stages (Scheduled,
+// Attached, PodDeleted, Detached) are then recorded anew; the claim's stay. A
+// VolumeAttachment of the old Pod still present on the new Pod's node counts for it, as it
+// does for kube-controller-manager, so wait for Detached first to see a new attachment.
+func (w *Workload) RecreatePod(ctx context.Context, name string) error {
+	it, err := w.item(name)
+	if err != nil {
+		return err
 	}
 	w.mu.Lock()
-	it := &item{name: name, claimUID: claim.UID, podUID: pod.UID, times: map[Stage]time.Time{}}
-	w.items[name] = it
-	w.order = append(w.order, name)
-	w.recordLocked(it, PodCreated, time.Now())
-	w.evaluateLocked(it, time.Now())
+	_, deleted := it.times[PodDeleted]
 	w.mu.Unlock()
+	if !deleted {
+		return fmt.Errorf("cluster: recreate Pod %s: it was not deleted", name)
+	}
+	pod, err := w.createPod(ctx, name)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	it.podUID, it.node, it.va = pod.UID, "", ""
+	for _, s := range []Stage{Scheduled, Attached, PodDeleted, Detached} {
+		delete(it.times, s)
+	}
+	w.evaluateLocked(it, time.Now())
 	return nil
 }
 
@@ -364,9 +405,12 @@ func (w *Workload) DeletePod(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	w.mu.Lock()
+	uid := it.podUID // RecreatePod replaces it
+	w.mu.Unlock()
 	err = w.kube.CoreV1().Pods(w.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{
 		GracePeriodSeconds: ptr.To[int64](0),
-		Preconditions:      &metav1.Preconditions{UID: &it.podUID},
+		Preconditions:      &metav1.Preconditions{UID: &uid},
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: delete Pod %s: %w", name, err)
