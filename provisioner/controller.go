@@ -134,21 +134,16 @@ type controller struct {
 	// the informer sees them go: a retry of the API writes after it must not call the
 	// driver again.
 	deletedVolumes map[deletedKey]struct{}
-	// savedVolumes holds, with when, the PersistentVolumes this process saved that the
-	// cache may not show yet: the claim's own update (its record dropped) can come first,
-	// and a claim that looks unprovisioned would be planned, recorded and created again.
-	savedVolumes map[string]time.Time
+	// ownPVs reads the PersistentVolume cache through the PersistentVolumes this process
+	// saved: a sync of the claim can come before the informer shows one, and a claim that
+	// looks unprovisioned would be planned, recorded and created again.
+	ownPVs *lifecycle.OwnWrites[*v1.PersistentVolume]
 }
-
-// savedMemory bounds how long a saved PersistentVolume counts as existing without the
-// cache showing it: far beyond an informer's lag; past it, the worst is one more
-// idempotent CreateVolume.
-const savedMemory = time.Minute
 
 // newController wires the listers, handlers and queues on factory. It must run before the
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
-	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}, savedVolumes: map[string]time.Time{}}
+	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}}
 	queue := func(name string) *lifecycle.Queue[string] {
 		return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: name, RetryStart: cfg.opts.retryIntervalStart, RetryMax: cfg.opts.retryIntervalMax,
 			Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
@@ -212,12 +207,8 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	}); err != nil {
 		return nil, err
 	}
-	if _, err := volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.forgetSaved,
-		UpdateFunc: func(_, obj any) { c.forgetSaved(obj) },
-		DeleteFunc: c.forgetSaved,
-	}); err != nil {
-		return nil, err
+	if c.ownPVs, err = lifecycle.NewOwnCreations[*v1.PersistentVolume](klog.Background(), volumes.Informer()); err != nil {
+		return nil, fmt.Errorf("PersistentVolume cache: %w", err)
 	}
 
 	if cfg.topology {
@@ -376,40 +367,8 @@ func (c *controller) finish(uid string, p *plan) {
 // pvExists tells whether the PersistentVolume is in the cache, or was saved by this
 // process a moment ago and the cache does not show it yet.
 func (c *controller) pvExists(name string) bool {
-	// The note first: the informer adds to its store before its handler drops the note,
-	// so a note gone means the store has the PersistentVolume.
-	c.mu.Lock()
-	at, noted := c.savedVolumes[name]
-	if noted && time.Since(at) > savedMemory {
-		delete(c.savedVolumes, name)
-		noted = false
-	}
-	c.mu.Unlock()
-	if noted {
-		return true
-	}
-	_, err := c.volumes.Get(name)
-	return err == nil
-}
-
-// rememberSaved notes a PersistentVolume this process saved, until the cache shows it.
-func (c *controller) rememberSaved(name string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.savedVolumes[name] = time.Now()
-}
-
-// forgetSaved drops the note once the cache has seen the PersistentVolume (or its
-// deletion).
-func (c *controller) forgetSaved(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	if pv, ok := obj.(*v1.PersistentVolume); ok {
-		c.mu.Lock()
-		delete(c.savedVolumes, pv.Name)
-		c.mu.Unlock()
-	}
+	_, ok, err := c.ownPVs.Get(name)
+	return err == nil && ok
 }
 
 // startingWork is the context of the API requests that start a provisioning (its plan's
@@ -676,7 +635,6 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		c.recorder.Eventf(p.claim, v1.EventTypeWarning, "ProvisioningFailed", "volume %s created but its PersistentVolume could not be saved: %v", p.pvName, err)
 		return err
 	}
-	c.rememberSaved(pv.Name)
 	c.capacityChanged(p.class.Name, resp.GetVolume().GetAccessibleTopology())
 	logger.V(2).Info("Provisioned", "pv", pv.Name, "volumeHandle", id, "migrated", p.pv.migrated)
 	// The PersistentVolume records the volume now: upstream's ProvisioningSucceeded event

@@ -25,9 +25,10 @@ func savePVBackoff() wait.Backoff {
 func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error {
 	var lastErr error
 	err := wait.ExponentialBackoffWithContext(ctx, savePVBackoff(), func(ctx context.Context) (bool, error) {
-		_, err := c.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
+		created, err := c.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
 		switch {
 		case err == nil:
+			c.ownPVs.Wrote(created)
 			return true, nil
 		case apierrors.IsAlreadyExists(err):
 			existing, getErr := c.kube.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
@@ -38,6 +39,7 @@ func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error 
 			if ref := existing.Spec.ClaimRef; ref == nil || ref.UID != pv.Spec.ClaimRef.UID {
 				return false, fmt.Errorf("PersistentVolume %s exists for another claim", pv.Name)
 			}
+			c.ownPVs.Wrote(existing)
 			return true, nil
 		default:
 			klog.FromContext(ctx).Info("Saving PersistentVolume failed, retrying", "pv", pv.Name, "err", err.Error())
