@@ -48,7 +48,16 @@
 // What sidecars share beyond the process: the informer caches, whose transform
 // (NewCacheTransform) drops what no sidecar reads and holds repeated strings and equal maps
 // once (cached objects are read-only); one way to build a queue (NewQueue); and one way to
-// read a cache through a sidecar's own writes (OwnWrites).
+// read a cache through a sidecar's own writes and creations (OwnWrites, NewOwnCreations).
+//
+// One way to write (P14): a sidecar writes an object from the freshest copy it knows, the
+// cache read through OwnWrites, never from a GET made for the write; an update carries that
+// copy's resourceVersion (a patch, where the RBAC grants one, carries only what changes),
+// and the answer goes back into OwnWrites. A conflict is returned to the queue, whose
+// backoff lets the cache catch up before the object is decided again: a retry loop of
+// GET and write would spend the budget twice per attempt on a contended object. A write
+// that starts work runs on StartingWork; one that records a result or removes a finalizer
+// on Ops().
 //
 // The package never imports a sidecar. One process may host several sidecars at once, each
 // with its own Lease, sharing the signal handler, HTTP server, CSI connection and informer

@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -59,6 +58,8 @@ type snapshotWatch struct {
 	client   snapclientset.Interface
 	informer cache.SharedIndexInformer
 	lister   snaplisters.VolumeSnapshotLister
+	// own reads the informer's cache through this process's own writes of snapshots.
+	own *lifecycle.OwnWrites[*snapshotv1.VolumeSnapshot]
 	// updateForbidden and watchForbidden warn, once each, that the RBAC lacks a verb
 	// upstream's grants only from v6.2 on.
 	updateForbidden *forbiddenWarning
@@ -90,6 +91,11 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 			consequence: "the snapshot cache is refreshed by relisting every snapshot, with backoff, instead of watching",
 		},
 	}
+	own, err := lifecycle.NewOwnWrites[*snapshotv1.VolumeSnapshot](klog.Background(), informer)
+	if err != nil {
+		return fmt.Errorf("snapshot cache: %w", err)
+	}
+	c.snapshots.own = own
 	// Trimmed as the core's shared caches are (managedFields dropped): a standby keeps every
 	// snapshot of the cluster in memory (P7).
 	if err := informer.SetTransform(lifecycle.TrimForCache); err != nil {
@@ -99,7 +105,7 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 		return fmt.Errorf("setting the snapshot informer's watch error handler: %w", err)
 	}
 	// A snapshot that still carries our finalizer gets checked, e.g. on a new leader.
-	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueProtectedSnapshot,
 		UpdateFunc: func(_, obj any) { c.enqueueProtectedSnapshot(obj) },
 	})
@@ -189,11 +195,10 @@ func (c *controller) snapshotContentSource(ctx context.Context, claim *v1.Persis
 
 // claimByName returns the claim from the cache, nil when it is not there.
 func (c *controller) claimByName(namespace, name string) *v1.PersistentVolumeClaim {
-	obj, exists, err := c.claims.GetByKey(namespace + "/" + name)
-	if err != nil || !exists {
+	claim, ok, err := c.ownClaims.Get(namespace + "/" + name)
+	if err != nil || !ok {
 		return nil
 	}
-	claim, _ := obj.(*v1.PersistentVolumeClaim)
 	return claim
 }
 
@@ -370,30 +375,31 @@ func parseSourceKey(key string) (sourceRef, error) {
 	return ref, nil
 }
 
-// setClaimFinalizer adds or removes the cloning finalizer of a source claim.
+// setClaimFinalizer adds or removes the cloning finalizer of a source claim: one update of
+// the freshest copy this process knows (OwnWrites), with its resource version; a conflict
+// goes back to the queue, whose backoff lets the cache catch up (P14).
 func (c *controller) setClaimFinalizer(ctx context.Context, ref sourceRef, add bool) error {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	claims := c.kube.CoreV1().PersistentVolumeClaims(ref.namespace)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		claim, err := claims.Get(ctx, ref.name, metav1.GetOptions{})
-		if err != nil {
-			return err
+	claim := c.claimByName(ref.namespace, ref.name)
+	if claim == nil {
+		if add {
+			return fmt.Errorf("source claim %s not found", ref)
 		}
-		finalizers, changed := withFinalizer(claim.Finalizers, cloneProtectionFinalizer, add)
-		if !changed {
-			return nil
-		}
-		claim.Finalizers = finalizers
-		_, err = claims.Update(ctx, claim, metav1.UpdateOptions{})
-		return err
-	})
-	if apierrors.IsNotFound(err) && !add {
 		return nil
 	}
-	if err != nil {
+	finalizers, changed := withFinalizer(claim.Finalizers, cloneProtectionFinalizer, add)
+	if !changed {
+		return nil
+	}
+	update := claim.DeepCopy()
+	update.Finalizers = finalizers
+	out, err := c.kube.CoreV1().PersistentVolumeClaims(ref.namespace).Update(ctx, update, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsNotFound(err) && !add:
+		return nil
+	case err != nil:
 		return fmt.Errorf("setting finalizer %s on claim %s (add=%v): %w", cloneProtectionFinalizer, ref, add, err)
 	}
+	c.ownClaims.Wrote(out)
 	klog.FromContext(ctx).V(3).Info("Cloning protection changed", "claim", ref.String(), "protected", add)
 	return nil
 }
@@ -409,24 +415,25 @@ func (c *controller) setSnapshotFinalizer(ctx context.Context, ref sourceRef, ad
 		return nil
 	}
 	logger := klog.FromContext(ctx)
-	ctx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	snaps := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace)
-	changed := false
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		snap, err := snaps.Get(ctx, ref.name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		finalizers, change := withFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
-		if !change {
-			return nil
-		}
-		snap.Finalizers = finalizers
-		_, err = snaps.Update(ctx, snap, metav1.UpdateOptions{})
-		changed = err == nil
-		return err
-	})
+	snap, ok, err := c.snapshots.own.Get(ref.namespace + "/" + ref.name)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading snapshot %s from the cache: %w", ref, err)
+	case !ok && add:
+		return fmt.Errorf("source snapshot %s not found", ref)
+	case !ok:
+		return nil
+	}
+	finalizers, changed := withFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
+	if !changed {
+		return nil
+	}
+	update := snap.DeepCopy()
+	update.Finalizers = finalizers
+	out, err := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Update(ctx, update, metav1.UpdateOptions{})
+	if err == nil {
+		c.snapshots.own.Wrote(out)
+	}
 	switch {
 	case apierrors.IsNotFound(err) && !add:
 		return nil
