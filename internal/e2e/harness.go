@@ -170,8 +170,41 @@ func (s *Scenario) StartUpstream(name, binary string, extra ...string) *Replica 
 	return s.start(name, binary, nil, extra)
 }
 
+// setHostname is a shell script that names its UTS namespace $0 and then runs its
+// arguments in its place.
+const setHostname = `echo "$0" > /proc/sys/kernel/hostname && exec "$@"`
+
+// StartUpstreamAs is StartUpstream in a UTS namespace of its own whose host name is host, as
+// in a pod of that name: upstream's sidecars take their leader-election identity from the
+// host name, so two replicas on one machine would otherwise share one identity and both
+// lead. The process is the upstream binary itself (the shell execs it), so signals reach it.
+// It needs what HostNames checks.
+func (s *Scenario) StartUpstreamAs(name, host, binary string, extra ...string) *Replica {
+	s.T.Helper()
+	return s.startIn(name, "/bin/sh", []string{"-c", setHostname, host, binary}, extra, syscall.CLONE_NEWUTS)
+}
+
+// HostNames tells whether StartUpstreamAs can run here: nil when a child process may have a
+// UTS namespace and a host name of its own (root, or CAP_SYS_ADMIN, and a writable
+// /proc/sys), else why not.
+func HostNames() error {
+	cmd := exec.Command("/bin/sh", "-c", setHostname, "csi-sidecars-probe", "cat", "/proc/sys/kernel/hostname")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "csi-sidecars-probe" {
+		return fmt.Errorf("e2e: no host name of its own for a replica (a UTS namespace needs CAP_SYS_ADMIN and a writable /proc/sys): %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // start runs binary with lead, the shared flags and then extra as its arguments.
 func (s *Scenario) start(name, binary string, lead, extra []string) *Replica {
+	s.T.Helper()
+	return s.startIn(name, binary, lead, extra, 0)
+}
+
+// startIn is start with namespaces of its own for the process (syscall.CLONE_NEW* flags).
+func (s *Scenario) startIn(name, binary string, lead, extra []string, namespaces uintptr) *Replica {
 	s.T.Helper()
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, name+".sock"))
 	if err != nil {
@@ -199,7 +232,7 @@ func (s *Scenario) start(name, binary string, lead, extra []string) *Replica {
 	}
 	r.cmd.Stdout = logFile
 	r.cmd.Stderr = io.MultiWriter(logFile, r.stderr)
-	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: namespaces}
 	if err := r.cmd.Start(); err != nil {
 		s.T.Fatal(err)
 	}
