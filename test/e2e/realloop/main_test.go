@@ -20,6 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,17 +42,22 @@ var (
 	// auditLog is the API server's audit log: every write at Metadata level, events' with
 	// their body (auditPolicy).
 	auditLog string
-	// upstreamBinaries are upstream's sidecars by name, built by TestMain when benchmarks
-	// run (so a first build, minutes, does not count against -timeout); nil otherwise.
+	// upstreamBinaries are upstream's sidecars by name, built (or found cached) by TestMain
+	// whenever a control plane runs, for the benchmarks and the rolling upgrade from
+	// upstream's images (so a first build, minutes once per machine, does not count against
+	// -timeout); nil otherwise.
 	upstreamBinaries map[string]upstream.Binary
 
-	flagUpstream     = flag.Bool("realloop.upstream", true, "benchmark upstream's sidecars too, built from git mirrors (benchmark only)")
-	flagMirrors      = flag.String("realloop.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
-	flagLifePods     = flag.Int("realloop.life-pods", 30, "benchmark: Pods of the life run")
-	flagLifeInterval = flag.Duration("realloop.life-interval", 2*time.Second, "benchmark: a new Pod of the life run this often")
-	flagInUse        = flag.Duration("realloop.in-use", 10*time.Second, "benchmark: a life run's Pod is deleted this long after its volume is attached")
-	flagStream       = flag.Duration("realloop.stream", 40*time.Second, "benchmark: how long each goodput run offers new Pods")
-	flagIntervals    = flag.String("realloop.intervals", "1200ms,600ms,300ms", "benchmark: the goodput runs, a new Pod this often each (comma-separated durations)")
+	flagUpstream      = flag.Bool("realloop.upstream", true, "run upstream's sidecars too (the benchmarks, the rolling upgrade from upstream's images), built from git mirrors")
+	flagMirrors       = flag.String("realloop.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
+	flagLifePods      = flag.Int("realloop.life-pods", 30, "benchmark: Pods of the life run")
+	flagLifeInterval  = flag.Duration("realloop.life-interval", 2*time.Second, "benchmark: a new Pod of the life run this often")
+	flagInUse         = flag.Duration("realloop.in-use", 10*time.Second, "benchmark: a life run's Pod is deleted this long after its volume is attached")
+	flagStream        = flag.Duration("realloop.stream", 40*time.Second, "benchmark: how long each goodput run offers new Pods")
+	flagRollingEvery  = flag.Duration("realloop.rolling-every", 600*time.Millisecond, "benchmark: a new Pod of the rolling upgrade's stream this often")
+	flagRollingInUse  = flag.Duration("realloop.rolling-in-use", 5*time.Second, "benchmark: a rolling upgrade's Pod is deleted this long after its volume is attached")
+	flagRollingMargin = flag.Duration("realloop.rolling-margin", 10*time.Second, "benchmark: a rolling upgrade's Pods come this long before its first step and after its last")
+	flagIntervals     = flag.String("realloop.intervals", "1200ms,600ms,300ms", "benchmark: the goodput runs, a new Pod this often each (comma-separated durations)")
 )
 
 // auditPolicy logs every write at Metadata level, with the body of events (whose involved
@@ -94,9 +101,26 @@ func run(m *testing.M) int {
 		return 1
 	}
 	auditLog = log
-	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" && *flagUpstream && !testing.Short() &&
-		os.Getenv(controlplane.SkipEnv) != "1" {
+	if *flagUpstream && !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" && runsUpstream() {
 		upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
 	}
 	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
+}
+
+// upstreamTest is the test that runs upstream's binaries; the benchmarks do too.
+const upstreamTest = "TestRollingUpgradeFromUpstreamImages"
+
+// runsUpstream tells whether this run may need upstream's binaries: benchmarks run, or
+// -test.run may select upstreamTest. A run of other tests does not build them.
+func runsUpstream() bool {
+	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" {
+		return true
+	}
+	run := flag.Lookup("test.run")
+	if run == nil || run.Value.String() == "" {
+		return true
+	}
+	top, _, _ := strings.Cut(run.Value.String(), "/")
+	re, err := regexp.Compile(top)
+	return err != nil || re.MatchString(upstreamTest)
 }

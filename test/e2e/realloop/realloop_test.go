@@ -55,6 +55,20 @@ func (im implementation) start(s *e2e.Scenario, sidecar string) *e2e.Replica {
 // know), and the implementation's three sidecars, each with upstream's default flags.
 func newWorld(t testing.TB, nodes int, impl implementation) *world {
 	t.Helper()
+	w := newLoop(t, nodes, impl, func(w *world) {
+		w.provisioner = impl.start(w.Scenario, "provisioner")
+		w.attacher = impl.start(w.Scenario, "attacher")
+		w.resizer = impl.start(w.Scenario, "resizer")
+	})
+	w.waitLeading()
+	return w
+}
+
+// newLoop is newWorld's world without its sidecars: the scenario, the control loop and the
+// workload. startSidecars runs once the scenario exists and before the control loop
+// starts, so that the sidecars' start-up overlaps the control loop's.
+func newLoop(t testing.TB, nodes int, impl implementation, startSidecars func(*world)) *world {
+	t.Helper()
 	if noLoop != nil {
 		t.Skipf("no real control loop: %v", noLoop)
 	}
@@ -66,10 +80,7 @@ func newWorld(t testing.TB, nodes int, impl implementation) *world {
 	}
 	s := e2e.NewScenario(t, cp, binDir, testdriver.Config{Topology: true, Latency: 20 * time.Millisecond})
 	w := &world{Scenario: s, impl: impl}
-	// Processes first: their start-up overlaps the control loop's.
-	w.provisioner = impl.start(s, "provisioner")
-	w.attacher = impl.start(s, "attacher")
-	w.resizer = impl.start(s, "resizer")
+	startSidecars(w)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -96,7 +107,6 @@ func newWorld(t testing.TB, nodes int, impl implementation) *world {
 		}
 	})
 	t.Logf("kube-controller-manager and kube-scheduler serving, %d nodes schedulable, after %v", nodes, time.Since(began).Round(time.Millisecond))
-	w.waitLeading()
 	w.work, err = cluster.NewWorkload(ctx, s.Client, cluster.WorkloadOptions{Namespace: s.Namespace, Driver: s.Driver.DriverName()})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,760 @@
+package realloop
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner"
+	"github.com/csi-sidecars/csi-sidecars/resizer"
+)
+
+// A Deployment-style rolling upgrade of the controller pod under the real control loop,
+// while Pods with claims keep coming: two replicas at the start; each step starts a replica
+// with a new identity, waits until it is ready, SIGTERMs the oldest replica and waits for
+// its exit. The replicas run at upstream's default flags (--kube-api-qps=5,
+// --kube-api-burst=10, leader election with its default 15 s / 10 s / 5 s timings).
+const (
+	rollingSteps    = 4
+	rollingReplicas = 2
+	// gracePeriod is a pod's default terminationGracePeriodSeconds: a replica still
+	// running this long after SIGTERM is killed, as the kubelet would.
+	gracePeriod = 30 * time.Second
+	// stallTarget is what a handover should cost at most: the longest time in which work
+	// waited and no sidecar made a successful driver call. Printed, never asserted.
+	stallTarget = 500 * time.Millisecond
+)
+
+// sidecars are the three sidecars of a controller pod, in its containers' order.
+func sidecars() []lifecycle.Sidecar {
+	return []lifecycle.Sidecar{provisioner.New(), attacher.New(), resizer.New()}
+}
+
+// upstreamLeaseTimings are upstream's default Lease timings, which the harness replaces
+// with longer ones of its own.
+func upstreamLeaseTimings() []string {
+	return []string{"--leader-election-lease-duration=15s", "--leader-election-renew-deadline=10s", "--leader-election-retry-period=5s"}
+}
+
+// rollout is a variant of the rolling upgrade.
+type rollout struct {
+	name string
+	// from runs the starting replicas: ours or upstream's sidecars. The new replicas are
+	// always ours.
+	from implementation
+	// combined runs ours as one process per replica (`csi-sidecars --controllers=...`);
+	// otherwise a replica is one process per sidecar, as a pod of three containers.
+	combined bool
+}
+
+// load is the stream of Pods offered during a rolling upgrade.
+type load struct {
+	// every: a new Pod with a new claim this often, each living its life (bench_test.go's
+	// life: attached, every third claim grown, deleted inUse after its attachment, then
+	// its claim).
+	every, inUse time.Duration
+	// margin is how long Pods come before the first step and after the last one.
+	margin time.Duration
+}
+
+// testLoad is the short stream of the tests in make test.
+var testLoad = load{every: time.Second, inUse: 2 * time.Second, margin: 3 * time.Second}
+
+// Two csi-sidecars replicas of three single-sidecar processes each are replaced one by one,
+// four times, while Pods with claims come and go. Every old replica exits 0 and empties the
+// holder of each Lease it held; every claim goes through its whole life, nothing is left,
+// and no two driver calls on one volume ever ran at once.
+func TestRollingUpgradeOfSingleSidecarReplicas(t *testing.T) {
+	r := rollingUpgrade(t, rollout{name: "single-sidecar", from: ours}, testLoad)
+	r.log(t)
+}
+
+// The same with one `csi-sidecars --controllers=attacher,provisioner,resizer` process per
+// replica: one SIGTERM hands over all three Leases.
+func TestRollingUpgradeOfCombinedReplicas(t *testing.T) {
+	r := rollingUpgrade(t, rollout{name: "combined", from: ours, combined: true}, testLoad)
+	r.log(t)
+}
+
+// An image swap: the starting replicas run upstream's three sidecars (built from git
+// mirrors; skipped without them) and every new one is ours, single-sidecar. Upstream's Lease
+// names are ours, so each Lease passes from upstream to ours; upstream does not release its
+// Lease on SIGTERM, so a handover from an upstream leader waits for the Lease to expire
+// (15 s). Ours still never run two leaders, and the claims' lives complete.
+func TestRollingUpgradeFromUpstreamImages(t *testing.T) {
+	from := upstreamFrom(t)
+	r := rollingUpgrade(t, rollout{name: "image swap", from: from}, testLoad)
+	r.log(t)
+}
+
+// upstreamFrom is upstream's implementation for an image swap, or skips t saying why
+// there is none.
+func upstreamFrom(t testing.TB) implementation {
+	t.Helper()
+	if noLoop != nil {
+		t.Skipf("no real control loop: %v", noLoop)
+	}
+	up, why := upstreamImplementation()
+	if why != "" {
+		t.Skipf("upstream's sidecars: %s", why)
+	}
+	// Upstream's identity is the host name: each replica needs one of its own.
+	if err := e2e.HostNames(); err != nil {
+		t.Skipf("upstream's replicas need host names of their own: %v", err)
+	}
+	return up
+}
+
+// BenchmarkRollingUpgrade runs each rolling upgrade with a heavier stream of Pods
+// (-realloop.rolling-every, -realloop.rolling-in-use, -realloop.rolling-margin) and prints
+// each step's longest stall, the whole upgrade's and the stall before it for comparison,
+// exit codes and drain times. Figures are printed, never asserted (beyond what the tests
+// assert: exits, Leases released, no overlap, nothing left).
+func BenchmarkRollingUpgrade(b *testing.B) {
+	l := load{every: *flagRollingEvery, inUse: *flagRollingInUse, margin: *flagRollingMargin}
+	variants := []rollout{{name: "single-sidecar", from: ours}, {name: "combined", from: ours, combined: true}, {name: "image-swap"}}
+	for _, ro := range variants {
+		b.Run(ro.name, func(b *testing.B) {
+			if ro.name == "image-swap" {
+				ro.from = upstreamFrom(b)
+			}
+			for range b.N {
+				r := rollingUpgrade(b, ro, l)
+				r.log(b)
+				b.ReportMetric(r.upgradeStall().length().Seconds(), "stall-max-s")
+				b.ReportMetric(r.before.length().Seconds(), "stall-before-s")
+			}
+		})
+	}
+}
+
+// podReplica is one replica of the controller Deployment: the processes of one pod, which
+// share the pod's name as their leader-election identity (ours by flag, upstream's by host
+// name).
+type podReplica struct {
+	id    string
+	ours  bool
+	procs []*e2e.Replica
+	// bySidecar is the process running each sidecar.
+	bySidecar map[string]*e2e.Replica
+}
+
+// startReplica starts replica id: ours (combined or single-sidecar) or upstream's.
+func startReplica(w *world, ro rollout, id string, ours bool) *podReplica {
+	w.T.Helper()
+	p := &podReplica{id: id, ours: ours, bySidecar: map[string]*e2e.Replica{}}
+	flags := upstreamLeaseTimings()
+	if ours && ro.combined {
+		proc := w.Start(id, []string{"csi-sidecars", "--controllers=attacher,provisioner,resizer"}, flags...)
+		p.procs = append(p.procs, proc)
+		for _, sc := range sidecars() {
+			p.bySidecar[sc.Name()] = proc
+		}
+		return p
+	}
+	for _, sc := range sidecars() {
+		name := id + "-" + sc.Name()
+		var proc *e2e.Replica
+		if ours {
+			proc = w.Start(name, []string{"csi-sidecars", sc.Name()}, append(flags, "--leader-election-identity="+id)...)
+		} else {
+			proc = w.StartUpstreamAs(name, id, w.impl.binaries[sc.Name()], flags...)
+		}
+		p.procs = append(p.procs, proc)
+		p.bySidecar[sc.Name()] = proc
+	}
+	return p
+}
+
+// waitReady waits until each of ours answers /readyz (caches synced); upstream's have no
+// /readyz.
+func (p *podReplica) waitReady(t testing.TB) {
+	t.Helper()
+	if p.ours {
+		for _, proc := range p.procs {
+			proc.WaitReady(t)
+		}
+	}
+}
+
+// terminate sends SIGTERM to every process at once, as the kubelet does to a pod's
+// containers, and returns when.
+func (p *podReplica) terminate(t testing.TB) time.Time {
+	t.Helper()
+	at := time.Now()
+	for _, proc := range p.procs {
+		proc.Signal(t, syscall.SIGTERM)
+	}
+	return at
+}
+
+// waitExit waits for every process to exit, killing those still running after the grace
+// period as the kubelet would, and returns their exit codes and when the last exited.
+func (p *podReplica) waitExit(t testing.TB) (codes []int, killed []string, exited time.Time) {
+	t.Helper()
+	deadline := time.After(gracePeriod)
+	for _, proc := range p.procs {
+		select {
+		case <-proc.Done:
+		case <-deadline:
+			killed = append(killed, proc.Name)
+			proc.Signal(t, syscall.SIGKILL)
+			<-proc.Done
+		}
+		codes = append(codes, proc.ExitCode)
+		exited = later(exited, proc.ExitedAt)
+	}
+	return codes, killed, exited
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// step is one step of the upgrade and what it observed.
+type step struct {
+	old, new *podReplica
+	// started: the new replica was started; ready: it was ready; signalled: the old one
+	// got SIGTERM; exited: its last process exited.
+	started, ready, signalled, exited time.Time
+	codes                             []int
+	killed                            []string
+	// held are the Leases the old replica held at SIGTERM.
+	held []string
+	// takenOver is when the last of them had a new holder; zero when none was taken.
+	takenOver time.Time
+	// takers are their new holders.
+	takers []string
+	// stall is the longest stall overlapping the step, from its SIGTERM to the next one's
+	// (the end of the stream for the last), whole: one that began before the SIGTERM or
+	// lasted into the next step counts too.
+	stall interval
+}
+
+// rolling is what a rolling upgrade measured.
+type rolling struct {
+	ro    rollout
+	load  load
+	steps []step
+	// before is the longest stall before the first SIGTERM, with the starting replicas:
+	// what the stream costs without any handover.
+	before interval
+	run    runResult
+	took   time.Duration
+}
+
+// upgradeStall is the longest stall of the whole upgrade.
+func (r *rolling) upgradeStall() interval {
+	var longest interval
+	for _, s := range r.steps {
+		if s.stall.length() > longest.length() {
+			longest = s.stall
+		}
+	}
+	return longest
+}
+
+// rollingUpgrade runs a rolling upgrade under a stream of Pods and checks its outcome:
+// every old replica of ours exits 0 and empties the holder of each Lease it held; every
+// claim was bound, attached, grown where asked, detached and deleted, nothing is left
+// (claims, PVs, VolumeAttachments, driver volumes); no two mutating driver calls on one
+// volume overlapped. It returns the figures.
+func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
+	began := time.Now()
+	var leases *e2e.LeaseWatch
+	var replicas []*podReplica
+	oursFirst := !ro.from.upstream()
+	prefix := map[bool]string{true: "ours", false: "upstream"}
+	w := newLoop(t, benchNodes, ro.from, func(w *world) {
+		leases = w.WatchLeases()
+		for i := range rollingReplicas {
+			replicas = append(replicas, startReplica(w, ro, fmt.Sprintf("%s-%d", prefix[oursFirst], i), oursFirst))
+		}
+	})
+	driver := w.Driver.DriverName()
+	var leaseNames []string
+	for _, sc := range sidecars() {
+		leaseNames = append(leaseNames, lifecycle.SanitizeName(sc.LeaseName(driver)))
+	}
+	for _, p := range replicas {
+		p.waitReady(t)
+	}
+	waitLeasesHeld(w, leaseNames, replicas)
+
+	s := w.startStream("roll", l.every, l.inUse)
+	// Without this a failure below would leave lives running after the test.
+	t.Cleanup(func() { s.stop() })
+	r := &rolling{ro: ro, load: l}
+	progress(t, "%s: replicas %s and %s lead or stand by; Pods come every %v", ro.name, replicas[0].id, replicas[1].id, l.every)
+	// Offered load before the first step: the workload's shape, not a wait for anything.
+	time.Sleep(l.margin)
+	for i := range rollingSteps {
+		st := step{old: replicas[i], started: time.Now()}
+		st.new = startReplica(w, ro, fmt.Sprintf("ours-%d", rollingReplicas+i), true)
+		replicas = append(replicas, st.new)
+		st.new.waitReady(t)
+		st.ready = time.Now()
+		for _, name := range leaseNames {
+			if leases.HolderAt(name, st.ready) == st.old.id {
+				st.held = append(st.held, name)
+			}
+		}
+		st.signalled = st.old.terminate(t)
+		st.codes, st.killed, st.exited = st.old.waitExit(t)
+		r.steps = append(r.steps, st)
+		progress(t, "%s: step %d: %s ready after %v; %s (held %d Leases) exited %v after SIGTERM, codes %v",
+			ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, len(st.held),
+			st.exited.Sub(st.signalled).Round(time.Millisecond), st.codes)
+	}
+	time.Sleep(l.margin) // offered load after the last step
+	streamEnd := time.Now()
+	names := s.stop()
+	progress(t, "%s: %d Pods offered; settling", ro.name, len(names))
+	r.run = w.settle(w.work, "roll", names)
+
+	// Stalls, from what the workload saw and the driver's journal.
+	stalls := subtract(waitingForSidecars(r.run.items, time.Now()), driverProgress(w.Driver.Journal(), time.Now()))
+	r.before = longestIn(stalls, interval{s.began, r.steps[0].signalled})
+	for i := range r.steps {
+		end := streamEnd
+		if i+1 < len(r.steps) {
+			end = r.steps[i+1].signalled
+		}
+		r.steps[i].stall = longestIn(stalls, interval{r.steps[i].signalled, end})
+	}
+	r.took = time.Since(began)
+	for i := range r.steps {
+		st := &r.steps[i]
+		for _, name := range st.held {
+			by, at := nextHolder(leases.Changes(name), st.old.id, st.signalled)
+			if by == "" {
+				continue
+			}
+			st.takenOver = later(st.takenOver, at)
+			if !slices.Contains(st.takers, by) {
+				st.takers = append(st.takers, by)
+			}
+		}
+	}
+
+	// Every old replica of ours exited 0 and emptied the holder of every Lease it held.
+	for _, st := range r.steps {
+		if !st.old.ours {
+			continue
+		}
+		if len(st.killed) > 0 || slices.ContainsFunc(st.codes, func(c int) bool { return c != 0 }) {
+			t.Errorf("%s: exit codes %v after SIGTERM (killed after %v: %v); want 0", st.old.id, st.codes, gracePeriod, st.killed)
+		}
+		for _, name := range leaseNames {
+			if why := notReleased(leases.Changes(name), st.old.id); why != "" {
+				t.Errorf("Lease %s: %s", name, why)
+			}
+		}
+	}
+	if err := leases.Err(); err != nil {
+		t.Errorf("the Lease history may be incomplete: %v", err)
+	}
+	// The last replicas carry on: each Lease held by one of their running processes.
+	last := replicas[len(replicas)-rollingReplicas:]
+	for i, name := range leaseNames {
+		running := map[string]*e2e.Replica{}
+		for _, p := range last {
+			running[p.id] = p.bySidecar[sidecars()[i].Name()]
+		}
+		w.WaitForRunningHolder(name, running)
+	}
+	for _, p := range last {
+		for _, proc := range p.procs {
+			if !proc.Running() {
+				t.Errorf("%s exited with %d during the upgrade", proc.Name, proc.ExitCode)
+			}
+		}
+	}
+
+	// Every claim went through its whole life, and nothing was left.
+	for _, it := range r.run.items {
+		want := []cluster.Stage{cluster.Bound, cluster.Attached, cluster.Detached, cluster.ClaimGone, cluster.VolumeDeleted}
+		if s.grown(it.Name) {
+			want = append(want, cluster.Grown)
+		}
+		for _, stage := range want {
+			if it.Times[stage].IsZero() {
+				t.Errorf("Pod %s never reached %s", it.Name, stage)
+			}
+		}
+	}
+	if left := r.run.left; left.unbound != 0 || left.stuck != 0 || left.claims != 0 || left.pod != 0 || left.pvs != 0 || left.vas != 0 || left.volumes != 0 {
+		t.Errorf("after settling: %d claims never bound, %d Pods whose volume was not deleted; left: %d claims, %d Pods, %d PVs, %d VolumeAttachments, %d driver volumes",
+			left.unbound, left.stuck, left.claims, left.pod, left.pvs, left.vas, left.volumes)
+		if vs := w.Driver.Volumes(); len(vs) > 0 {
+			t.Logf("volumes left in the driver: %+v", vs)
+		}
+	}
+	// No two mutating calls on one volume at once, within a replica or across replicas.
+	procName := map[string]string{}
+	for _, p := range replicas {
+		for _, proc := range p.procs {
+			procName[proc.Socket] = proc.Name
+		}
+	}
+	for _, o := range w.Driver.Overlaps() {
+		t.Errorf("volume %s: %s by %s (%v to %v) overlapped %s by %s (from %v)", o.Volume,
+			o.First.Method, procName[o.First.Socket], o.First.Start.Format(time.StampMilli), o.First.End.Format(time.StampMilli),
+			o.Second.Method, procName[o.Second.Socket], o.Second.Start.Format(time.StampMilli))
+	}
+	if err := w.cluster.Running(); err != nil {
+		t.Error(err)
+	}
+	return r
+}
+
+// progress reports how a run goes: on stdout for a benchmark (whose log is shown only at
+// its end), in the test's log otherwise.
+func progress(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if _, bench := t.(*testing.B); bench {
+		say(format, args...)
+		return
+	}
+	t.Logf(format, args...)
+}
+
+// waitLeasesHeld waits until each Lease is held by one of the replicas.
+func waitLeasesHeld(w *world, leaseNames []string, replicas []*podReplica) {
+	w.T.Helper()
+	for i, name := range leaseNames {
+		running := map[string]*e2e.Replica{}
+		for _, p := range replicas {
+			running[p.id] = p.bySidecar[sidecars()[i].Name()]
+		}
+		w.WaitForRunningHolder(name, running)
+	}
+}
+
+// notReleased says how a replica's terms of a Lease did not end with the holder emptied,
+// "" when each did (or it never held the Lease).
+func notReleased(changes []e2e.LeaseChange, id string) string {
+	for i, c := range changes {
+		if c.Holder != id || (i > 0 && changes[i-1].Holder == id) {
+			continue
+		}
+		// A term of id begins at i; the first change of holder after it ends it.
+		j := i + 1
+		for j < len(changes) && changes[j].Holder == id {
+			j++
+		}
+		switch {
+		case j == len(changes):
+			return fmt.Sprintf("%s still holds it after its exit", id)
+		case changes[j].Deleted:
+			return fmt.Sprintf("deleted while %s held it", id)
+		case changes[j].Holder != "":
+			return fmt.Sprintf("passed from %s to %s without being released (holder emptied)", id, changes[j].Holder)
+		}
+	}
+	return ""
+}
+
+// nextHolder is the first holder other than id (and not empty) after `after`, and when
+// the watch saw it; "" when there was none.
+func nextHolder(changes []e2e.LeaseChange, id string, after time.Time) (string, time.Time) {
+	for _, c := range changes {
+		if c.At.After(after) && c.Holder != "" && c.Holder != id {
+			return c.Holder, c.At
+		}
+	}
+	return "", time.Time{}
+}
+
+// podStream offers a new Pod with a new claim at a fixed rate until stopped, each living
+// its life in a goroutine of its own.
+type podStream struct {
+	began time.Time
+	quit  chan struct{}
+	done  chan struct{}
+	lives sync.WaitGroup
+	once  sync.Once
+
+	mu    sync.Mutex
+	names []string
+	grow  map[string]bool // the claims grown during their life
+}
+
+// grown tells whether the Pod's claim was to be grown.
+func (s *podStream) grown(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.grow[name]
+}
+
+// startStream starts offering Pods named <prefix>-NNN of the world's workload, the first at
+// once, a new one every `every`; each is deleted inUse after its volume is attached, and
+// every third claim is grown first.
+func (w *world) startStream(prefix string, every, inUse time.Duration) *podStream {
+	s := &podStream{began: time.Now(), quit: make(chan struct{}), done: make(chan struct{}), grow: map[string]bool{}}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			name, grow := fmt.Sprintf("%s-%03d", prefix, i), i%3 == 0
+			s.mu.Lock()
+			s.names = append(s.names, name)
+			s.grow[name] = grow
+			s.mu.Unlock()
+			s.lives.Go(func() { w.life(w.work, name, grow, inUse) })
+			select {
+			case <-s.quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the offer, waits for every life to end and returns the Pods offered.
+func (s *podStream) stop() []string {
+	s.once.Do(func() { close(s.quit) })
+	<-s.done
+	s.lives.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.names)
+}
+
+// interval is a span of time [from, to).
+type interval struct{ from, to time.Time }
+
+func (i interval) length() time.Duration {
+	if i.to.Before(i.from) {
+		return 0
+	}
+	return i.to.Sub(i.from)
+}
+
+// waitingForSidecars is when some Pod waited for a sidecar: from its node's selection to
+// its volume's provisioning, from its scheduling to its attachment, from a growth's request
+// to its end, from its deletion to its volume's detachment, and from its claim's deletion
+// to its volume's; a wait not over is counted until end. These include the part of
+// kube-controller-manager (creating and deleting VolumeAttachments, handing claims over),
+// which takes the same little time with or without an upgrade.
+func waitingForSidecars(items []cluster.Item, end time.Time) []interval {
+	waits := []struct{ from, to cluster.Stage }{
+		{cluster.NodeSelected, cluster.Provisioned},
+		{cluster.Scheduled, cluster.Attached},
+		{cluster.GrowRequested, cluster.Grown},
+		{cluster.PodDeleted, cluster.Detached},
+		{cluster.ClaimGone, cluster.VolumeDeleted},
+	}
+	var out []interval
+	for _, it := range items {
+		for _, wt := range waits {
+			from, ok := it.Times[wt.from]
+			if !ok {
+				continue
+			}
+			// A volume never attached is never detached, nor deleted if never provisioned.
+			if wt.to == cluster.Detached && it.Times[cluster.Attached].IsZero() ||
+				wt.to == cluster.VolumeDeleted && it.Times[cluster.Provisioned].IsZero() {
+				continue
+			}
+			to, ok := it.Times[wt.to]
+			if !ok {
+				to = end
+			}
+			out = append(out, interval{from, to})
+		}
+	}
+	return merge(out)
+}
+
+// driverProgress is when some sidecar's successful call changed the driver's state
+// (create, delete, publish, unpublish, expand, modify), from its start to its end; a call
+// still running is counted until end.
+func driverProgress(calls []testdriver.Call, end time.Time) []interval {
+	var out []interval
+	for _, c := range calls {
+		switch c.Method {
+		case testdriver.MethodCreateVolume, testdriver.MethodDeleteVolume,
+			testdriver.MethodControllerPublishVolume, testdriver.MethodControllerUnpublishVolume,
+			testdriver.MethodControllerExpandVolume, testdriver.MethodControllerModifyVolume:
+		default:
+			continue
+		}
+		switch {
+		case !c.Done():
+			out = append(out, interval{c.Start, end})
+		case c.Code == "OK" && !c.Canceled:
+			out = append(out, interval{c.Start, c.End})
+		}
+	}
+	return merge(out)
+}
+
+// merge sorts intervals and joins those that overlap or touch.
+func merge(in []interval) []interval {
+	sorted := slices.Clone(in)
+	slices.SortFunc(sorted, func(a, b interval) int { return a.from.Compare(b.from) })
+	var out []interval
+	for _, i := range sorted {
+		if i.length() == 0 {
+			continue
+		}
+		if n := len(out); n > 0 && !i.from.After(out[n-1].to) {
+			out[n-1].to = later(out[n-1].to, i.to)
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// subtract is the parts of waiting (merged) that no interval of progress (merged) covers:
+// the stalls.
+func subtract(waiting, progress []interval) []interval {
+	var out []interval
+	p := 0
+	for _, w := range waiting {
+		from := w.from
+		for p < len(progress) && !progress[p].to.After(from) {
+			p++
+		}
+		for q := p; q < len(progress) && progress[q].from.Before(w.to); q++ {
+			if progress[q].from.After(from) {
+				out = append(out, interval{from, progress[q].from})
+			}
+			from = later(from, progress[q].to)
+		}
+		if from.Before(w.to) {
+			out = append(out, interval{from, w.to})
+		}
+	}
+	return out
+}
+
+// longestIn is the longest stall that overlaps window, whole.
+func longestIn(stalls []interval, window interval) interval {
+	var longest interval
+	for _, s := range stalls {
+		if s.from.Before(window.to) && s.to.After(window.from) && s.length() > longest.length() {
+			longest = s
+		}
+	}
+	return longest
+}
+
+// log prints the upgrade's figures.
+func (r *rolling) log(t testing.TB) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: %d steps, %d Pods (a new one every %v, deleted %v after attached), %v in all\n",
+		r.ro.name, len(r.steps), r.run.pods, r.load.every, r.load.inUse, r.took.Round(time.Second))
+	for i, st := range r.steps {
+		held := "no Lease"
+		switch {
+		case len(st.held) > 0 && st.takenOver.IsZero():
+			held = fmt.Sprintf("%d Leases, not taken over", len(st.held))
+		case len(st.held) > 0:
+			held = fmt.Sprintf("%d Leases, taken over by %s at SIGTERM+%v", len(st.held), strings.Join(st.takers, ", "),
+				st.takenOver.Sub(st.signalled).Round(time.Millisecond))
+		}
+		fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: step %d: %s ready %v after start; %s held %s; exit %v at SIGTERM+%v; longest stall %v (%s)\n",
+			r.ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, held, exitCodes(st.codes, st.killed),
+			st.exited.Sub(st.signalled).Round(time.Millisecond), st.stall.length().Round(time.Millisecond), r.where(i))
+	}
+	up := r.upgradeStall()
+	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v); before the upgrade %v\n",
+		r.ro.name, up.length().Round(time.Millisecond), stallTarget, r.before.length().Round(time.Millisecond))
+	t.Log(strings.TrimSuffix(b.String(), "\n"))
+}
+
+// where places step i's longest stall relative to its SIGTERM, or names the earlier step
+// whose stall it is.
+func (r *rolling) where(i int) string {
+	st := r.steps[i]
+	if st.stall.length() == 0 {
+		return "none"
+	}
+	for j := range i {
+		if r.steps[j].stall == st.stall {
+			return fmt.Sprintf("step %d's, still", j+1)
+		}
+	}
+	d := st.stall.from.Sub(st.signalled)
+	if d < 0 {
+		return fmt.Sprintf("from %v before SIGTERM", (-d).Round(time.Millisecond))
+	}
+	return fmt.Sprintf("from SIGTERM+%v", d.Round(time.Millisecond))
+}
+
+// exitCodes renders a replica's exit codes: "signal" for a process the signal ended
+// (upstream's sidecars do not handle SIGTERM unless their ReleaseLeaderElectionOnExit gate
+// is on, and it is off by default), and which were killed after the grace period.
+func exitCodes(codes []int, killed []string) string {
+	out := make([]string, len(codes))
+	for i, c := range codes {
+		out[i] = fmt.Sprint(c)
+		if c == -1 {
+			out[i] = "signal"
+		}
+	}
+	if len(killed) > 0 {
+		return fmt.Sprintf("%v (killed after %v: %s)", out, gracePeriod, strings.Join(killed, ", "))
+	}
+	return fmt.Sprint(out)
+}
+
+// A stall is a time in which some Pod waited for a sidecar and no successful mutating
+// driver call ran; failed calls and reads are no progress, a call still running is.
+func TestStallsAreWaitsWithoutSuccessfulDriverCalls(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	items := []cluster.Item{
+		// Waits for provisioning 0-1000 and for attachment 1500-3000.
+		{Name: "a", Times: map[cluster.Stage]time.Time{cluster.NodeSelected: at(0), cluster.Provisioned: at(1000),
+			cluster.Scheduled: at(1500), cluster.Attached: at(3000)}},
+		// Waits for its detachment from 2800, never over: until the end, 5000.
+		{Name: "b", Times: map[cluster.Stage]time.Time{cluster.Attached: at(100), cluster.PodDeleted: at(2800)}},
+		// Never attached: no wait for a detachment.
+		{Name: "c", Times: map[cluster.Stage]time.Time{cluster.PodDeleted: at(200)}},
+	}
+	call := func(method string, from, to int, code string) testdriver.Call {
+		c := testdriver.Call{Method: method, Start: at(from), Code: code}
+		if to >= 0 {
+			c.End = at(to)
+		}
+		return c
+	}
+	calls := []testdriver.Call{
+		call(testdriver.MethodCreateVolume, 100, 200, "OK"),
+		call(testdriver.MethodCreateVolume, 300, 400, "Unavailable"), // failed: no progress
+		call(testdriver.MethodListVolumes, 500, 600, "OK"),           // a read: no progress
+		call(testdriver.MethodCreateVolume, 700, 900, "OK"),
+		call(testdriver.MethodControllerPublishVolume, 2000, 2100, "OK"),
+		call(testdriver.MethodControllerUnpublishVolume, 4000, -1, ""), // still running
+	}
+	got := subtract(waitingForSidecars(items, at(5000)), driverProgress(calls, at(5000)))
+	want := []interval{{at(0), at(100)}, {at(200), at(700)}, {at(900), at(1000)}, {at(1500), at(2000)}, {at(2100), at(4000)}}
+	if !slices.Equal(got, want) {
+		t.Errorf("stalls:\n got %v\nwant %v", got, want)
+	}
+	if l := longestIn(got, interval{at(1200), at(1600)}); l != (interval{at(1500), at(2000)}) {
+		t.Errorf("longest stall overlapping 1200-1600 ms: %v, want 1500-2000 ms", l)
+	}
+	if l := longestIn(got, interval{at(4000), at(5000)}); l.length() != 0 {
+		t.Errorf("longest stall overlapping 4000-5000 ms: %v, want none", l)
+	}
+}
