@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -13,84 +12,94 @@ import (
 )
 
 // runCombined does the single-sidecar run's work again with two replicas of one process
-// that hosts all three sidecars. combined-a leads the three Leases and provisions a first
-// set of volumes; then it gets work for all three sidecars at once (more claims, and an
-// attachment and an expansion of each volume) and, with calls of each sidecar in flight,
-// one SIGTERM. It returns a handover per sidecar, whose standby is whoever holds the
-// sidecar's Lease at the end, and the peak memory of combined-b once it finished the work.
+// that hosts all three sidecars. combined-a leads the three Leases. Pods with new claims are
+// provisioned and attached, then deleted and their volumes detached, so that the attacher
+// and the resizer have bound claims to work on. Then work for all three comes at once, in
+// two waves: new Pods with new claims (provisioner), the deleted Pods created again
+// (attacher) and their claims grown (resizer). With calls of each sidecar in flight, one
+// SIGTERM; the second wave comes while combined-a drains. It returns a handover per
+// sidecar, whose standby is whoever holds the sidecar's Lease at the end, and the peak
+// memory of combined-b once it finished the work.
 func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64, err error) {
-	sanitized := lifecycle.SanitizeName(d.driver.DriverName())
-	jobs := []struct {
-		sidecar, lease, method string
-		done                   func(context.Context) (int, error)
-	}{
-		{"provisioner", sanitized, testdriver.MethodCreateVolume, d.countMoreProvisioned},
-		{"attacher", "external-attacher-leader-" + sanitized, testdriver.MethodControllerPublishVolume, d.countAttached},
-		{"resizer", "external-resizer-" + sanitized, testdriver.MethodControllerExpandVolume, d.countExpanded},
+	sanitized, names := lifecycle.SanitizeName(d.driver.DriverName()), podNames("app", d.o.pods)
+	rollout := d.rollout("external-attacher-leader-"+sanitized, names)
+	jobs := []phase{
+		d.provisioning(sanitized, podNames("new", d.o.pods)),
+		rollout,
+		d.growth("external-resizer-"+sanitized, names),
 	}
 	var leases []string
 	for _, j := range jobs {
 		leases = append(leases, j.lease)
 	}
-	// The same number of workers per sidecar as the single-sidecar run, each flag spelled
-	// with its sidecar's name as prefix; each sidecar keeps its own API rate limits, as in
-	// the single-sidecar run.
-	args := []string{controllers, "--provisioner-worker-threads=2", "--attacher-worker-threads=2", "--resizer-workers=2"}
-	if err := d.startPair(ctx, "combined", args, leases); err != nil {
+	// Every flag at its default; each sidecar keeps its own API rate limits, as in the
+	// single-sidecar run.
+	if err := d.startPair(ctx, "combined", []string{controllers}, leases); err != nil {
 		return nil, 0, err
 	}
 	leader, standby := d.pair("combined", d.holder(ctx, sanitized))
 	if leader == nil || standby == nil {
-		return nil, 0, fmt.Errorf("no combined replica holds Lease %s", sanitized)
+		return nil, 0, fmt.Errorf("no combined replica holds Lease %s, or it has no standby", sanitized)
 	}
 
-	// Attaching and expanding need provisioned, bound volumes: the leader makes them first.
-	if err := d.createClaims(ctx); err != nil {
-		return nil, 0, err
-	}
-	if err := d.waitFor(ctx, fmt.Sprintf("%s provisioned %d volumes", leader.name, d.o.volumes), func() (bool, error) {
-		n, err := d.countProvisioned(ctx)
-		return n >= d.o.volumes && running(calls(d.driver.Journal(), leader.socket, testdriver.MethodCreateVolume)) == 0, err
-	}); err != nil {
-		return nil, 0, err
-	}
-	d.say("%s provisioned %d volumes", leader.name, d.o.volumes)
-	if err := d.bindAll(ctx); err != nil {
-		return nil, 0, err
-	}
-
-	// Work for all three at once. The attachments come first: they are for the volumes
-	// provisioned so far, not for those the new claims will bring.
-	if err := d.createAttachments(ctx); err != nil {
-		return nil, 0, err
-	}
-	if err := d.expandClaims(ctx); err != nil {
-		return nil, 0, err
-	}
-	if err := d.createMoreClaims(ctx); err != nil {
-		return nil, 0, err
-	}
-	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool {
-		for _, j := range jobs {
-			if running(calls(c, leader.socket, j.method)) < 2 {
-				return false
-			}
+	for _, name := range names {
+		if err := d.work.CreatePod(ctx, name); err != nil {
+			return nil, 0, err
 		}
-		return true
-	}); err != nil {
+	}
+	d.say("created Pods %s, each with a new claim: %s provisions and attaches their volumes first", span(names), leader.name)
+	if err := rollout.prepare(ctx); err != nil {
 		return nil, 0, err
+	}
+
+	// Work for all three at once. The first wave of each, then one SIGTERM once calls of
+	// each are in flight.
+	since := time.Now()
+	for _, j := range jobs {
+		what, err := j.give(ctx, j.names[:len(j.names)/2])
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+		}
+		d.say("%s%s", what, j.how)
+	}
+	var stuck string
+	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool {
+		all := true
+		for _, j := range jobs {
+			cs := callsSince(c, leader.socket, j.method, since)
+			if len(cs) >= len(j.names)/2 && running(cs) == 0 {
+				stuck = j.method
+				return true
+			}
+			all = all && inFlight(c, leader.socket, j.method, since, len(j.names)/2)
+		}
+		return all
+	}); err != nil {
+		return nil, 0, fmt.Errorf("waiting for calls of each sidecar on %s: %w", leader.name, err)
+	}
+	if stuck != "" {
+		return nil, 0, fmt.Errorf("%s finished its first %s calls before calls of each sidecar were in flight at once; nothing to SIGTERM it with", leader.name, stuck)
 	}
 	journal := d.driver.Journal()
-	var inFlight []string
+	var inFlightNow []string
 	for _, j := range jobs {
-		h := handover{sidecar: j.sidecar, method: j.method, leader: leader.name, all: d.o.volumes,
-			inFlight: running(calls(journal, leader.socket, j.method))}
+		h := handover{sidecar: j.sidecar, method: j.method, leader: leader.name, all: len(j.names),
+			inFlight: running(callsSince(journal, leader.socket, j.method, since))}
 		results = append(results, h)
-		inFlight = append(inFlight, fmt.Sprintf("%d %s", h.inFlight, j.method))
+		inFlightNow = append(inFlightNow, fmt.Sprintf("%d %s", h.inFlight, j.method))
 	}
-	signalled := time.Now()
-	_ = leader.cmd.Process.Signal(syscall.SIGTERM)
-	d.say("one SIGTERM -> %s with %s calls in flight", leader.name, strings.Join(inFlight, ", "))
+	signalled, err := d.terminate(ctx, leader)
+	if err != nil {
+		return results, 0, err
+	}
+	d.say("one SIGTERM -> %s with %s calls in flight", leader.name, strings.Join(inFlightNow, ", "))
+	for _, j := range jobs {
+		what, err := j.give(ctx, j.names[len(j.names)/2:])
+		if err != nil {
+			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+		}
+		d.say("%s while %s drains", what, leader.name)
+	}
 	select {
 	case <-leader.done:
 	case <-ctx.Done():
@@ -99,7 +108,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	drain := leader.exited.Sub(signalled)
 	ok, total := 0, 0
 	for _, j := range jobs {
-		for _, c := range calls(d.driver.Journal(), leader.socket, j.method) {
+		for _, c := range callsSince(d.driver.Journal(), leader.socket, j.method, since) {
 			total++
 			if c.Code == "OK" && c.CallerGone.IsZero() {
 				ok++
@@ -111,28 +120,23 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	for i, j := range jobs {
 		h := &results[i]
 		h.drain, h.exitCode = drain, leader.code
-		if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(calls(c, standby.socket, j.method)) > 0 }); err != nil {
-			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+		if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(callsSince(c, standby.socket, j.method, since)) > 0 }); err != nil {
+			return results, 0, fmt.Errorf("%s: waiting for %s's first %s: %w", j.sidecar, standby.name, j.method, err)
 		}
-		h.firstCallAfterExit = calls(d.driver.Journal(), standby.socket, j.method)[0].Start.Sub(leader.exited)
+		h.firstCallAfterExit = callsSince(d.driver.Journal(), standby.socket, j.method, since)[0].Start.Sub(leader.exited)
 		d.say("%s took over the %s: first %s %v after %s exited", standby.name, j.sidecar, j.method, h.firstCallAfterExit.Round(time.Millisecond), leader.name)
 	}
 	for i, j := range jobs {
 		h := &results[i]
-		err := d.waitFor(ctx, fmt.Sprintf("%s: all %d volumes done", j.sidecar, h.all), func() (bool, error) {
-			n, err := j.done(ctx)
-			h.done = n
-			return n >= h.all && running(calls(d.driver.Journal(), standby.socket, j.method)) == 0, err
-		})
+		err := d.waitStage(ctx, j.stage, j.names)
+		if err == nil {
+			err = d.waitCalls(ctx, func(c []testdriver.Call) bool { return running(callsSince(c, standby.socket, j.method, since)) == 0 })
+		}
+		h.done = d.reached(j.stage, j.names)
 		// Who holds the Lease now, rather than who was meant to: the summary shows the
 		// handover that happened.
 		h.standby = d.holder(ctx, j.lease)
-		// As in the single-sidecar run, only overlaps of the sidecar's own calls count.
-		for _, o := range d.driver.Overlaps() {
-			if o.First.Method == j.method && o.Second.Method == j.method {
-				h.overlaps++
-			}
-		}
+		h.overlaps = d.overlaps(j.method)
 		d.say("%s: %d/%d done, Lease %s held by %s, %d overlapping operations in the driver", j.sidecar, h.done, h.all, j.lease, h.standby, h.overlaps)
 		if err != nil {
 			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
@@ -184,27 +188,4 @@ func (d *demo) table(results []handover, rss bool) {
 		fmt.Fprintln(tw, row)
 	}
 	tw.Flush()
-}
-
-// createMoreClaims gives the provisioner of the combined run work while the first volumes
-// are attached and expanded.
-func (d *demo) createMoreClaims(ctx context.Context) error {
-	for i := range d.o.volumes {
-		if err := d.store.CreateClaim(ctx, fmt.Sprintf("more-%02d", i)); err != nil {
-			return err
-		}
-	}
-	d.say("created %d more PVCs", d.o.volumes)
-	return nil
-}
-
-func (d *demo) countMoreProvisioned(ctx context.Context) (int, error) {
-	pvs, err := d.store.Provisioned(ctx)
-	n := 0
-	for _, pv := range pvs {
-		if pv.Spec.ClaimRef != nil && strings.HasPrefix(pv.Spec.ClaimRef.Name, "more-") {
-			n++
-		}
-	}
-	return n, err
 }

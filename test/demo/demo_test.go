@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 )
 
@@ -16,7 +17,10 @@ import (
 // three Leases to the combined standby.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the demo starts a control plane and eight sidecar processes")
+		t.Skip("-short: the demo starts a control plane, the control loop and eight sidecar processes")
+	}
+	if _, err := cluster.Assets(); err != nil {
+		t.Skipf("no real control loop: %v", err)
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {
@@ -32,6 +36,14 @@ func TestDemoShort(t *testing.T) {
 	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "Summary, combined"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
+		}
+	}
+
+	// Each single-sidecar handover caught calls in flight (run checks the rest: exit 0, no
+	// overlaps, all work done).
+	for _, h := range rep.single {
+		if h.inFlight == 0 || h.leader != h.sidecar+"-a" || h.standby != h.sidecar+"-b" {
+			t.Errorf("%s: %s -> %s with %d calls in flight; want %[1]s-a -> %[1]s-b with calls in flight", h.sidecar, h.leader, h.standby, h.inFlight)
 		}
 	}
 

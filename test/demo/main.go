@@ -1,10 +1,15 @@
 // Command demo is `make demo`: on one machine it starts a real kube-apiserver + etcd, the
-// test CSI driver with slow calls, and two replicas of each sidecar; it provisions, attaches
-// and expands volumes, SIGTERMs each leader while its calls are in flight, and prints a live
-// timeline and a summary of each handover. With -combined it then does the same work with
-// two replicas of one process running all three sidecars (csi-sidecars --controllers=...),
-// which one SIGTERM hands over, and compares their memory. Everything it starts stops with
-// it (also on Ctrl-C); the logs stay in the folder it names.
+// real control loop (kube-controller-manager and kube-scheduler, with fake Ready nodes), the
+// test CSI driver with slow calls, and two replicas of each sidecar at upstream's default
+// flags. It then acts as a user: Pods with WaitForFirstConsumer claims (kube-scheduler picks
+// their nodes, the provisioner provisions, kube-controller-manager binds and creates the
+// VolumeAttachments, the attacher attaches), the Pods replaced, and the claims grown
+// (kube-controller-manager hands them to the resizer). It SIGTERMs each sidecar's leader
+// while its calls are in flight and prints a live timeline and a summary of each handover.
+// With -combined it then does the same work with two replicas of one process running all
+// three sidecars (csi-sidecars --controllers=...), which one SIGTERM hands over, and compares
+// their memory. Everything it starts stops with it (also on Ctrl-C); the logs stay in the
+// folder it names.
 package main
 
 import (
@@ -27,8 +32,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -41,20 +46,26 @@ const (
 	combinedDriverName = "combined.demo.csi.sidecars.io"
 	combinedNamespace  = "demo-combined"
 	controllers        = "--controllers=attacher,provisioner,resizer"
+
+	nodes      = 2
+	nodePrefix = "demo-node"
+	grownSize  = "2Gi"
+	// waitTimeout bounds each wait for the sidecars or the control loop.
+	waitTimeout = 2 * time.Minute
 )
 
 type options struct {
-	short    bool   // CI mode: fewer volumes, shorter calls
+	short    bool   // CI mode: fewer Pods, shorter calls
 	combined bool   // after the single-sidecar run, the combined one
 	bin      string // the csi-sidecars binary
 	logDir   string
-	volumes  int
+	pods     int // Pods (and claims) per sidecar's handover
 	latency  time.Duration
 }
 
 func main() {
 	var o options
-	flag.BoolVar(&o.short, "short", false, "fewer volumes and shorter calls (for CI)")
+	flag.BoolVar(&o.short, "short", false, "fewer Pods and shorter calls (for CI)")
 	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all three sidecars ("+controllers+"), one SIGTERM for the three Leases")
 	flag.StringVar(&o.bin, "bin", "_output/bin/csi-sidecars", "the csi-sidecars binary")
 	flag.StringVar(&o.logDir, "logs", "", "folder for the logs (default _output/demo/<time>)")
@@ -70,17 +81,18 @@ func main() {
 	}
 }
 
-// demo is one run: the cluster, the driver, the replicas and the timeline. The combined run
-// is a copy with a driver, namespace and storage of its own.
+// demo is one run: the cluster, the driver, the replicas, the user's workload and the
+// timeline. The combined run is a copy with a driver, namespace and workload of its own.
 type demo struct {
 	o         options
 	out       io.Writer
 	began     time.Time
 	kube      kubernetes.Interface
-	driver    *testdriver.Backend
 	cp        *controlplane.ControlPlane
+	loop      *cluster.Cluster // kube-controller-manager, kube-scheduler and the nodes
+	driver    *testdriver.Backend
 	namespace string
-	store     e2e.Storage
+	work      *cluster.Workload
 	procs     *procs // of both runs, so that every one is stopped at the end
 }
 
@@ -125,16 +137,21 @@ type handover struct {
 
 // run is the whole demo; it returns each handover, for the test and the benchmark.
 func run(ctx context.Context, o options, out io.Writer) (rep report, err error) {
-	o.volumes, o.latency = 8, 3*time.Second
+	o.pods, o.latency = 8, 3*time.Second
 	if o.short {
-		o.volumes, o.latency = 4, time.Second
+		o.pods, o.latency = 4, time.Second
+	}
+	// Before anything starts: the control loop's binaries are built, or the error says how.
+	assets, err := cluster.Assets()
+	if err != nil {
+		return rep, fmt.Errorf("the demo runs the real control loop: %w", err)
 	}
 	// Sockets live in the log folder; gRPC needs their paths absolute.
 	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("log folder: %w", err)
 	}
 	if err := os.MkdirAll(o.logDir, 0o755); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("log folder: %w", err)
 	}
 	d := &demo{o: o, out: out, began: time.Now(), procs: &procs{}}
 	defer func() {
@@ -143,47 +160,63 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		if o.combined {
 			journals += ", driver-journal-combined.jsonl"
 		}
-		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s)\n", o.logDir, journals)
+		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s.log, %s.log, %s)\n",
+			o.logDir, cluster.ControllerManagerBinary, cluster.SchedulerBinary, journals)
 	}()
 
 	d.say("starting kube-apiserver + etcd on loopback")
 	if d.cp, err = controlplane.Start(ctx, controlplane.Options{LogDir: o.logDir}); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("control plane: %w", err)
 	}
 	d.kube = kubernetes.NewForConfigOrDie(d.cp.Config())
-	closeJournal, err := d.setUp(ctx, driverName, demoNamespace, "demo-fast", "demo-node", "driver-journal.jsonl")
+	closeRun, err := d.setUp(ctx, driverName, demoNamespace, "driver-journal.jsonl")
 	if err != nil {
 		return rep, err
 	}
-	defer closeJournal()
+	defer closeRun()
 
-	sanitized := lifecycle.SanitizeName(driverName)
-	phases := []struct {
-		sidecar, lease, method string
-		flags                  []string
-		work                   func(context.Context) error
-		done                   func(context.Context) (int, error)
-	}{
-		{"provisioner", sanitized, testdriver.MethodCreateVolume, []string{"--worker-threads=2"}, d.createClaims, d.countProvisioned},
-		{"attacher", "external-attacher-leader-" + sanitized, testdriver.MethodControllerPublishVolume, []string{"--worker-threads=2"}, d.createAttachments, d.countAttached},
-		{"resizer", "external-resizer-" + sanitized, testdriver.MethodControllerExpandVolume, []string{"--workers=2"}, d.expandClaims, d.countExpanded},
+	// The control loop starts while the replicas do.
+	d.say("starting kube-controller-manager and kube-scheduler with %d fake Ready nodes", nodes)
+	type started struct {
+		loop *cluster.Cluster
+		err  error
 	}
+	loop := make(chan started, 1)
+	go func() {
+		opts := cluster.Options{AssetsDir: assets, LogDir: o.logDir, Nodes: nodes, NodePrefix: nodePrefix,
+			Driver: driverName, TopologyKey: testdriver.TopologyKey}
+		if o.combined {
+			opts.MoreDrivers = []string{combinedDriverName}
+		}
+		c, err := cluster.Start(ctx, d.cp, opts)
+		loop <- started{c, err}
+	}()
+	// The same Pods go through the three phases: created, replaced, their claims grown.
+	sanitized, names := lifecycle.SanitizeName(driverName), podNames("app", o.pods)
+	phases := []phase{
+		d.provisioning(sanitized, names),
+		d.rollout("external-attacher-leader-"+sanitized, names),
+		d.growth("external-resizer-"+sanitized, names),
+	}
+	var pairsErr error
 	for _, p := range phases {
-		if err := d.startPair(ctx, p.sidecar, append([]string{p.sidecar}, p.flags...), []string{p.lease}); err != nil {
-			return rep, err
+		if pairsErr = d.startPair(ctx, p.sidecar, []string{p.sidecar}, []string{p.lease}); pairsErr != nil {
+			break
 		}
 	}
+	l := <-loop
+	d.loop = l.loop
+	if err := errors.Join(pairsErr, l.err); err != nil {
+		return rep, err
+	}
+	d.say("kube-controller-manager and kube-scheduler serving; nodes %s Ready and schedulable", strings.Join(d.loop.Nodes(), ", "))
+
 	for _, p := range phases {
-		h, err := d.handover(ctx, p.sidecar, p.lease, p.method, p.work, p.done)
+		h, err := d.handover(ctx, p)
 		rep.single = append(rep.single, h)
 		if err != nil {
 			d.summary(rep.single)
 			return rep, fmt.Errorf("%s: %w", p.sidecar, err)
-		}
-		if p.sidecar == "provisioner" {
-			if err := d.bindAll(ctx); err != nil {
-				return rep, err
-			}
 		}
 	}
 	d.summary(rep.single)
@@ -201,9 +234,9 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 	for _, r := range d.procs.all() {
 		r.kill()
 	}
-	fmt.Fprintf(d.out, "\n== combined: csi-sidecars %s, two replicas, %d volumes\n", controllers, o.volumes)
+	fmt.Fprintf(d.out, "\n== combined: csi-sidecars %s, two replicas, %d Pods\n", controllers, o.pods)
 	c := *d
-	closeCombined, err := c.setUp(ctx, combinedDriverName, combinedNamespace, "demo-combined", "demo-combined-node", "driver-journal-combined.jsonl")
+	closeCombined, err := c.setUp(ctx, combinedDriverName, combinedNamespace, "driver-journal-combined.jsonl")
 	if err != nil {
 		return rep, err
 	}
@@ -223,30 +256,33 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 	return rep, nil
 }
 
-// setUp gives d a driver (journalling into the log folder), a namespace and the storage
-// around them; the returned func closes the journal.
-func (d *demo) setUp(ctx context.Context, driver, namespace, class, node, journalFile string) (func(), error) {
+// setUp gives d a driver (journalling into the log folder), a namespace and the user's
+// workload in it; the returned func stops the workload and closes the journal.
+func (d *demo) setUp(ctx context.Context, driver, namespace, journalFile string) (func(), error) {
 	journal, err := os.Create(filepath.Join(d.o.logDir, journalFile))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("driver journal: %w", err)
 	}
-	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Latency: d.o.latency, JournalWriter: journal})
+	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Topology: true, Latency: d.o.latency, JournalWriter: journal})
 	if err != nil {
 		journal.Close()
-		return nil, err
+		return nil, fmt.Errorf("test CSI driver: %w", err)
 	}
 	d.say("test CSI driver %s: every controller call takes %v", driver, d.o.latency)
 	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		journal.Close()
-		return nil, err
+		return nil, fmt.Errorf("namespace %s: %w", namespace, err)
 	}
 	d.namespace = namespace
-	d.store = e2e.Storage{Kube: d.kube, Namespace: namespace, Class: class, Node: node, Driver: driver}
-	if err := d.store.SetUp(ctx, d.driver.NodeID()); err != nil {
+	if d.work, err = cluster.NewWorkload(ctx, d.kube, cluster.WorkloadOptions{Namespace: namespace, Driver: driver}); err != nil {
 		journal.Close()
 		return nil, err
 	}
-	return func() { journal.Close() }, nil
+	work := d.work
+	return func() {
+		work.Close()
+		journal.Close()
+	}, nil
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -254,14 +290,14 @@ func (d *demo) say(format string, args ...any) {
 }
 
 // startPair starts replica a of sidecar (a sidecar's name, or "combined") with args (the
-// subcommand or --controllers, and the sidecar's own flags), waits until it holds every one
-// of leases, then starts standby b.
+// subcommand or --controllers; every other flag at its default), waits until it holds every
+// one of leases, then starts standby b.
 func (d *demo) startPair(ctx context.Context, sidecar string, args, leases []string) error {
 	for _, id := range []string{"a", "b"} {
 		name := sidecar + "-" + id
 		srv, err := d.driver.Serve(filepath.Join(d.o.logDir, name+".sock"))
 		if err != nil {
-			return err
+			return fmt.Errorf("driver socket of %s: %w", name, err)
 		}
 		r, err := startReplica(d.o.bin, args, name, srv.Endpoint(), d.cp.KubeconfigPath(), d.namespace, d.o.logDir)
 		if err != nil {
@@ -287,39 +323,157 @@ func (d *demo) startPair(ctx context.Context, sidecar string, args, leases []str
 				d.say("%s leads all %d (Leases in %s: %s)", name, len(leases), d.namespace, strings.Join(leases, ", "))
 			}
 		} else {
+			ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+			err := r.waitReady(ctx, true)
+			cancel()
+			if err != nil {
+				return err
+			}
 			d.say("%s stands by with warm caches", name)
 		}
 	}
 	return nil
 }
 
-// handover gives the leader work, SIGTERMs it while calls are in flight, and follows the
-// standby until all work is done.
-func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work func(context.Context) error, done func(context.Context) (int, error)) (handover, error) {
-	h := handover{sidecar: sidecar, method: method, all: d.o.volumes}
-	leader, standby := d.pair(sidecar, d.holder(ctx, lease))
-	if leader == nil {
-		return h, fmt.Errorf("no replica of %s holds its Lease", sidecar)
+// phase is one sidecar's handover in the single-sidecar run: a user's work in two waves,
+// the first before the leader's SIGTERM and the second while it drains, so that the
+// standby has work waiting the moment it takes over.
+type phase struct {
+	sidecar, lease, method string
+	title                  string // what the work is, for the heading
+	names                  []string
+	// prepare readies the Pods for the work (optional).
+	prepare func(context.Context) error
+	// give hands a wave of the Pods to the control loop and says what it did.
+	give func(ctx context.Context, names []string) (string, error)
+	// how says how the control loop brings the first wave to the sidecar, after what give
+	// said.
+	how string
+	// stage is where a Pod is once the sidecar has done its work.
+	stage cluster.Stage
+}
+
+// provisioning: new Pods, each with a new claim; kube-scheduler picks their nodes and the
+// provisioner provisions the claims there.
+func (d *demo) provisioning(lease string, names []string) phase {
+	return phase{
+		sidecar: "provisioner", lease: lease, method: testdriver.MethodCreateVolume,
+		title: fmt.Sprintf("%d Pods, each with a new claim", len(names)),
+		names: names,
+		give: func(ctx context.Context, names []string) (string, error) {
+			for _, name := range names {
+				if err := d.work.CreatePod(ctx, name); err != nil {
+					return "", err
+				}
+			}
+			return "created Pods " + span(names), nil
+		},
+		how: fmt.Sprintf(", each with a new claim of StorageClass %s (WaitForFirstConsumer): kube-scheduler picks a node for each, the provisioner provisions there",
+			d.work.Class()),
+		stage: cluster.Provisioned,
+	}
+}
+
+// rollout: the Pods are replaced. Once their first volumes are attached (by the attacher's
+// leader, before the phase), they are deleted and their volumes detached; created again,
+// kube-controller-manager attaches each volume anew.
+func (d *demo) rollout(lease string, names []string) phase {
+	return phase{
+		sidecar: "attacher", lease: lease, method: testdriver.MethodControllerPublishVolume,
+		title: fmt.Sprintf("the %d Pods replaced", len(names)),
+		names: names,
+		prepare: func(ctx context.Context) error {
+			if err := d.waitStage(ctx, cluster.Attached, names); err != nil {
+				return err
+			}
+			d.say("kube-controller-manager bound the %d claims, kube-scheduler the Pods (%s); their volumes were attached",
+				len(names), d.perNode(names))
+			for _, name := range names {
+				if err := d.work.DeletePod(ctx, name); err != nil {
+					return err
+				}
+			}
+			if err := d.waitStage(ctx, cluster.Detached, names); err != nil {
+				return err
+			}
+			d.say("deleted the %d Pods; kube-controller-manager had their volumes detached", len(names))
+			return nil
+		},
+		give: func(ctx context.Context, names []string) (string, error) {
+			for _, name := range names {
+				if err := d.work.RecreatePod(ctx, name); err != nil {
+					return "", err
+				}
+			}
+			return "created Pods " + span(names) + " again", nil
+		},
+		how:   ": kube-scheduler puts each on its volume's node, kube-controller-manager creates a VolumeAttachment for each volume",
+		stage: cluster.Attached,
+	}
+}
+
+// growth: the claims, in use, are grown; kube-controller-manager hands them to the resizer.
+func (d *demo) growth(lease string, names []string) phase {
+	return phase{
+		sidecar: "resizer", lease: lease, method: testdriver.MethodControllerExpandVolume,
+		title: fmt.Sprintf("the %d claims grown to %s while in use", len(names), grownSize),
+		names: names,
+		give: func(ctx context.Context, names []string) (string, error) {
+			for _, name := range names {
+				if err := d.work.Grow(ctx, name, grownSize); err != nil {
+					return "", err
+				}
+			}
+			return fmt.Sprintf("asked for %s on claims %s", grownSize, span(names)), nil
+		},
+		how:   ": kube-controller-manager hands them to the resizer",
+		stage: cluster.Grown,
+	}
+}
+
+// handover gives the leader the first wave of the phase's work, SIGTERMs it while calls are
+// in flight, gives the second wave while it drains, and follows the standby until all the
+// work is done.
+func (d *demo) handover(ctx context.Context, p phase) (handover, error) {
+	h := handover{sidecar: p.sidecar, method: p.method, all: len(p.names)}
+	leader, standby := d.pair(p.sidecar, d.holder(ctx, p.lease))
+	if leader == nil || standby == nil {
+		return h, fmt.Errorf("no replica of %s holds its Lease, or it has no standby", p.sidecar)
 	}
 	h.leader, h.standby = leader.name, standby.name
-	fmt.Fprintf(d.out, "\n== %s: %d volumes, leader %s, standby %s\n", sidecar, d.o.volumes, leader.name, standby.name)
-	if err := work(ctx); err != nil {
+	fmt.Fprintf(d.out, "\n== %s: %s, leader %s, standby %s\n", p.sidecar, p.title, leader.name, standby.name)
+	if p.prepare != nil {
+		if err := p.prepare(ctx); err != nil {
+			return h, err
+		}
+	}
+	first, second := p.names[:len(p.names)/2], p.names[len(p.names)/2:]
+	since := time.Now()
+	what, err := p.give(ctx, first)
+	if err != nil {
 		return h, err
 	}
-	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return running(calls(c, leader.socket, method)) >= 2 }); err != nil {
+	d.say("%s%s", what, p.how)
+	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return inFlight(c, leader.socket, p.method, since, len(first)) }); err != nil {
+		return h, fmt.Errorf("waiting for %s calls of %s: %w", p.method, leader.name, err)
+	}
+	h.inFlight = running(callsSince(d.driver.Journal(), leader.socket, p.method, since))
+	signalled, err := d.terminate(ctx, leader)
+	if err != nil {
 		return h, err
 	}
-	h.inFlight = running(calls(d.driver.Journal(), leader.socket, method))
-	signalled := time.Now()
-	_ = leader.cmd.Process.Signal(syscall.SIGTERM)
-	d.say("SIGTERM -> %s with %d %s calls in flight", leader.name, h.inFlight, method)
+	d.say("SIGTERM -> %s with %d %s calls in flight", leader.name, h.inFlight, p.method)
+	if what, err = p.give(ctx, second); err != nil {
+		return h, err
+	}
+	d.say("%s while %s drains", what, leader.name)
 	select {
 	case <-leader.done:
 	case <-ctx.Done():
 		return h, ctx.Err()
 	}
 	h.drain, h.exitCode = leader.exited.Sub(signalled), leader.code
-	finished := calls(d.driver.Journal(), leader.socket, method)
+	finished := callsSince(d.driver.Journal(), leader.socket, p.method, since)
 	ok := 0
 	for _, c := range finished {
 		if c.Code == "OK" && c.CallerGone.IsZero() {
@@ -327,29 +481,35 @@ func (d *demo) handover(ctx context.Context, sidecar, lease, method string, work
 		}
 	}
 	d.say("%s exited %d after draining %v: %d/%d of its calls completed, %d cancelled or failed", leader.name, h.exitCode, h.drain.Round(time.Millisecond), ok, len(finished), len(finished)-ok)
-	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(calls(c, standby.socket, method)) > 0 }); err != nil {
-		return h, err
+	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(callsSince(c, standby.socket, p.method, since)) > 0 }); err != nil {
+		return h, fmt.Errorf("waiting for %s's first %s: %w", standby.name, p.method, err)
 	}
-	h.firstCallAfterExit = calls(d.driver.Journal(), standby.socket, method)[0].Start.Sub(leader.exited)
-	d.say("%s took over: first %s %v after the leader exited", standby.name, method, h.firstCallAfterExit.Round(time.Millisecond))
-	// Done when the API says so and the sidecar has no call of its own left running, so the
-	// next phase starts on quiet volumes.
-	err := d.waitFor(ctx, fmt.Sprintf("all %d volumes done", h.all), func() (bool, error) {
-		n, err := done(ctx)
-		h.done = n
-		return n >= h.all && running(calls(d.driver.Journal(), standby.socket, method)) == 0, err
-	})
-	// Overlaps of this sidecar's own calls: two publishes, two expansions, ... of one volume
-	// at once. Calls of different sidecars on one volume (publish while expanding) are
-	// allowed by CSI and not counted.
-	for _, o := range d.driver.Overlaps() {
-		if o.First.Method == method && o.Second.Method == method {
-			h.overlaps++
-		}
+	h.firstCallAfterExit = callsSince(d.driver.Journal(), standby.socket, p.method, since)[0].Start.Sub(leader.exited)
+	d.say("%s took over: first %s %v after the leader exited", standby.name, p.method, h.firstCallAfterExit.Round(time.Millisecond))
+	// Done when every Pod reached the stage and the sidecar has no call of its own left
+	// running, so the next phase starts on quiet volumes.
+	err = d.waitStage(ctx, p.stage, p.names)
+	if err == nil {
+		err = d.waitCalls(ctx, func(c []testdriver.Call) bool { return running(callsSince(c, standby.socket, p.method, since)) == 0 })
 	}
+	h.done = d.reached(p.stage, p.names)
+	h.overlaps = d.overlaps(p.method)
 	h.standbyPeakRSS = peakRSS(standby.cmd.Process.Pid)
-	d.say("%s: %d/%d done, %d overlapping operations in the driver", sidecar, h.done, h.all, h.overlaps)
+	d.say("%s: %d/%d done, %d overlapping operations in the driver", p.sidecar, h.done, h.all, h.overlaps)
 	return h, err
+}
+
+// terminate SIGTERMs the leader and returns when it was sent, once the leader has stopped
+// taking work: work given after that is the standby's, also on a machine so busy that the
+// leader takes a while to act on the signal.
+func (d *demo) terminate(ctx context.Context, leader *replica) (time.Time, error) {
+	signalled := time.Now()
+	if err := leader.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return signalled, fmt.Errorf("SIGTERM to %s: %w", leader.name, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	return signalled, leader.waitReady(ctx, false)
 }
 
 func (d *demo) summary(results []handover) {
@@ -381,9 +541,9 @@ func (d *demo) holder(ctx context.Context, lease string) string {
 	return *l.Spec.HolderIdentity
 }
 
-// waitFor polls cond (API state has no cheaper signal here) for up to two minutes.
+// waitFor polls cond (a Lease has no cheaper signal here) for up to waitTimeout.
 func (d *demo) waitFor(ctx context.Context, what string, cond func() (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -400,78 +560,102 @@ func (d *demo) waitFor(ctx context.Context, what string, cond func() (bool, erro
 	}
 }
 
+// waitCalls waits, for up to waitTimeout, until cond holds for the driver's journal.
 func (d *demo) waitCalls(ctx context.Context, cond func([]testdriver.Call) bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
 	return d.driver.WaitFor(ctx, cond)
+}
+
+// waitStage waits, for up to waitTimeout, until every named Pod reached stage; the error
+// says where each Pod still waiting stands.
+func (d *demo) waitStage(ctx context.Context, stage cluster.Stage, names []string) error {
+	ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	return d.work.Wait(ctx, stage, names...)
+}
+
+// reached counts the named Pods that reached stage.
+func (d *demo) reached(stage cluster.Stage, names []string) int {
+	n := 0
+	for _, name := range names {
+		if it, ok := d.work.Item(name); ok && !it.Times[stage].IsZero() {
+			n++
+		}
+	}
+	return n
+}
+
+// perNode says how many of the named Pods each node has, as "demo-node-0: 3, ...".
+func (d *demo) perNode(names []string) string {
+	count := map[string]int{}
+	for _, name := range names {
+		it, _ := d.work.Item(name)
+		count[it.Node]++
+	}
+	var parts []string
+	for _, node := range d.loop.Nodes() {
+		parts = append(parts, fmt.Sprintf("%s: %d", node, count[node]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// overlaps counts the driver's overlapping operations of one method: two publishes, two
+// expansions, ... of one volume at once. Calls of different sidecars on one volume (publish
+// while expanding) are allowed by CSI and not counted.
+func (d *demo) overlaps(method string) int {
+	n := 0
+	for _, o := range d.driver.Overlaps() {
+		if o.First.Method == method && o.Second.Method == method {
+			n++
+		}
+	}
+	return n
 }
 
 func (d *demo) cleanUp() {
 	for _, r := range d.procs.all() {
 		r.kill()
 	}
+	if err := d.loop.Stop(); err != nil {
+		fmt.Fprintf(d.out, "stopping kube-controller-manager and kube-scheduler: %v\n", err)
+	}
 	if d.cp != nil {
 		_ = d.cp.Stop()
 	}
 }
 
-func (d *demo) createClaims(ctx context.Context) error {
-	for i := range d.o.volumes {
-		if err := d.store.CreateClaim(ctx, fmt.Sprintf("data-%02d", i)); err != nil {
-			return err
-		}
+// podNames are prefix-00, prefix-01, ...
+func podNames(prefix string, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%02d", prefix, i)
 	}
-	d.say("created %d PVCs of StorageClass %s", d.o.volumes, d.store.Class)
-	return nil
+	return names
 }
 
-func (d *demo) countProvisioned(ctx context.Context) (int, error) {
-	pvs, err := d.store.Provisioned(ctx)
-	return len(pvs), err
+// span is names as "first..last".
+func span(names []string) string {
+	if len(names) == 1 {
+		return names[0]
+	}
+	return names[0] + ".." + names[len(names)-1]
 }
 
-// bindAll plays kube-controller-manager's PV controller for the provisioned volumes.
-func (d *demo) bindAll(ctx context.Context) error {
-	n, err := d.store.BindAll(ctx)
-	if err != nil {
-		return err
-	}
-	d.say("bound %d PVCs to their PVs (standing in for kube-controller-manager)", n)
-	return nil
+// inFlight says whether a SIGTERM to the replica on socket now catches its calls of method
+// (those started since) in flight: two or more, or at least one once as many have started
+// as the wave has items (calls that came one by one).
+func inFlight(journal []testdriver.Call, socket, method string, since time.Time, wave int) bool {
+	cs := callsSince(journal, socket, method, since)
+	n := running(cs)
+	return n >= 2 || (n >= 1 && len(cs) >= wave)
 }
 
-func (d *demo) createAttachments(ctx context.Context) error {
-	pvs, err := d.store.Provisioned(ctx)
-	if err != nil {
-		return err
-	}
-	for _, pv := range pvs {
-		if err := d.store.CreateAttachment(ctx, pv.Name); err != nil {
-			return err
-		}
-	}
-	d.say("created %d VolumeAttachments for node %s (standing in for kube-controller-manager)", len(pvs), d.store.Node)
-	return nil
-}
-
-func (d *demo) countAttached(ctx context.Context) (int, error) { return d.store.Attached(ctx) }
-
-func (d *demo) expandClaims(ctx context.Context) error {
-	for i := range d.o.volumes {
-		if err := d.store.Expand(ctx, fmt.Sprintf("data-%02d", i), "2Gi"); err != nil {
-			return err
-		}
-	}
-	d.say("asked for 2Gi on %d PVCs", d.o.volumes)
-	return nil
-}
-
-func (d *demo) countExpanded(ctx context.Context) (int, error) { return d.store.Expanded(ctx, "2Gi") }
-
-func calls(all []testdriver.Call, socket, method string) []testdriver.Call {
+// callsSince are the calls of method on socket that started at or after since.
+func callsSince(all []testdriver.Call, socket, method string, since time.Time) []testdriver.Call {
 	var out []testdriver.Call
 	for _, c := range all {
-		if c.Socket == socket && c.Method == method {
+		if c.Socket == socket && c.Method == method && !c.Start.Before(since) {
 			out = append(out, c)
 		}
 	}

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -15,6 +19,7 @@ type replica struct {
 	sidecar string // what it runs: a sidecar's name, or "combined"
 	name    string
 	socket  string
+	readyz  string // URL of its /readyz
 	cmd     *exec.Cmd
 	done    chan struct{}
 	code    int
@@ -22,19 +27,25 @@ type replica struct {
 }
 
 // startReplica runs `csi-sidecars <args>` (a subcommand or --controllers, and the sidecars'
-// own flags) as identity name on the driver endpoint, logging to logDir/<name>.log.
+// own flags) as identity name on the driver endpoint, with its diagnostics server on a free
+// loopback port, logging to logDir/<name>.log.
 func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespace, logDir string) (*replica, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
 	args = append(slices.Clone(args),
 		"--csi-address="+endpoint,
 		"--kubeconfig="+kubeconfig,
 		"--leader-election",
 		"--leader-election-namespace="+namespace,
 		"--leader-election-identity="+name,
+		"--http-endpoint=127.0.0.1:"+port,
 		"-v=2",
 	)
 	log, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("log of %s: %w", name, err)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
@@ -44,7 +55,7 @@ func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespa
 		log.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	r := &replica{name: name, cmd: cmd, done: make(chan struct{})}
+	r := &replica{name: name, readyz: "http://127.0.0.1:" + port + "/readyz", cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		r.exited = time.Now()
@@ -69,4 +80,42 @@ func (r *replica) kill() {
 		_ = r.cmd.Process.Kill()
 		<-r.done
 	}
+}
+
+// waitReady waits until the replica's /readyz says ready (want: connected to its driver,
+// caches synced) or not (!want: it stopped taking work, as it does first on SIGTERM), or
+// until it exits, or ctx ends. The readiness endpoint is what a kubelet would probe; it has
+// no cheaper signal, so it is polled.
+func (r *replica) waitReady(ctx context.Context, want bool) error {
+	client := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		resp, err := client.Get(r.readyz)
+		if err == nil {
+			resp.Body.Close()
+			if (resp.StatusCode == http.StatusOK) == want {
+				return nil
+			}
+		}
+		select {
+		case <-r.done:
+			if want {
+				return fmt.Errorf("%s exited with %d before it was ready", r.name, r.code)
+			}
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("waiting until %s's /readyz says ready=%v: %w", r.name, want, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
 }
