@@ -331,13 +331,7 @@ func TestReconcilerRepairsDisagreement(t *testing.T) {
 }
 
 func countCalls(calls []testdriver.Call, method string) int {
-	n := 0
-	for _, c := range calls {
-		if c.Method == method {
-			n++
-		}
-	}
-	return n
+	return len(testdriver.CallsOf(calls, method))
 }
 
 // Upstream's attacher records no Events: failed attaches and detaches are recorded in the

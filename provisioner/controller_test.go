@@ -270,15 +270,7 @@ func deadLeaderRecord(t *testing.T, claim *v1.PersistentVolumeClaim, rec *claimR
 	return ev
 }
 
-func (w *world) calls(method string) []testdriver.Call {
-	var out []testdriver.Call
-	for _, c := range w.driver.Journal() {
-		if c.Method == method {
-			out = append(out, c)
-		}
-	}
-	return out
-}
+func (w *world) calls(method string) []testdriver.Call { return w.driver.Calls(method) }
 
 func class(name string, change func(*storagev1.StorageClass)) *storagev1.StorageClass {
 	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: drv,

@@ -310,15 +310,7 @@ func hasEvent(events []string, prefix string) bool {
 }
 
 // calls returns the driver's journal entries of method.
-func (f *fixture) calls(method string) []testdriver.Call {
-	var out []testdriver.Call
-	for _, c := range f.driver.Journal() {
-		if c.Method == method {
-			out = append(out, c)
-		}
-	}
-	return out
-}
+func (f *fixture) calls(method string) []testdriver.Call { return f.driver.Calls(method) }
 
 func condition(pvc *v1.PersistentVolumeClaim, t v1.PersistentVolumeClaimConditionType) *v1.PersistentVolumeClaimCondition {
 	for i := range pvc.Status.Conditions {

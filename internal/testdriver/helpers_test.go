@@ -108,13 +108,7 @@ func wantCode(t *testing.T, what string, err error, want codes.Code) {
 
 // callsOf returns the journaled calls of one method.
 func callsOf(calls []testdriver.Call, method string) []testdriver.Call {
-	var out []testdriver.Call
-	for _, c := range calls {
-		if c.Method == method {
-			out = append(out, c)
-		}
-	}
-	return out
+	return testdriver.CallsOf(calls, method)
 }
 
 // doneCalls is a WaitFor condition: at least n finished calls of method.

@@ -75,6 +75,20 @@ func (b *Backend) Journal() []Call {
 	return append([]Call(nil), b.calls...)
 }
 
+// CallsOf returns the calls of one method among calls (a Journal, or part of one).
+func CallsOf(calls []Call, method string) []Call {
+	var out []Call
+	for _, c := range calls {
+		if c.Method == method {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Calls returns a copy of every call of method so far, in start order.
+func (b *Backend) Calls(method string) []Call { return CallsOf(b.Journal(), method) }
+
 // Overlaps returns every pair of mutating operations that ran on the same
 // volume at the same time, including operations whose caller had already
 // cancelled.
