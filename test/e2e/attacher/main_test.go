@@ -67,7 +67,7 @@ func newScenario(t testing.TB, cfg testdriver.Config) *scenario {
 	t.Cleanup(func() { conn.Close() })
 	sc := &scenario{
 		Scenario:  s,
-		leaseName: lifecycle.SanitizeName("external-attacher-leader-" + s.Driver.DriverName()),
+		leaseName: e2e.LeaseName("attacher", s.Driver.DriverName()),
 		node:      s.Namespace + "-node",
 		nodeID:    s.Namespace + "-node-id",
 		setup:     csi.NewControllerClient(conn),

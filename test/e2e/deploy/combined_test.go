@@ -168,9 +168,9 @@ func TestCombinedProcessDoesAllThreeJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *
 		t.Fatal(err)
 	}
 	leases := map[string]string{
-		"provisioner": lifecycle.SanitizeName(store.Driver),
-		"attacher":    lifecycle.SanitizeName("external-attacher-leader-" + store.Driver),
-		"resizer":     lifecycle.SanitizeName("external-resizer-" + store.Driver),
+		"provisioner": e2e.LeaseName("provisioner", store.Driver),
+		"attacher":    e2e.LeaseName("attacher", store.Driver),
+		"resizer":     e2e.LeaseName("resizer", store.Driver),
 	}
 	methods := map[string]string{
 		"provisioner": testdriver.MethodCreateVolume,

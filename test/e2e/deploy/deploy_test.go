@@ -27,7 +27,6 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 const namespace = "csi-sidecars" // the bases' namespace
@@ -153,9 +152,9 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	leases := map[string]string{
-		"provisioner": lifecycle.SanitizeName(store.Driver),
-		"attacher":    lifecycle.SanitizeName("external-attacher-leader-" + store.Driver),
-		"resizer":     lifecycle.SanitizeName("external-resizer-" + store.Driver),
+		"provisioner": e2e.LeaseName("provisioner", store.Driver),
+		"attacher":    e2e.LeaseName("attacher", store.Driver),
+		"resizer":     e2e.LeaseName("resizer", store.Driver),
 	}
 	for _, sidecar := range []string{"provisioner", "attacher", "resizer"} {
 		r := s.Start(sidecar, []string{"csi-sidecars", sidecar},

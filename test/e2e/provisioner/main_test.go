@@ -27,7 +27,6 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 var (
@@ -49,7 +48,7 @@ func newScenario(t testing.TB, cfg testdriver.Config) *scenario {
 	driver := s.Driver.DriverName()
 	// Cluster-scoped objects of the test are named after its namespace; remove them after.
 	t.Cleanup(func() { cleanupClusterObjects(s) })
-	return &scenario{Scenario: s, driver: driver, leaseName: lifecycle.SanitizeName(driver)}
+	return &scenario{Scenario: s, driver: driver, leaseName: e2e.LeaseName("provisioner", driver)}
 }
 
 // startReplica runs `csi-sidecars provisioner` with fast retries and an API rate limit that

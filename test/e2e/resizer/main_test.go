@@ -25,7 +25,6 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 var (
@@ -48,7 +47,7 @@ type scenario struct {
 func newScenario(t *testing.T, cfg testdriver.Config) *scenario {
 	t.Helper()
 	s := &scenario{Scenario: e2e.NewScenario(t, kube.Get(t), binDir, cfg)}
-	s.leaseName = lifecycle.SanitizeName("external-resizer-" + s.Driver.DriverName())
+	s.leaseName = e2e.LeaseName("resizer", s.Driver.DriverName())
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, "setup.sock"))
 	if err != nil {
 		t.Fatal(err)

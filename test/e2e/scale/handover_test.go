@@ -16,7 +16,6 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // fastAPI lifts the replicas' client rate limits (upstream's 5/10), as the other e2e
@@ -30,11 +29,10 @@ var everything = e2e.Rules{
 	Namespace: []rbacv1.PolicyRule{e2e.Rule("*", []string{"*"}, "*")},
 }
 
-// sidecar is one sidecar's part of the run: its Lease, the CSI method its fresh work
-// calls, and that work.
+// sidecar is one sidecar's part of the run: the CSI method its fresh work calls, and that
+// work.
 type sidecar struct {
 	name   string
-	lease  func(driver string) string
 	method string
 	flags  []string
 	// work creates the fresh work and returns its items; done tells whether one is
@@ -46,7 +44,6 @@ type sidecar struct {
 var sidecars = []sidecar{
 	{
 		name:   "attacher",
-		lease:  func(d string) string { return "external-attacher-leader-" + d },
 		method: testdriver.MethodControllerPublishVolume,
 		flags:  []string{fmt.Sprintf("--worker-threads=%d", workers)},
 		work: func(ctx context.Context, w *world) ([]string, error) {
@@ -66,7 +63,6 @@ var sidecars = []sidecar{
 	},
 	{
 		name:   "provisioner",
-		lease:  func(d string) string { return d },
 		method: testdriver.MethodCreateVolume,
 		flags:  []string{fmt.Sprintf("--worker-threads=%d", workers)},
 		work: func(ctx context.Context, w *world) ([]string, error) {
@@ -92,7 +88,6 @@ var sidecars = []sidecar{
 	},
 	{
 		name:   "resizer",
-		lease:  func(d string) string { return "external-resizer-" + d },
 		method: testdriver.MethodControllerExpandVolume,
 		flags:  []string{fmt.Sprintf("--workers=%d", workers)},
 		work: func(ctx context.Context, w *world) ([]string, error) {
@@ -144,7 +139,7 @@ type result struct {
 func (w *world) handover(sc sidecar, window time.Duration) result {
 	w.T.Helper()
 	ctx := context.Background()
-	lease := lifecycle.SanitizeName(sc.lease(w.Driver.DriverName()))
+	lease := e2e.LeaseName(sc.name, w.Driver.DriverName())
 	r := result{sidecar: sc.name, leader: sc.name + "-a", standby: sc.name + "-b", window: window}
 	start := func(name string) *e2e.Replica {
 		kubeconfig := w.KubeconfigWithRules(name, everything)
