@@ -80,17 +80,17 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	if stuck != "" {
 		return nil, 0, fmt.Errorf("%s finished its first %s calls before calls of each sidecar were in flight at once; nothing to SIGTERM it with", leader.name, stuck)
 	}
+	signalled, err := d.terminate(ctx, leader)
+	if err != nil {
+		return nil, 0, err
+	}
 	journal := d.driver.Journal()
 	var inFlightNow []string
 	for _, j := range jobs {
 		h := handover{sidecar: j.sidecar, method: j.method, leader: leader.name, all: len(j.names),
-			inFlight: running(callsSince(journal, leader.socket, j.method, since))}
+			inFlight: runningAt(callsSince(journal, leader.socket, j.method, since), signalled)}
 		results = append(results, h)
 		inFlightNow = append(inFlightNow, fmt.Sprintf("%d %s", h.inFlight, j.method))
-	}
-	signalled, err := d.terminate(ctx, leader)
-	if err != nil {
-		return results, 0, err
 	}
 	d.say("one SIGTERM -> %s with %s calls in flight", leader.name, strings.Join(inFlightNow, ", "))
 	for _, j := range jobs {

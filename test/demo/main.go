@@ -457,11 +457,11 @@ func (d *demo) handover(ctx context.Context, p phase) (handover, error) {
 	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return inFlight(c, leader.socket, p.method, since, len(first)) }); err != nil {
 		return h, fmt.Errorf("waiting for %s calls of %s: %w", p.method, leader.name, err)
 	}
-	h.inFlight = running(callsSince(d.driver.Journal(), leader.socket, p.method, since))
 	signalled, err := d.terminate(ctx, leader)
 	if err != nil {
 		return h, err
 	}
+	h.inFlight = runningAt(callsSince(d.driver.Journal(), leader.socket, p.method, since), signalled)
 	d.say("SIGTERM -> %s with %d %s calls in flight", leader.name, h.inFlight, p.method)
 	if what, err = p.give(ctx, second); err != nil {
 		return h, err
@@ -660,6 +660,19 @@ func callsSince(all []testdriver.Call, socket, method string, since time.Time) [
 		}
 	}
 	return out
+}
+
+// runningAt counts the calls that had not ended at t. Asked once a leader has stopped taking
+// work, these are the calls it was SIGTERMed with at t (those that started between the
+// signal and its stop included), which its drain lets finish.
+func runningAt(cs []testdriver.Call, t time.Time) int {
+	n := 0
+	for _, c := range cs {
+		if !c.Done() || c.End.After(t) {
+			n++
+		}
+	}
+	return n
 }
 
 func running(cs []testdriver.Call) int {
