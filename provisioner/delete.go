@@ -28,10 +28,8 @@ import (
 // Every failure is logged here: the worker only requeues the volume, and a volume stuck
 // Terminating with nothing in the log cannot be diagnosed.
 func (c *controller) syncVolume(name string) error {
-	pv, err := c.volumes.Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	} else if err != nil {
+	pv, step, err := c.volumeAndDeletion(name)
+	if pv == nil || err != nil {
 		return err
 	}
 	if !isDriverVolume(pv, c.names()) {
@@ -39,6 +37,12 @@ func (c *controller) syncVolume(name string) error {
 	}
 	logger := klog.Background().WithValues("pv", name)
 	ctx := klog.NewContext(c.ops, logger)
+	if step == pvLetGo {
+		// Deleted and let go by this process; the cache does not show it yet. Nothing is
+		// left to call or write.
+		logger.V(5).Info("PersistentVolume let go already, waiting for the cache to show it")
+		return nil
+	}
 	if finalizers, changed := desiredFinalizers(pv); changed {
 		if pv, err = c.patchFinalizers(ctx, pv, finalizers); err != nil {
 			logger.Error(err, "Cannot set the finalizers of the PersistentVolume, retrying")
@@ -61,7 +65,7 @@ func (c *controller) syncVolume(name string) error {
 		return nil
 	}
 	start := time.Now()
-	err = c.delete(lifecycle.MarkMigrated(ctx, migrated), vol)
+	err = c.delete(lifecycle.MarkMigrated(ctx, migrated), vol, step == volumeGone)
 	c.metrics.deleted(pv.Spec.StorageClassName, start, err)
 	var pvErr pvRemovalError
 	switch {
@@ -85,11 +89,13 @@ func (e pvRemovalError) Error() string { return e.err.Error() }
 func (e pvRemovalError) Unwrap() error { return e.err }
 
 // delete deletes the volume, then the PersistentVolume, then lets it go by removing the
-// finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume). A DeleteVolume that succeeded is not repeated when only the
-// API writes after it are retried (deletedVolumes).
-func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error {
+// finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume).
+// deletedAlready says that DeleteVolume succeeded for it in this process already: only the
+// API writes after it are retried, the driver is not called again. Each step that succeeds is
+// remembered (rememberDeletion) until the informer shows the PersistentVolume gone.
+func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
 	logger := klog.FromContext(ctx)
-	if c.volumeDeleted(pv) {
+	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	} else {
 		if err := checkCapabilities(c.pluginCaps, c.controllerCaps, false); err != nil {
@@ -103,12 +109,16 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error 
 		if err := c.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
 			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
 		}
-		c.rememberDeleted(pv)
+		c.rememberDeletion(pv, volumeGone)
 		logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 		c.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
 	}
-	if err := c.removePV(ctx, pv); err != nil {
+	letGo, err := c.removePV(ctx, pv)
+	if err != nil {
 		return pvRemovalError{err}
+	}
+	if letGo {
+		c.rememberDeletion(pv, pvLetGo)
 	}
 	logger.V(2).Info("PersistentVolume deleted")
 	return nil
@@ -117,59 +127,116 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume) error 
 // removePV deletes the PersistentVolume of a deleted volume and removes the provisioner's
 // finalizer from it, on ctx (Ops()): two writes and no read, as upstream. The finalizer goes
 // by a strategic merge patch that deletes only that entry, so it needs neither the resource
-// version the Delete just changed nor a fresh read.
-func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) error {
+// version the Delete just changed nor a fresh read. letGo says that this PersistentVolume
+// needs nothing more from the provisioner: the finalizer removal was written, or it had none,
+// or the PersistentVolume is gone. A finalizer removal the API server refused as conflicting
+// or invalid is not retried here; a later sync of the PersistentVolume sees what it is.
+func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
 	pvs := c.kube.CoreV1().PersistentVolumes()
 	if pv.DeletionTimestamp == nil {
 		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			// Gone, or another PersistentVolume of the same name: not this one's to touch.
-			return nil
+			return true, nil
 		} else if err != nil {
-			return fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
+			return false, fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
 		}
 	}
 	if !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
-		return nil
+		return true, nil
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid":                                 pv.UID,
 		"$deleteFromPrimitiveList/finalizers": []string{volumehelpers.PVDeletionProtectionFinalizer},
 	}})
 	if err != nil {
-		return err
+		return false, err
 	}
 	_, err = pvs.Patch(ctx, pv.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && !apierrors.IsInvalid(err) {
-		// NotFound, or another PersistentVolume of the name (its UID differs): done.
-		return fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+		return true, nil
+	case apierrors.IsConflict(err), apierrors.IsInvalid(err):
+		// Another PersistentVolume of the name (its UID differs), or a write in the way.
+		return false, nil
 	}
-	return nil
+	return false, fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
 }
 
-// deletedKey names one PersistentVolume: a PersistentVolume re-created under the same
-// name is another volume.
+// deletedKey names one step of the deletion of one PersistentVolume: a PersistentVolume
+// re-created under the same name is another volume.
 type deletedKey struct {
 	name string
 	uid  types.UID
+	step deletionStep
 }
 
-func deletedKeyOf(pv *v1.PersistentVolume) deletedKey { return deletedKey{pv.Name, pv.UID} }
+// deletionStep is how far this process got with the deletion of a PersistentVolume.
+type deletionStep int
 
-// volumeDeleted tells whether DeleteVolume succeeded for this PersistentVolume in this
-// process. It is memory only, which is enough for what it prevents: the retries of the API
-// writes that follow DeleteVolume, by the same worker queue. A new leader calls DeleteVolume
-// once more, which CSI requires a driver to answer with success for a volume that is gone.
-func (c *controller) volumeDeleted(pv *v1.PersistentVolume) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.deletedVolumes[deletedKeyOf(pv)]
-	return ok
+const (
+	// volumeGone: DeleteVolume succeeded.
+	volumeGone deletionStep = iota + 1
+	// pvLetGo: the PersistentVolume was deleted too and the removal of the provisioner's
+	// finalizer written (or the PersistentVolume found gone): nothing is left to do.
+	pvLetGo
+)
+
+// volumeAndDeletion reads the PersistentVolume of this name from the cache, with how far
+// this process got with deleting it (0: nowhere); nil when the cache does not have it.
+//
+// The memory of the steps is memory only, which is enough for what it prevents: the
+// repetition of a DeleteVolume, or of the writes after it, by the syncs of the same worker
+// queue (a retry, or a sync queued by the watch event of a write of ours that reads a cache
+// older than the write). A new leader calls DeleteVolume once more, which CSI requires a
+// driver to answer with success for a volume that is gone.
+//
+// The memory of a PersistentVolume goes when the informer shows its deletion
+// (forgetDeletedVolume), which the informer does after it removed the PersistentVolume from
+// the cache. A copy read from the cache may therefore meet no memory only because the
+// deletion was shown between the two reads, and the volume would be deleted again. So after
+// a memory that knows nothing the cache is read once more: a copy of the same
+// PersistentVolume still there was there when the memory was read, before the informer
+// removed it, so the memory was not dropped yet and knows nothing because there is nothing
+// to know (only a sync of the same queue item, never two at once, adds to it).
+func (c *controller) volumeAndDeletion(name string) (*v1.PersistentVolume, deletionStep, error) {
+	get := func() (*v1.PersistentVolume, error) {
+		pv, err := c.volumes.Get(name)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return pv, err
+	}
+	pv, err := get()
+	for pv != nil && err == nil {
+		if step := c.deletionStep(pv); step != 0 {
+			return pv, step, nil
+		}
+		var again *v1.PersistentVolume
+		if again, err = get(); again == nil || err != nil || again.UID == pv.UID {
+			return again, 0, err
+		}
+		pv = again // another PersistentVolume of the name meanwhile: its own memory counts
+	}
+	return nil, 0, err
 }
 
-func (c *controller) rememberDeleted(pv *v1.PersistentVolume) {
+// deletionStep is how far this process got with deleting pv: its last step that succeeded.
+func (c *controller) deletionStep(pv *v1.PersistentVolume) deletionStep {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.deletedVolumes[deletedKeyOf(pv)] = struct{}{}
+	for _, step := range []deletionStep{pvLetGo, volumeGone} {
+		if _, ok := c.deletedVolumes[deletedKey{pv.Name, pv.UID, step}]; ok {
+			return step
+		}
+	}
+	return 0
+}
+
+// rememberDeletion records that step of pv's deletion succeeded.
+func (c *controller) rememberDeletion(pv *v1.PersistentVolume, step deletionStep) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deletedVolumes[deletedKey{pv.Name, pv.UID, step}] = struct{}{}
 }
 
 // forgetDeletedVolume drops the memory of a PersistentVolume once the informer saw it go.
@@ -179,7 +246,9 @@ func (c *controller) forgetDeletedVolume(obj any) {
 	}
 	if pv, ok := obj.(*v1.PersistentVolume); ok {
 		c.mu.Lock()
-		delete(c.deletedVolumes, deletedKeyOf(pv))
+		for _, step := range []deletionStep{volumeGone, pvLetGo} {
+			delete(c.deletedVolumes, deletedKey{pv.Name, pv.UID, step})
+		}
 		c.mu.Unlock()
 	}
 }
