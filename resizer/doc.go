@@ -41,7 +41,10 @@
 // last sync wrote starts from the written object, so a stale copy never calls the driver
 // again. The shared informer stores are never written to. A periodic resync re-runs a PVC
 // whose work is due, never one waiting for its backoff, and costs no call, write or event
-// when there is nothing to do.
+// when there is nothing to do. A write that records a ControllerExpandVolume that succeeded
+// can still fail (someone else wrote the PVC meanwhile, and the resourceVersion that guards
+// the status write no longer matches): its retry records what the driver answered then,
+// without calling it again.
 //
 // The package never handles signals, Leases or process exit, and holds no package-level
 // mutable state.

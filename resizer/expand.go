@@ -232,26 +232,35 @@ func (c *expansionController) handles(pv *v1.PersistentVolume, pvc *v1.Persisten
 	return pvc.Annotations[annResizer] == c.driver && migratedTo(pv) == c.driver
 }
 
-// expand runs one expansion: mark, call, record. Every step runs on Ops() (P1).
+// expand runs one expansion: mark, call, record. Every step runs on Ops() (P1). A call
+// that succeeded is not made again while only its recording is retried (a write failed or
+// met a conflict): the retry records what the driver answered then.
 func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, plan expansion) error {
-	pvc, err := c.startClaim(pvc, markInProgress(pvc, plan, c.recoverFailures))
-	if err != nil {
-		return fmt.Errorf("marking the resize in progress: %w", err)
-	}
-	c.recorder.Eventf(pvc, v1.EventTypeNormal, reasonResizing, "External resizer is resizing volume %s", pv.Name)
-	if c.inUse != nil {
-		// A new attempt: the driver will refuse again if a Pod still uses the volume.
-		c.inUse.forget(key)
-	}
+	done, expanded := c.attempts.expandedTo(key, pv.UID, plan.size.Value())
+	if expanded {
+		logger.V(2).Info("Volume expanded already, recording it", "pv", pv.Name, "size", plan.size.String())
+	} else {
+		var err error
+		if pvc, err = c.startClaim(pvc, markInProgress(pvc, plan, c.recoverFailures)); err != nil {
+			return fmt.Errorf("marking the resize in progress: %w", err)
+		}
+		c.recorder.Eventf(pvc, v1.EventTypeNormal, reasonResizing, "External resizer is resizing volume %s", pv.Name)
+		if c.inUse != nil {
+			// A new attempt: the driver will refuse again if a Pod still uses the volume.
+			c.inUse.forget(key)
+		}
 
-	ctx, cancel := c.callContext()
-	ctx = klog.NewContext(ctx, logger)
-	reached, nodeExpansion, callErr := c.expander.expand(ctx, pv, plan.size.Value())
-	cancel()
-	if callErr != nil {
-		return c.recordFailure(key, pvc, pv, callErr)
+		ctx, cancel := c.callContext()
+		ctx = klog.NewContext(ctx, logger)
+		reached, nodeExpansion, callErr := c.expander.expand(ctx, pv, plan.size.Value())
+		cancel()
+		if callErr != nil {
+			return c.recordFailure(key, pvc, pv, callErr)
+		}
+		done = expansionDone{pv: pv.UID, size: plan.size.Value(), reached: reached, nodeExpansion: nodeExpansion}
+		c.attempts.succeeded(key, done)
 	}
-	c.attempts.forget(key)
+	reached, nodeExpansion := done.reached, done.nodeExpansion
 
 	size := *resource.NewQuantity(reached, resource.BinarySI)
 	if reached == plan.size.Value() {
@@ -266,6 +275,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 		if _, err := c.patchClaim(pvc, markNodePending(pvc, c.recoverFailures), true); err != nil {
 			return c.markFailed(pvc, fmt.Errorf("mark PVC %q as node expansion required failed: %w", key, err))
 		}
+		c.attempts.recorded(key)
 		c.recorder.Event(pvc, v1.EventTypeNormal, reasonFSResizeRequired, "Require file system resize of volume on node")
 		logger.V(2).Info("Volume expanded, node expansion required", "pv", pv.Name, "size", size.String())
 		return nil
@@ -273,6 +283,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 	if _, err := c.patchClaim(pvc, markFinished(pvc, size), true); err != nil {
 		return c.markFailed(pvc, fmt.Errorf("mark PVC %q as resize finished failed: %w", key, err))
 	}
+	c.attempts.recorded(key)
 	c.recorder.Event(pvc, v1.EventTypeNormal, reasonResizeSucceeded, "Resize volume succeeded")
 	logger.V(2).Info("Volume expanded", "pv", pv.Name, "size", size.String())
 	return nil
