@@ -54,7 +54,7 @@ var (
 	flagLifeInterval  = flag.Duration("realloop.life-interval", 2*time.Second, "benchmark: a new Pod of the life run this often")
 	flagInUse         = flag.Duration("realloop.in-use", 10*time.Second, "benchmark: a life run's Pod is deleted this long after its volume is attached")
 	flagStream        = flag.Duration("realloop.stream", 40*time.Second, "benchmark: how long each goodput run offers new Pods")
-	flagRollingEvery  = flag.Duration("realloop.rolling-every", 600*time.Millisecond, "benchmark: a new Pod of the rolling upgrade's stream this often")
+	flagRollingEvery  = flag.String("realloop.rolling-every", "1s,500ms", "benchmark: the rolling upgrades' streams, a new Pod this often each (comma-separated durations)")
 	flagRollingInUse  = flag.Duration("realloop.rolling-in-use", 5*time.Second, "benchmark: a rolling upgrade's Pod is deleted this long after its volume is attached")
 	flagRollingMargin = flag.Duration("realloop.rolling-margin", 10*time.Second, "benchmark: a rolling upgrade's Pods come this long before its first step and after its last")
 	flagIntervals     = flag.String("realloop.intervals", "1200ms,600ms,300ms", "benchmark: the goodput runs, a new Pod this often each (comma-separated durations)")

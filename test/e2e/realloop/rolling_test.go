@@ -67,21 +67,23 @@ type load struct {
 }
 
 // testLoad is the short stream of the tests in make test.
-var testLoad = load{every: time.Second, inUse: 2 * time.Second, margin: 3 * time.Second}
+func testLoad() load {
+	return load{every: time.Second, inUse: 2 * time.Second, margin: 3 * time.Second}
+}
 
 // Two csi-sidecars replicas of three single-sidecar processes each are replaced one by one,
 // four times, while Pods with claims come and go. Every old replica exits 0 and empties the
 // holder of each Lease it held; every claim goes through its whole life, nothing is left,
 // and no two driver calls on one volume ever ran at once.
 func TestRollingUpgradeOfSingleSidecarReplicas(t *testing.T) {
-	r := rollingUpgrade(t, rollout{name: "single-sidecar", from: ours}, testLoad)
+	r := rollingUpgrade(t, rollout{name: "single-sidecar", from: ours}, testLoad())
 	r.log(t)
 }
 
 // The same with one `csi-sidecars --controllers=attacher,provisioner,resizer` process per
 // replica: one SIGTERM hands over all three Leases.
 func TestRollingUpgradeOfCombinedReplicas(t *testing.T) {
-	r := rollingUpgrade(t, rollout{name: "combined", from: ours, combined: true}, testLoad)
+	r := rollingUpgrade(t, rollout{name: "combined", from: ours, combined: true}, testLoad())
 	r.log(t)
 }
 
@@ -89,10 +91,11 @@ func TestRollingUpgradeOfCombinedReplicas(t *testing.T) {
 // mirrors; skipped without them) and every new one is ours, single-sidecar. Upstream's Lease
 // names are ours, so each Lease passes from upstream to ours; upstream does not release its
 // Lease on SIGTERM, so a handover from an upstream leader waits for the Lease to expire
-// (15 s). Ours still never run two leaders, and the claims' lives complete.
+// (15 s). Ours still never run two leaders, and the claims' lives complete. (TestMain
+// builds upstream's binaries when -test.run selects this test: its name is upstreamTest.)
 func TestRollingUpgradeFromUpstreamImages(t *testing.T) {
 	from := upstreamFrom(t)
-	r := rollingUpgrade(t, rollout{name: "image swap", from: from}, testLoad)
+	r := rollingUpgrade(t, rollout{name: "image swap", from: from}, testLoad())
 	r.log(t)
 }
 
@@ -114,26 +117,35 @@ func upstreamFrom(t testing.TB) implementation {
 	return up
 }
 
-// BenchmarkRollingUpgrade runs each rolling upgrade with a heavier stream of Pods
-// (-realloop.rolling-every, -realloop.rolling-in-use, -realloop.rolling-margin) and prints
-// each step's longest stall, the whole upgrade's and the stall before it for comparison,
-// exit codes and drain times. Figures are printed, never asserted (beyond what the tests
-// assert: exits, Leases released, no overlap, nothing left).
+// BenchmarkRollingUpgrade runs each rolling upgrade with longer streams of Pods than the
+// tests, at each rate of -realloop.rolling-every (by default a Pod every second, about what
+// the provisioner's default QPS sustains at five writes per Pod, and every 500 ms, twice
+// that: a backlog), each Pod deleted -realloop.rolling-in-use after its attachment, Pods
+// coming for -realloop.rolling-margin before the first step and after the last. It prints
+// each step's longest stall, the whole upgrade's and the longest before it for comparison,
+// the handovers, exit codes and drain times. Figures are printed, never asserted (beyond
+// what the tests assert: exits, Leases released, no overlap, nothing left).
 func BenchmarkRollingUpgrade(b *testing.B) {
-	l := load{every: *flagRollingEvery, inUse: *flagRollingInUse, margin: *flagRollingMargin}
+	rates, err := parseIntervals(*flagRollingEvery)
+	if err != nil || len(rates) == 0 {
+		b.Fatalf("-realloop.rolling-every=%q: want comma-separated positive durations", *flagRollingEvery)
+	}
 	variants := []rollout{{name: "single-sidecar", from: ours}, {name: "combined", from: ours, combined: true}, {name: "image-swap"}}
 	for _, ro := range variants {
-		b.Run(ro.name, func(b *testing.B) {
-			if ro.name == "image-swap" {
-				ro.from = upstreamFrom(b)
-			}
-			for range b.N {
-				r := rollingUpgrade(b, ro, l)
-				r.log(b)
-				b.ReportMetric(r.upgradeStall().length().Seconds(), "stall-max-s")
-				b.ReportMetric(r.before.length().Seconds(), "stall-before-s")
-			}
-		})
+		for _, every := range rates {
+			l := load{every: every, inUse: *flagRollingInUse, margin: *flagRollingMargin}
+			b.Run(fmt.Sprintf("%s/every=%v", ro.name, every), func(b *testing.B) {
+				if ro.name == "image-swap" {
+					ro.from = upstreamFrom(b)
+				}
+				for range b.N {
+					r := rollingUpgrade(b, ro, l)
+					r.log(b)
+					b.ReportMetric(r.upgrade.length().Seconds(), "stall-max-s")
+					b.ReportMetric(r.before.length().Seconds(), "stall-before-s")
+				}
+			})
+		}
 	}
 }
 
@@ -233,13 +245,13 @@ type step struct {
 	killed                            []string
 	// held are the Leases the old replica held at SIGTERM.
 	held []string
-	// takenOver is when the last of them had a new holder; zero when none was taken.
+	// takenOver is when the last of them had a new holder (the end of the stream if one
+	// never had); zero when it held none.
 	takenOver time.Time
-	// takers are their new holders.
-	takers []string
-	// stall is the longest stall overlapping the step, from its SIGTERM to the next one's
-	// (the end of the stream for the last), whole: one that began before the SIGTERM or
-	// lasted into the next step counts too.
+	// takers are their new holders; untaken the Leases nobody took.
+	takers, untaken []string
+	// stall is the step's longest stall: of those that overlap its handover (from the
+	// SIGTERM until the old replica exited and each Lease it held had a new holder), whole.
 	stall interval
 }
 
@@ -248,22 +260,14 @@ type rolling struct {
 	ro    rollout
 	load  load
 	steps []step
-	// before is the longest stall before the first SIGTERM, with the starting replicas:
-	// what the stream costs without any handover.
-	before interval
-	run    runResult
-	took   time.Duration
-}
-
-// upgradeStall is the longest stall of the whole upgrade.
-func (r *rolling) upgradeStall() interval {
-	var longest interval
-	for _, s := range r.steps {
-		if s.stall.length() > longest.length() {
-			longest = s.stall
-		}
-	}
-	return longest
+	// before is the longest stall over before the first SIGTERM, with the starting
+	// replicas: what the stream costs without any handover. upgrade is the longest of
+	// those that overlap the time from the first SIGTERM to the end of the stream.
+	before, upgrade interval
+	// waits are the Pods' waits for the sidecars.
+	waits []wait
+	run   runResult
+	took  time.Duration
 }
 
 // rollingUpgrade runs a rolling upgrade under a stream of Pods and checks its outcome:
@@ -314,8 +318,8 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 		st.signalled = st.old.terminate(t)
 		st.codes, st.killed, st.exited = st.old.waitExit(t)
 		r.steps = append(r.steps, st)
-		progress(t, "%s: step %d: %s ready after %v; %s (held %d Leases) exited %v after SIGTERM, codes %v",
-			ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, len(st.held),
+		progress(t, "%s: step %d: %s ready after %v; %s (held %s) exited %v after SIGTERM, codes %v",
+			ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, leasesN(len(st.held)),
 			st.exited.Sub(st.signalled).Round(time.Millisecond), st.codes)
 	}
 	time.Sleep(l.margin) // offered load after the last step
@@ -324,22 +328,14 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	progress(t, "%s: %d Pods offered; settling", ro.name, len(names))
 	r.run = w.settle(w.work, "roll", names)
 
-	// Stalls, from what the workload saw and the driver's journal.
-	stalls := subtract(waitingForSidecars(r.run.items, time.Now()), driverProgress(w.Driver.Journal(), time.Now()))
-	r.before = longestIn(stalls, interval{s.began, r.steps[0].signalled})
-	for i := range r.steps {
-		end := streamEnd
-		if i+1 < len(r.steps) {
-			end = r.steps[i+1].signalled
-		}
-		r.steps[i].stall = longestIn(stalls, interval{r.steps[i].signalled, end})
-	}
 	r.took = time.Since(began)
 	for i := range r.steps {
 		st := &r.steps[i]
 		for _, name := range st.held {
 			by, at := nextHolder(leases.Changes(name), st.old.id, st.signalled)
 			if by == "" {
+				st.untaken = append(st.untaken, name)
+				st.takenOver = streamEnd // the handover lasts as long as the stream
 				continue
 			}
 			st.takenOver = later(st.takenOver, at)
@@ -347,6 +343,15 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 				st.takers = append(st.takers, by)
 			}
 		}
+	}
+	// Stalls, from what the workload saw and the driver's journal.
+	r.waits = sidecarWaits(r.run.items, time.Now())
+	stalls := subtract(merge(intervals(r.waits)), driverProgress(w.Driver.Journal(), time.Now()))
+	r.before = longestWithin(stalls, interval{s.began, r.steps[0].signalled})
+	r.upgrade = longestIn(stalls, interval{r.steps[0].signalled, streamEnd})
+	for i := range r.steps {
+		st := &r.steps[i]
+		st.stall = longestIn(stalls, interval{st.signalled, later(st.exited, st.takenOver)})
 	}
 
 	// Every old replica of ours exited 0 and emptied the holder of every Lease it held.
@@ -545,21 +550,30 @@ func (i interval) length() time.Duration {
 	return i.to.Sub(i.from)
 }
 
-// waitingForSidecars is when some Pod waited for a sidecar: from its node's selection to
-// its volume's provisioning, from its scheduling to its attachment, from a growth's request
-// to its end, from its deletion to its volume's detachment, and from its claim's deletion
-// to its volume's; a wait not over is counted until end. These include the part of
+// wait is a time a Pod waited for a sidecar, and for what.
+type wait struct {
+	interval
+	what string
+}
+
+// sidecarWaits are the times Pods waited for a sidecar: from its node's selection to its
+// volume's provisioning, from its scheduling to its attachment, from a growth's request to
+// its end, from its deletion to its volume's detachment, and from its claim's deletion to
+// its volume's; a wait not over is counted until end. They include the part of
 // kube-controller-manager (creating and deleting VolumeAttachments, handing claims over),
 // which takes the same little time with or without an upgrade.
-func waitingForSidecars(items []cluster.Item, end time.Time) []interval {
-	waits := []struct{ from, to cluster.Stage }{
-		{cluster.NodeSelected, cluster.Provisioned},
-		{cluster.Scheduled, cluster.Attached},
-		{cluster.GrowRequested, cluster.Grown},
-		{cluster.PodDeleted, cluster.Detached},
-		{cluster.ClaimGone, cluster.VolumeDeleted},
+func sidecarWaits(items []cluster.Item, end time.Time) []wait {
+	waits := []struct {
+		what     string
+		from, to cluster.Stage
+	}{
+		{"provision", cluster.NodeSelected, cluster.Provisioned},
+		{"attach", cluster.Scheduled, cluster.Attached},
+		{"grow", cluster.GrowRequested, cluster.Grown},
+		{"detach", cluster.PodDeleted, cluster.Detached},
+		{"delete", cluster.ClaimGone, cluster.VolumeDeleted},
 	}
-	var out []interval
+	var out []wait
 	for _, it := range items {
 		for _, wt := range waits {
 			from, ok := it.Times[wt.from]
@@ -575,10 +589,37 @@ func waitingForSidecars(items []cluster.Item, end time.Time) []interval {
 			if !ok {
 				to = end
 			}
-			out = append(out, interval{from, to})
+			out = append(out, wait{interval{from, to}, wt.what})
 		}
 	}
-	return merge(out)
+	return out
+}
+
+func intervals(ws []wait) []interval {
+	out := make([]interval, len(ws))
+	for i, w := range ws {
+		out[i] = w.interval
+	}
+	return out
+}
+
+// waitingFor lists what the waits overlapping stall waited for, by how many.
+func waitingFor(ws []wait, stall interval) string {
+	n := map[string]int{}
+	var order []string
+	for _, w := range ws {
+		if w.from.Before(stall.to) && w.to.After(stall.from) {
+			if n[w.what] == 0 {
+				order = append(order, w.what)
+			}
+			n[w.what]++
+		}
+	}
+	parts := make([]string, len(order))
+	for i, what := range order {
+		parts[i] = fmt.Sprintf("%d %s", n[what], what)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // driverProgress is when some sidecar's successful call changed the driver's state
@@ -656,6 +697,17 @@ func longestIn(stalls []interval, window interval) interval {
 	return longest
 }
 
+// longestWithin is the longest stall that lies within window.
+func longestWithin(stalls []interval, window interval) interval {
+	var longest interval
+	for _, s := range stalls {
+		if !s.from.Before(window.from) && !s.to.After(window.to) && s.length() > longest.length() {
+			longest = s
+		}
+	}
+	return longest
+}
+
 // log prints the upgrade's figures.
 func (r *rolling) log(t testing.TB) {
 	t.Helper()
@@ -665,24 +717,30 @@ func (r *rolling) log(t testing.TB) {
 	for i, st := range r.steps {
 		held := "no Lease"
 		switch {
-		case len(st.held) > 0 && st.takenOver.IsZero():
-			held = fmt.Sprintf("%d Leases, not taken over", len(st.held))
+		case len(st.untaken) > 0:
+			held = fmt.Sprintf("%s, %d not taken over", leasesN(len(st.held)), len(st.untaken))
 		case len(st.held) > 0:
-			held = fmt.Sprintf("%d Leases, taken over by %s at SIGTERM+%v", len(st.held), strings.Join(st.takers, ", "),
+			held = fmt.Sprintf("%s, taken over by %s at SIGTERM+%v", leasesN(len(st.held)), strings.Join(st.takers, ", "),
 				st.takenOver.Sub(st.signalled).Round(time.Millisecond))
 		}
 		fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: step %d: %s ready %v after start; %s held %s; exit %v at SIGTERM+%v; longest stall %v (%s)\n",
 			r.ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, held, exitCodes(st.codes, st.killed),
 			st.exited.Sub(st.signalled).Round(time.Millisecond), st.stall.length().Round(time.Millisecond), r.where(i))
 	}
-	up := r.upgradeStall()
-	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v); before the upgrade %v\n",
-		r.ro.name, up.length().Round(time.Millisecond), stallTarget, r.before.length().Round(time.Millisecond))
+	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v; waiting: %s); before the upgrade %v\n",
+		r.ro.name, r.upgrade.length().Round(time.Millisecond), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
 	t.Log(strings.TrimSuffix(b.String(), "\n"))
 }
 
+func leasesN(n int) string {
+	if n == 1 {
+		return "1 Lease"
+	}
+	return fmt.Sprintf("%d Leases", n)
+}
+
 // where places step i's longest stall relative to its SIGTERM, or names the earlier step
-// whose stall it is.
+// whose stall it is, and says what waited.
 func (r *rolling) where(i int) string {
 	st := r.steps[i]
 	if st.stall.length() == 0 {
@@ -694,10 +752,11 @@ func (r *rolling) where(i int) string {
 		}
 	}
 	d := st.stall.from.Sub(st.signalled)
+	at := fmt.Sprintf("from SIGTERM+%v", d.Round(time.Millisecond))
 	if d < 0 {
-		return fmt.Sprintf("from %v before SIGTERM", (-d).Round(time.Millisecond))
+		at = fmt.Sprintf("from %v before SIGTERM", (-d).Round(time.Millisecond))
 	}
-	return fmt.Sprintf("from SIGTERM+%v", d.Round(time.Millisecond))
+	return at + "; waiting: " + waitingFor(r.waits, st.stall)
 }
 
 // exitCodes renders a replica's exit codes: "signal" for a process the signal ended
@@ -746,7 +805,8 @@ func TestStallsAreWaitsWithoutSuccessfulDriverCalls(t *testing.T) {
 		call(testdriver.MethodControllerPublishVolume, 2000, 2100, "OK"),
 		call(testdriver.MethodControllerUnpublishVolume, 4000, -1, ""), // still running
 	}
-	got := subtract(waitingForSidecars(items, at(5000)), driverProgress(calls, at(5000)))
+	waits := sidecarWaits(items, at(5000))
+	got := subtract(merge(intervals(waits)), driverProgress(calls, at(5000)))
 	want := []interval{{at(0), at(100)}, {at(200), at(700)}, {at(900), at(1000)}, {at(1500), at(2000)}, {at(2100), at(4000)}}
 	if !slices.Equal(got, want) {
 		t.Errorf("stalls:\n got %v\nwant %v", got, want)
@@ -756,5 +816,8 @@ func TestStallsAreWaitsWithoutSuccessfulDriverCalls(t *testing.T) {
 	}
 	if l := longestIn(got, interval{at(4000), at(5000)}); l.length() != 0 {
 		t.Errorf("longest stall overlapping 4000-5000 ms: %v, want none", l)
+	}
+	if what := waitingFor(waits, interval{at(2100), at(4000)}); what != "1 attach, 1 detach" {
+		t.Errorf("waiting during the stall 2100-4000 ms: %q, want 1 attach, 1 detach", what)
 	}
 }
