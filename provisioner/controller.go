@@ -130,9 +130,9 @@ type controller struct {
 	absent absentVolumes
 	// slow holds the claims whose CreateVolume was infeasible, to be retried slowly.
 	slow slowRetries
-	// deletedVolumes holds the PersistentVolumes whose volume DeleteVolume deleted, until
-	// the informer sees them go: a retry of the API writes after it must not call the
-	// driver again.
+	// deletedVolumes holds how far this process got with deleting each PersistentVolume
+	// (its volume deleted; the PersistentVolume deleted and let go), until the informer
+	// sees it go: no sync repeats a DeleteVolume or the writes after it (delete.go).
 	deletedVolumes map[deletedKey]struct{}
 	// ownPVs reads the PersistentVolume cache through the PersistentVolumes this process
 	// saved: a sync of the claim can come before the informer shows one, and a claim that
