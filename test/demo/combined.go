@@ -52,33 +52,50 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		return nil, 0, err
 	}
 
-	// Work for all three at once. The first wave of each, then one SIGTERM once calls of
-	// each are in flight.
+	// Work for all three at once: the first wave of each, then one SIGTERM once calls of
+	// each are in flight. The control loop brings each kind of work at its own pace: a kind
+	// whose calls all ended before the others' came gets one more item, as long as one is
+	// left for the second wave.
 	since := time.Now()
-	for _, j := range jobs {
-		what, err := j.give(ctx, j.names[:len(j.names)/2])
+	given := make([]int, len(jobs)) // items of each job given so far
+	for i, j := range jobs {
+		given[i] = len(j.names) / 2
+		what, err := j.give(ctx, j.names[:given[i]])
 		if err != nil {
 			return nil, 0, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
 		d.say("%s%s", what, j.how)
 	}
-	var stuck string
-	if err := d.waitCalls(ctx, func(c []testdriver.Call) bool {
-		all := true
-		for _, j := range jobs {
-			cs := callsSince(c, leader.socket, j.method, since)
-			if len(cs) >= len(j.names)/2 && running(cs) == 0 {
-				stuck = j.method
-				return true
+	for {
+		var ended []int
+		if err := d.waitCalls(ctx, func(c []testdriver.Call) bool {
+			ended = ended[:0]
+			all := true
+			for i, j := range jobs {
+				if cs := callsSince(c, leader.socket, j.method, since); len(cs) >= given[i] && running(cs) == 0 {
+					ended = append(ended, i)
+				}
+				all = all && inFlight(c, leader.socket, j.method, since, given[i])
 			}
-			all = all && inFlight(c, leader.socket, j.method, since, len(j.names)/2)
+			return all || len(ended) > 0
+		}); err != nil {
+			return nil, 0, fmt.Errorf("waiting for calls of each sidecar on %s: %w", leader.name, err)
 		}
-		return all
-	}); err != nil {
-		return nil, 0, fmt.Errorf("waiting for calls of each sidecar on %s: %w", leader.name, err)
-	}
-	if stuck != "" {
-		return nil, 0, fmt.Errorf("%s finished its first %s calls before calls of each sidecar were in flight at once; nothing to SIGTERM it with", leader.name, stuck)
+		if len(ended) == 0 {
+			break
+		}
+		for _, i := range ended {
+			j := jobs[i]
+			if given[i] >= len(j.names)-1 {
+				return nil, 0, fmt.Errorf("%s's %s calls kept ending before calls of each sidecar were in flight at once", leader.name, j.method)
+			}
+			what, err := j.give(ctx, j.names[given[i]:given[i]+1])
+			if err != nil {
+				return nil, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+			}
+			given[i]++
+			d.say("%s: %s's %s calls ended before the other sidecars' calls came", what, leader.name, j.method)
+		}
 	}
 	signalled, err := d.terminate(ctx, leader)
 	if err != nil {
@@ -93,8 +110,8 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		inFlightNow = append(inFlightNow, fmt.Sprintf("%d %s", h.inFlight, j.method))
 	}
 	d.say("one SIGTERM -> %s with %s calls in flight", leader.name, strings.Join(inFlightNow, ", "))
-	for _, j := range jobs {
-		what, err := j.give(ctx, j.names[len(j.names)/2:])
+	for i, j := range jobs {
+		what, err := j.give(ctx, j.names[given[i]:])
 		if err != nil {
 			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
