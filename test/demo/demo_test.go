@@ -78,6 +78,9 @@ func TestDemoShort(t *testing.T) {
 // BenchmarkFailover runs the demo (short mode) and reports, per sidecar, the leader's drain,
 // the standby's first call after the leader's exit and its peak memory.
 func BenchmarkFailover(b *testing.B) {
+	if _, err := cluster.Assets(); err != nil {
+		b.Skipf("no real control loop: %v", err)
+	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {
 		b.Fatal(err)

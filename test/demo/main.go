@@ -374,8 +374,8 @@ func (d *demo) provisioning(lease string, names []string) phase {
 	}
 }
 
-// rollout: the Pods are replaced. Once their first volumes are attached (by the attacher's
-// leader, before the phase), they are deleted and their volumes detached; created again,
+// rollout: the Pods are replaced. Once their volumes are attached (by the attacher's leader,
+// before any SIGTERM), the Pods are deleted and their volumes detached; created again,
 // kube-controller-manager attaches each volume anew.
 func (d *demo) rollout(lease string, names []string) phase {
 	return phase{
