@@ -104,7 +104,13 @@ type Scenario struct {
 func NewScenario(t testing.TB, cp *controlplane.ControlPlane, binDir string, cfg testdriver.Config) *Scenario {
 	t.Helper()
 	client := kubernetes.NewForConfigOrDie(cp.Config())
-	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	// A namespace name is a DNS label: subtest names ("every=1s") may hold other characters.
+	ns := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(t.Name()))
 	if len(ns) > 50 {
 		ns = ns[:50]
 	}
