@@ -29,7 +29,7 @@ image: ## build the container image (needs a container engine; not available on 
 testenv: ## build kube-apiserver and etcd once per machine into the cache (no-op when cached)
 	@hack/control-plane.sh
 
-bench: testenv ## benchmarks: failover figures (drain, takeover, writes per operation) and peak memory vs upstream, printed, never asserted
+bench: testenv ## benchmarks: failover figures, peak memory and the real control loop (latency, goodput, writes per operation) vs upstream, printed, never asserted
 	$(GO) test -count=1 -run '^$$' -bench CachedObjectBytes -benchtime 1x ./lifecycle
 	$(GO) test -count=1 -p 1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./test/...
 

@@ -51,7 +51,8 @@ const (
 //     detach, expand: by the object written and whether the claim or Pod was deleted
 //     then), events included, Lease renewals not; failed writes (409, 404, 429) too.
 //
-// Figures are printed (stdout), never asserted. It takes about 15 minutes on 2 cores.
+// Figures are printed (stdout), never asserted. It takes about 17 minutes on a shared 2-core
+// machine.
 func BenchmarkRealControlLoop(b *testing.B) {
 	if noLoop != nil {
 		b.Skipf("no real control loop: %v", noLoop)
