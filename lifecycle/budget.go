@@ -21,6 +21,8 @@ import (
 //     finalizer) get a token only when no other request of the sidecar waits for one. Work
 //     already in the driver is recorded first; new work waits, instead of every operation
 //     taking longer and more of them timing out half-done.
+//   - Requests nothing waits for (Deferrable: an event that closes a provisioning record
+//     a PersistentVolume already supersedes) get a token only when no other request waits.
 //   - A request waits for its token as long as its context lives. The sidecars put no
 //     deadline on an API write: client-go's request timeout starts after the token, and the
 //     API server bounds a request itself. A write that times out in the limiter and is
@@ -34,8 +36,8 @@ type budget struct {
 
 	mu sync.Mutex
 	// waiting holds the requests waiting for a token, by class: finishing (and every
-	// other request) first, starting second; each in arrival order.
-	waiting [2][]*budgetWaiter
+	// other request) first, starting second, deferrable last; each in arrival order.
+	waiting [3][]*budgetWaiter
 	started bool
 	wake    chan struct{}
 }
@@ -48,9 +50,11 @@ type budgetWaiter struct {
 const (
 	classFinishing = iota
 	classStarting
+	classDeferrable
 )
 
-type startingWorkKey struct{}
+// classKey marks a context with the class of its requests.
+type classKey struct{}
 
 var _ flowcontrol.RateLimiter = &budget{}
 
@@ -89,7 +93,19 @@ func budgetFor(qps float32, burst int) *budget {
 // leader), and its requests wait for a token behind every request that finishes work.
 // Cancel it when the write is done.
 func StartingWork(ctx, intake context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, startingWorkKey{}, true))
+	return withClass(ctx, intake, classStarting)
+}
+
+// Deferrable returns a context for API writes that nothing waits for and that the next
+// leader would redo (an event closing a record that a PersistentVolume already
+// supersedes): they get a token only when no other request of the sidecar waits, and end
+// with intake (IfNotStarted) so that they never stretch a drain. Cancel it when done.
+func Deferrable(ctx, intake context.Context) (context.Context, context.CancelFunc) {
+	return withClass(ctx, intake, classDeferrable)
+}
+
+func withClass(ctx, intake context.Context, class int) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, classKey{}, class))
 	stop := context.AfterFunc(intake, func() { cancel(errIntakeEnded) })
 	return ctx, func() { stop(); cancel(context.Canceled) }
 }
@@ -108,10 +124,8 @@ func IfNotStarted(ctx context.Context, err error) error {
 }
 
 func classOf(ctx context.Context) int {
-	if starting, _ := ctx.Value(startingWorkKey{}).(bool); starting {
-		return classStarting
-	}
-	return classFinishing
+	class, _ := ctx.Value(classKey{}).(int)
+	return class
 }
 
 // Wait blocks until the request may be sent or ctx ends.
@@ -185,7 +199,11 @@ func (b *budget) dispatch() {
 func (b *budget) anyWaiting() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.waiting[classFinishing])+len(b.waiting[classStarting]) > 0
+	n := 0
+	for _, q := range b.waiting {
+		n += len(q)
+	}
+	return n > 0
 }
 
 // next pops the waiter to serve; b.mu held.

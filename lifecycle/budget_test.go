@@ -11,7 +11,7 @@ import (
 )
 
 // A budget with no tokens left serves every waiting request that finishes work before any
-// request that starts work, whatever order they came in.
+// request that starts work, and those before deferrable ones, whatever order they came in.
 func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	b := newBudget(5, 1) // a token every 200 ms once the burst is spent
 	if err := b.Wait(context.Background()); err != nil {
@@ -21,16 +21,16 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	var order []string
 	var wg sync.WaitGroup
 	for i, r := range []struct {
-		name     string
-		starting bool
-	}{{"start1", true}, {"start2", true}, {"finish1", false}, {"finish2", false}} {
+		name  string
+		class func(ctx, intake context.Context) (context.Context, context.CancelFunc)
+	}{{"later1", Deferrable}, {"start1", StartingWork}, {"start2", StartingWork}, {"finish1", nil}, {"later2", Deferrable}, {"finish2", nil}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx := context.Background()
-			if r.starting {
+			if r.class != nil {
 				var cancel context.CancelFunc
-				ctx, cancel = StartingWork(ctx, context.Background())
+				ctx, cancel = r.class(ctx, context.Background())
 				defer cancel()
 			}
 			if err := b.Wait(ctx); err != nil {
@@ -44,7 +44,7 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 		waitForWaiters(t, b, i+1)
 	}
 	wg.Wait()
-	want := []string{"finish1", "finish2", "start1", "start2"}
+	want := []string{"finish1", "finish2", "start1", "start2", "later1", "later2"}
 	if !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v", order, want)
 	}
@@ -55,7 +55,10 @@ func waitForWaiters(t *testing.T, b *budget, n int) {
 	t.Helper()
 	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(time.Millisecond) {
 		b.mu.Lock()
-		queued := len(b.waiting[classFinishing]) + len(b.waiting[classStarting])
+		queued := 0
+		for _, q := range b.waiting {
+			queued += len(q)
+		}
 		b.mu.Unlock()
 		if queued >= n {
 			return

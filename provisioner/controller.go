@@ -107,6 +107,10 @@ type controller struct {
 	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
 	// keyed by sourceRef.key().
 	sourceQueue *lifecycle.Queue[string]
+	// closeQueue holds, by claim UID, the records whose closing event is to be written
+	// (closer.go); toClose (under mu) what to write.
+	closeQueue *lifecycle.Queue[string]
+	toClose    map[string]closing
 	// snapshots is nil without snapshot support.
 	snapshots *snapshotWatch
 	// records keeps the provisioning records (events on the claims).
@@ -143,7 +147,7 @@ type controller struct {
 // newController wires the listers, handlers and queues on factory. It must run before the
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
-	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}}
+	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}, toClose: map[string]closing{}}
 	queue := func(name string) *lifecycle.Queue[string] {
 		return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: name, RetryStart: cfg.opts.retryIntervalStart, RetryMax: cfg.opts.retryIntervalMax,
 			Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
@@ -154,6 +158,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	c.claimQueue = queue(claimQueueName)
 	c.volumeQueue = queue(volumeQueueName)
 	c.sourceQueue = queue(sourceQueueName)
+	c.closeQueue = queue(closeQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -302,6 +307,7 @@ func (c *controller) run(intake context.Context) {
 		c.claimQueue.ShutDown()
 		c.volumeQueue.ShutDown()
 		c.sourceQueue.ShutDown()
+		c.closeQueue.ShutDown()
 		return
 	}
 	var wg sync.WaitGroup
@@ -311,6 +317,7 @@ func (c *controller) run(intake context.Context) {
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sourceQueue, int(c.opts.cloningProtectionThreads), c.syncSourceProtection)
 	})
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.closeQueue, 1, c.syncClose) })
 	wg.Go(func() { c.sweepSnapshots(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")

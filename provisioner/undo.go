@@ -108,17 +108,26 @@ func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolume
 // earlier version leaves the claim too (one update of the freshest copy this process
 // knows; a conflict goes back to the queue, never to a fresh read, P14).
 func (c *controller) closeRecord(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
-	if claim != nil && hasRecord(claim) {
-		update, _ := withoutRecord(claim)
-		out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			c.ownClaims.Wrote(out)
-		case !apierrors.IsNotFound(err):
-			return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
-		}
+	if err := c.dropLegacyRecord(ctx, claim); err != nil {
+		return err
 	}
 	return c.records.close(ctx, uid, c.claimRef(claim, rec), eventType, reason, message)
+}
+
+// dropLegacyRecord removes a record of an earlier version from the claim, if it has one.
+func (c *controller) dropLegacyRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
+	if claim == nil || !hasRecord(claim) {
+		return nil
+	}
+	update, _ := withoutRecord(claim)
+	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	switch {
+	case err == nil:
+		c.ownClaims.Wrote(out)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+	}
+	return nil
 }
 
 // claimRef is the reference events about the claim use: the claim's, else (it is gone) the
@@ -135,15 +144,20 @@ func (c *controller) claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord)
 
 // recorded ends a record whose volume a PersistentVolume records, with upstream's
 // ProvisioningSucceeded event, and the plan, if any, is done.
+//
+// The event is written later, by the record closer (closer.go): a PersistentVolume
+// supersedes the record, so nothing waits for it, and a provisioning costs two writes on
+// its way to a bound claim (the record and the PersistentVolume), not three (P14).
 func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
-	if err := c.closeRecord(ctx, uid, claim, rec, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", rec.Volume)); err != nil {
-		klog.FromContext(ctx).V(2).Info("Cannot close the provisioning record, retrying", "err", err.Error())
+	if err := c.dropLegacyRecord(ctx, claim); err != nil {
+		klog.FromContext(ctx).V(2).Info("Cannot remove the provisioning record from the claim, retrying", "err", err.Error())
 		return err
 	}
 	c.absent.forget(uid)
 	if p != nil {
 		c.finish(uid, p)
 	}
+	c.closeLater(uid, c.claimRef(claim, rec), rec.Volume)
 	return nil
 }
 
