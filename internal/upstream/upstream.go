@@ -205,7 +205,7 @@ func BuildAll(mirrors string, log io.Writer) map[string]Binary {
 		out[r.Sidecar] = Binary{Release: r, Path: path, Err: err}
 		switch {
 		case err != nil:
-			fmt.Fprintf(log, "upstream: no %s (%s): %v\n", r.Sidecar, r, err)
+			fmt.Fprintln(log, err) // it names the release and says why
 		case time.Since(began) > time.Second:
 			fmt.Fprintf(log, "upstream: built %s into %s in %v\n", r, path, time.Since(began).Round(time.Second))
 		}

@@ -95,7 +95,7 @@ func upstreamImplementation() (implementation, string) {
 	for _, r := range upstream.Releases() {
 		bin := upstreamBinaries[r.Sidecar]
 		if bin.Err != nil {
-			why = append(why, bin.Err.Error())
+			why = append(why, strings.TrimPrefix(bin.Err.Error(), "upstream: "))
 			continue
 		}
 		im.binaries[r.Sidecar] = bin.Path
