@@ -22,6 +22,10 @@ type LeaseChange struct {
 	Deleted bool
 	// At is when the watch delivered the change (the test's clock).
 	At time.Time
+	// Written is the record's renewTime: when its writer wrote it (a new holder's
+	// acquisition, or a release), by the writer's clock; zero if the record has none.
+	// On one machine it is the more precise of the two.
+	Written time.Time
 }
 
 // LeaseWatch records every change of holder of the Leases of one namespace. It watches from
@@ -99,7 +103,11 @@ func (lw *LeaseWatch) observe(l *coordinationv1.Lease, deleted bool, at time.Tim
 		return // a renewal
 	}
 	lw.holders[l.Name] = holder
-	lw.changes = append(lw.changes, LeaseChange{Lease: l.Name, Holder: holder, Deleted: deleted, At: at})
+	c := LeaseChange{Lease: l.Name, Holder: holder, Deleted: deleted, At: at}
+	if l.Spec.RenewTime != nil {
+		c.Written = l.Spec.RenewTime.Time
+	}
+	lw.changes = append(lw.changes, c)
 }
 
 // Changes are the changes of holder of Lease name so far (of every Lease when name is

@@ -235,6 +235,13 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // step is one step of the upgrade and what it observed.
 type step struct {
 	old, new *podReplica
@@ -250,6 +257,9 @@ type step struct {
 	takenOver time.Time
 	// takers are their new holders; untaken the Leases nobody took.
 	takers, untaken []string
+	// releasedToTaken is the longest time from a release to the new holder, as the test's
+	// watch saw them.
+	releasedToTaken time.Duration
 	// stall is the step's longest stall: of those that overlap its handover (from the
 	// SIGTERM until the old replica exited and each Lease it held had a new holder), whole.
 	stall interval
@@ -266,8 +276,14 @@ type rolling struct {
 	before, upgrade interval
 	// waits are the Pods' waits for the sidecars.
 	waits []wait
-	run   runResult
-	took  time.Duration
+	// What the stalls were computed from, for a timeline of a long one: the driver's
+	// journal, the Leases' changes and the replicas' process names by socket.
+	journal      []testdriver.Call
+	leaseChanges []e2e.LeaseChange
+	procName     map[string]string
+	leaseOf      map[string]string // the sidecar of each Lease
+	run          runResult
+	took         time.Duration
 }
 
 // rollingUpgrade runs a rolling upgrade under a stream of Pods and checks its outcome:
@@ -289,8 +305,11 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	})
 	driver := w.Driver.DriverName()
 	var leaseNames []string
+	leaseOf := map[string]string{}
 	for _, sc := range sidecars() {
-		leaseNames = append(leaseNames, lifecycle.SanitizeName(sc.LeaseName(driver)))
+		name := lifecycle.SanitizeName(sc.LeaseName(driver))
+		leaseNames = append(leaseNames, name)
+		leaseOf[name] = sc.Name()
 	}
 	for _, p := range replicas {
 		p.waitReady(t)
@@ -300,7 +319,7 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	s := w.startStream("roll", l.every, l.inUse)
 	// Without this a failure below would leave lives running after the test.
 	t.Cleanup(func() { s.stop() })
-	r := &rolling{ro: ro, load: l}
+	r := &rolling{ro: ro, load: l, leaseOf: leaseOf}
 	progress(t, "%s: replicas %s and %s lead or stand by; Pods come every %v", ro.name, replicas[0].id, replicas[1].id, l.every)
 	// Offered load before the first step: the workload's shape, not a wait for anything.
 	time.Sleep(l.margin)
@@ -332,21 +351,25 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	for i := range r.steps {
 		st := &r.steps[i]
 		for _, name := range st.held {
-			by, at := nextHolder(leases.Changes(name), st.old.id, st.signalled)
+			by, at, released := nextHolder(leases.Changes(name), st.old.id, st.signalled)
 			if by == "" {
 				st.untaken = append(st.untaken, name)
 				st.takenOver = streamEnd // the handover lasts as long as the stream
 				continue
 			}
 			st.takenOver = later(st.takenOver, at)
+			if !released.IsZero() {
+				st.releasedToTaken = max(st.releasedToTaken, at.Sub(released))
+			}
 			if !slices.Contains(st.takers, by) {
 				st.takers = append(st.takers, by)
 			}
 		}
 	}
 	// Stalls, from what the workload saw and the driver's journal.
-	r.waits = sidecarWaits(r.run.items, time.Now())
-	stalls := subtract(merge(intervals(r.waits)), driverProgress(w.Driver.Journal(), time.Now()))
+	r.journal, r.leaseChanges = w.Driver.Journal(), leases.Changes("")
+	r.waits = sidecarWaits(r.run.items, r.journal, time.Now())
+	stalls := subtract(merge(intervals(r.waits)), driverProgress(r.journal, time.Now()))
 	r.before = longestWithin(stalls, interval{s.began, r.steps[0].signalled})
 	r.upgrade = longestIn(stalls, interval{r.steps[0].signalled, streamEnd})
 	for i := range r.steps {
@@ -408,16 +431,16 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 		}
 	}
 	// No two mutating calls on one volume at once, within a replica or across replicas.
-	procName := map[string]string{}
+	r.procName = map[string]string{}
 	for _, p := range replicas {
 		for _, proc := range p.procs {
-			procName[proc.Socket] = proc.Name
+			r.procName[proc.Socket] = proc.Name
 		}
 	}
 	for _, o := range w.Driver.Overlaps() {
 		t.Errorf("volume %s: %s by %s (%v to %v) overlapped %s by %s (from %v)", o.Volume,
-			o.First.Method, procName[o.First.Socket], o.First.Start.Format(time.StampMilli), o.First.End.Format(time.StampMilli),
-			o.Second.Method, procName[o.Second.Socket], o.Second.Start.Format(time.StampMilli))
+			o.First.Method, r.procName[o.First.Socket], o.First.Start.Format(time.StampMilli), o.First.End.Format(time.StampMilli),
+			o.Second.Method, r.procName[o.Second.Socket], o.Second.Start.Format(time.StampMilli))
 	}
 	if err := w.cluster.Running(); err != nil {
 		t.Error(err)
@@ -472,15 +495,32 @@ func notReleased(changes []e2e.LeaseChange, id string) string {
 	return ""
 }
 
-// nextHolder is the first holder other than id (and not empty) after `after`, and when
-// the watch saw it; "" when there was none.
-func nextHolder(changes []e2e.LeaseChange, id string, after time.Time) (string, time.Time) {
+// nextHolder is the first holder other than id (and not empty) seen after `after`, when
+// it took the Lease, and when the Lease was released before that (zero if it was not); ""
+// when there was none. The times are the records' own (written), falling back to when the
+// watch saw them.
+func nextHolder(changes []e2e.LeaseChange, id string, after time.Time) (by string, at, released time.Time) {
 	for _, c := range changes {
-		if c.At.After(after) && c.Holder != "" && c.Holder != id {
-			return c.Holder, c.At
+		if !c.At.After(after) {
+			continue
+		}
+		if c.Holder == "" && !c.Deleted {
+			released = written(c)
+		}
+		if c.Holder != "" && c.Holder != id {
+			return c.Holder, written(c), released
 		}
 	}
-	return "", time.Time{}
+	return "", time.Time{}, time.Time{}
+}
+
+// written is when a Lease record was written, by its writer's clock (the same machine's),
+// else when the watch saw it.
+func written(c e2e.LeaseChange) time.Time {
+	if c.Written.IsZero() {
+		return c.At
+	}
+	return c.Written
 }
 
 // podStream offers a new Pod with a new claim at a fixed rate until stopped, each living
@@ -556,22 +596,28 @@ type wait struct {
 	what string
 }
 
-// sidecarWaits are the times Pods waited for a sidecar: from its node's selection to its
-// volume's provisioning, from its scheduling to its attachment, from a growth's request to
-// its end, from its deletion to its volume's detachment, and from its claim's deletion to
-// its volume's; a wait not over is counted until end. They include the part of
-// kube-controller-manager (creating and deleting VolumeAttachments, handing claims over),
-// which takes the same little time with or without an upgrade.
-func sidecarWaits(items []cluster.Item, end time.Time) []wait {
+// sidecarWaits are the times Pods waited for a sidecar's driver call: from its node's
+// selection to the CreateVolume of its volume, from its scheduling to the
+// ControllerPublishVolume, from a growth's request to the ControllerExpandVolume, from its
+// deletion to the ControllerUnpublishVolume, and from its claim's deletion to the
+// DeleteVolume (the first successful one that was still running when the wait began, from
+// the journal). Without such a call a wait ends when the workload saw its stage reached
+// (provisioned, attached, grown, detached, volume deleted), and a wait not over by then is
+// counted until end. The API writes that record a call's result are not waited for: they
+// are not driver calls. A wait includes kube-controller-manager's part before a sidecar
+// can act (creating and deleting VolumeAttachments, handing claims over), which takes the
+// same little time with or without an upgrade.
+func sidecarWaits(items []cluster.Item, calls []testdriver.Call, end time.Time) []wait {
 	waits := []struct {
 		what     string
 		from, to cluster.Stage
+		method   string
 	}{
-		{"provision", cluster.NodeSelected, cluster.Provisioned},
-		{"attach", cluster.Scheduled, cluster.Attached},
-		{"grow", cluster.GrowRequested, cluster.Grown},
-		{"detach", cluster.PodDeleted, cluster.Detached},
-		{"delete", cluster.ClaimGone, cluster.VolumeDeleted},
+		{"provision", cluster.NodeSelected, cluster.Provisioned, testdriver.MethodCreateVolume},
+		{"attach", cluster.Scheduled, cluster.Attached, testdriver.MethodControllerPublishVolume},
+		{"grow", cluster.GrowRequested, cluster.Grown, testdriver.MethodControllerExpandVolume},
+		{"detach", cluster.PodDeleted, cluster.Detached, testdriver.MethodControllerUnpublishVolume},
+		{"delete", cluster.ClaimGone, cluster.VolumeDeleted, testdriver.MethodDeleteVolume},
 	}
 	var out []wait
 	for _, it := range items {
@@ -588,6 +634,16 @@ func sidecarWaits(items []cluster.Item, end time.Time) []wait {
 			to, ok := it.Times[wt.to]
 			if !ok {
 				to = end
+			}
+			for _, c := range calls {
+				if c.Method != wt.method || !c.Done() || c.Code != "OK" || c.Canceled || c.End.Before(from) {
+					continue
+				}
+				if c.Method == testdriver.MethodCreateVolume && c.VolumeName == it.PersistentVolume && it.PersistentVolume != "" ||
+					c.Method != testdriver.MethodCreateVolume && c.VolumeID == it.VolumeHandle && it.VolumeHandle != "" {
+					to = earlier(to, later(from, c.Start))
+					break
+				}
 			}
 			out = append(out, wait{interval{from, to}, wt.what})
 		}
@@ -722,6 +778,9 @@ func (r *rolling) log(t testing.TB) {
 		case len(st.held) > 0:
 			held = fmt.Sprintf("%s, taken over by %s at SIGTERM+%v", leasesN(len(st.held)), strings.Join(st.takers, ", "),
 				st.takenOver.Sub(st.signalled).Round(time.Millisecond))
+			if st.releasedToTaken > 0 {
+				held += fmt.Sprintf(" (at most %v after a release)", st.releasedToTaken.Round(time.Millisecond))
+			}
 		}
 		fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: step %d: %s ready %v after start; %s held %s; exit %v at SIGTERM+%v; longest stall %v (%s)\n",
 			r.ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, held, exitCodes(st.codes, st.killed),
@@ -730,6 +789,62 @@ func (r *rolling) log(t testing.TB) {
 	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v; waiting: %s); before the upgrade %v\n",
 		r.ro.name, r.upgrade.length().Round(time.Millisecond), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
 	t.Log(strings.TrimSuffix(b.String(), "\n"))
+	for i, st := range r.steps {
+		if st.stall.length() > stallTarget && (i == 0 || r.steps[i-1].stall != st.stall) && st.stall.length() < time.Minute {
+			t.Logf("step %d's stall of %v, timeline (ms from its SIGTERM):\n%s", i+1, st.stall.length().Round(time.Millisecond), r.timeline(st))
+		}
+	}
+}
+
+// timeline lists what happened from shortly before a step's stall to shortly after it:
+// the step's own events, changes of Lease holders, driver calls starting and ending, and
+// the stages the Pods reached.
+func (r *rolling) timeline(st step) string {
+	from, to := st.stall.from.Add(-time.Second), st.stall.to.Add(200*time.Millisecond)
+	type event struct {
+		at   time.Time
+		what string
+	}
+	var events []event
+	add := func(at time.Time, format string, args ...any) {
+		if !at.Before(from) && !at.After(to) {
+			events = append(events, event{at, fmt.Sprintf(format, args...)})
+		}
+	}
+	add(st.stall.from, "-- the stall begins")
+	add(st.stall.to, "-- the stall ends")
+	add(st.signalled, "SIGTERM to %s", st.old.id)
+	add(st.ready, "%s ready", st.new.id)
+	for _, proc := range st.old.procs {
+		add(proc.ExitedAt, "%s exited %d", proc.Name, proc.ExitCode)
+	}
+	for _, c := range r.leaseChanges {
+		holder := c.Holder
+		if holder == "" {
+			holder = "nobody (released)"
+		}
+		add(written(c), "%s Lease held by %s (seen at %+d)", r.leaseOf[c.Lease], holder, c.At.Sub(st.signalled).Milliseconds())
+	}
+	for _, c := range r.journal {
+		if c.Method == testdriver.MethodProbe || c.Method == testdriver.MethodControllerGetCapabilities {
+			continue
+		}
+		add(c.Start, "%s %s %s starts", r.procName[c.Socket], c.Method, c.VolumeID+c.VolumeName)
+		if c.Done() {
+			add(c.End, "%s %s %s ends %s", r.procName[c.Socket], c.Method, c.VolumeID+c.VolumeName, c.Code)
+		}
+	}
+	for _, it := range r.run.items {
+		for stage, at := range it.Times {
+			add(at, "%s %s", it.Name, stage)
+		}
+	}
+	slices.SortStableFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	for _, e := range events {
+		fmt.Fprintf(&b, "  %+6d %s\n", e.at.Sub(st.signalled).Milliseconds(), e.what)
+	}
+	return b.String()
 }
 
 func leasesN(n int) string {
@@ -776,38 +891,43 @@ func exitCodes(codes []int, killed []string) string {
 	return fmt.Sprint(out)
 }
 
-// A stall is a time in which some Pod waited for a sidecar and no successful mutating
-// driver call ran; failed calls and reads are no progress, a call still running is.
+// A stall is a time in which some Pod waited for a sidecar's driver call and no successful
+// mutating driver call ran; failed calls and reads are no progress, a call still running
+// is. A wait ends with the successful call for its volume, else with its stage.
 func TestStallsAreWaitsWithoutSuccessfulDriverCalls(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	items := []cluster.Item{
-		// Waits for provisioning 0-1000 and for attachment 1500-3000.
-		{Name: "a", Times: map[cluster.Stage]time.Time{cluster.NodeSelected: at(0), cluster.Provisioned: at(1000),
-			cluster.Scheduled: at(1500), cluster.Attached: at(3000)}},
-		// Waits for its detachment from 2800, never over: until the end, 5000.
-		{Name: "b", Times: map[cluster.Stage]time.Time{cluster.Attached: at(100), cluster.PodDeleted: at(2800)}},
+		// Waits for provisioning from 0 (until its CreateVolume at 700, not until the PV
+		// was seen at 1000) and for attachment from 1500 (until its publish at 2000).
+		{Name: "a", PersistentVolume: "pvc-a", VolumeHandle: "vol-a", Times: map[cluster.Stage]time.Time{cluster.NodeSelected: at(0),
+			cluster.Provisioned: at(1000), cluster.Scheduled: at(1500), cluster.Attached: at(3000)}},
+		// Waits for its detachment from 2800; its unpublish still runs: until the end, 5000.
+		{Name: "b", VolumeHandle: "vol-b", Times: map[cluster.Stage]time.Time{cluster.Attached: at(100), cluster.PodDeleted: at(2800)}},
 		// Never attached: no wait for a detachment.
 		{Name: "c", Times: map[cluster.Stage]time.Time{cluster.PodDeleted: at(200)}},
 	}
-	call := func(method string, from, to int, code string) testdriver.Call {
-		c := testdriver.Call{Method: method, Start: at(from), Code: code}
+	call := func(method, volume string, from, to int, code string) testdriver.Call {
+		c := testdriver.Call{Method: method, VolumeID: volume, Start: at(from), Code: code}
+		if method == testdriver.MethodCreateVolume {
+			c.VolumeName = volume
+		}
 		if to >= 0 {
 			c.End = at(to)
 		}
 		return c
 	}
 	calls := []testdriver.Call{
-		call(testdriver.MethodCreateVolume, 100, 200, "OK"),
-		call(testdriver.MethodCreateVolume, 300, 400, "Unavailable"), // failed: no progress
-		call(testdriver.MethodListVolumes, 500, 600, "OK"),           // a read: no progress
-		call(testdriver.MethodCreateVolume, 700, 900, "OK"),
-		call(testdriver.MethodControllerPublishVolume, 2000, 2100, "OK"),
-		call(testdriver.MethodControllerUnpublishVolume, 4000, -1, ""), // still running
+		call(testdriver.MethodCreateVolume, "pvc-x", 100, 200, "OK"),          // another volume's
+		call(testdriver.MethodCreateVolume, "pvc-a", 300, 400, "Unavailable"), // failed: no progress
+		call(testdriver.MethodListVolumes, "", 500, 600, "OK"),                // a read: no progress
+		call(testdriver.MethodCreateVolume, "pvc-a", 700, 900, "OK"),
+		call(testdriver.MethodControllerPublishVolume, "vol-a", 2000, 2100, "OK"),
+		call(testdriver.MethodControllerUnpublishVolume, "vol-b", 4000, -1, ""), // still running
 	}
-	waits := sidecarWaits(items, at(5000))
+	waits := sidecarWaits(items, calls, at(5000))
 	got := subtract(merge(intervals(waits)), driverProgress(calls, at(5000)))
-	want := []interval{{at(0), at(100)}, {at(200), at(700)}, {at(900), at(1000)}, {at(1500), at(2000)}, {at(2100), at(4000)}}
+	want := []interval{{at(0), at(100)}, {at(200), at(700)}, {at(1500), at(2000)}, {at(2800), at(4000)}}
 	if !slices.Equal(got, want) {
 		t.Errorf("stalls:\n got %v\nwant %v", got, want)
 	}
@@ -817,7 +937,13 @@ func TestStallsAreWaitsWithoutSuccessfulDriverCalls(t *testing.T) {
 	if l := longestIn(got, interval{at(4000), at(5000)}); l.length() != 0 {
 		t.Errorf("longest stall overlapping 4000-5000 ms: %v, want none", l)
 	}
-	if what := waitingFor(waits, interval{at(2100), at(4000)}); what != "1 attach, 1 detach" {
-		t.Errorf("waiting during the stall 2100-4000 ms: %q, want 1 attach, 1 detach", what)
+	if l := longestWithin(got, interval{at(0), at(1600)}); l != (interval{at(200), at(700)}) {
+		t.Errorf("longest stall within 0-1600 ms: %v, want 200-700 ms", l)
+	}
+	if what := waitingFor(waits, interval{at(200), at(700)}); what != "1 provision" {
+		t.Errorf("waiting during the stall 200-700 ms: %q, want 1 provision", what)
+	}
+	if what := waitingFor(waits, interval{at(2800), at(4000)}); what != "1 detach" {
+		t.Errorf("waiting during the stall 2800-4000 ms: %q, want 1 detach", what)
 	}
 }
