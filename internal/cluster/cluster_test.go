@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apiwait "k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
@@ -305,6 +306,15 @@ func TestRecreatedPodIsTrackedAnew(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(Detached)
+	// The fake API server gives no UIDs: the old Pod and its successor differ only in
+	// being there. Wait until the Pod cache no longer shows the old one, as a real
+	// cluster's different UIDs would tell them apart.
+	if err := apiwait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		_, err := w.pods.Pods(ns).Get("app")
+		return err != nil, nil
+	}); err != nil {
+		t.Fatalf("the Pod cache still shows the deleted Pod: %v", err)
+	}
 
 	if err := w.RecreatePod(ctx, "app"); err != nil {
 		t.Fatal(err)
