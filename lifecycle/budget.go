@@ -17,6 +17,9 @@ import (
 // own, with two differences that keep goodput up when the offered load is more than the
 // budget (P14):
 //
+//   - The leader-election Lease's requests go first: a renewal that waits behind the
+//     sidecar's writes fences a live leader for nothing, and stretches the time in which a
+//     leader killed since may still have started calls the next leader does not know of.
 //   - Requests that start new work (StartingWork: a provisioning record, an attach's
 //     finalizer) get a token only when no other request of the sidecar waits for one. Work
 //     already in the driver is recorded first; new work waits, instead of every operation
@@ -35,9 +38,9 @@ type budget struct {
 	limiter *rate.Limiter
 
 	mu sync.Mutex
-	// waiting holds the requests waiting for a token, by class: finishing (and every
-	// other request) first, starting second, deferrable last; each in arrival order.
-	waiting [3][]*budgetWaiter
+	// waiting holds the requests waiting for a token, by class: the Lease's first, then
+	// finishing (and every other request), starting, deferrable; each in arrival order.
+	waiting [4][]*budgetWaiter
 	started bool
 	wake    chan struct{}
 }
@@ -48,7 +51,8 @@ type budgetWaiter struct {
 }
 
 const (
-	classFinishing = iota
+	classLease = iota
+	classFinishing
 	classStarting
 	classDeferrable
 )
@@ -124,8 +128,15 @@ func IfNotStarted(ctx context.Context, err error) error {
 }
 
 func classOf(ctx context.Context) int {
-	class, _ := ctx.Value(classKey{}).(int)
-	return class
+	if class, ok := ctx.Value(classKey{}).(int); ok {
+		return class
+	}
+	return classFinishing
+}
+
+// leaseRequests marks ctx's requests as the Lease's (the first served).
+func leaseRequests(ctx context.Context) context.Context {
+	return context.WithValue(ctx, classKey{}, classLease)
 }
 
 // Wait blocks until the request may be sent or ctx ends.

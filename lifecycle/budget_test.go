@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// A budget with no tokens left serves every waiting request that finishes work before any
-// request that starts work, and those before deferrable ones, whatever order they came in.
+// A budget with no tokens left serves the Lease's requests first, then every waiting request
+// that finishes work before any request that starts work, and those before deferrable
+// ones, whatever order they came in.
 func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	b := newBudget(5, 1) // a token every 200 ms once the burst is spent
 	if err := b.Wait(context.Background()); err != nil {
@@ -23,7 +24,7 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	for i, r := range []struct {
 		name  string
 		class func(ctx, intake context.Context) (context.Context, context.CancelFunc)
-	}{{"later1", Deferrable}, {"start1", StartingWork}, {"start2", StartingWork}, {"finish1", nil}, {"later2", Deferrable}, {"finish2", nil}} {
+	}{{"later1", Deferrable}, {"start1", StartingWork}, {"start2", StartingWork}, {"finish1", nil}, {"later2", Deferrable}, {"finish2", nil}, {"lease", leaseClass}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -44,10 +45,15 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 		waitForWaiters(t, b, i+1)
 	}
 	wg.Wait()
-	want := []string{"finish1", "finish2", "start1", "start2", "later1", "later2"}
+	want := []string{"lease", "finish1", "finish2", "start1", "start2", "later1", "later2"}
 	if !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v", order, want)
 	}
+}
+
+// leaseClass marks a context as the Lease's requests, with StartingWork's signature.
+func leaseClass(ctx, _ context.Context) (context.Context, context.CancelFunc) {
+	return leaseRequests(ctx), func() {}
 }
 
 // waitForWaiters waits until n requests wait for a token.
