@@ -14,6 +14,12 @@
 // per-stage latency and throughput, what is left after settling, the API writes per
 // operation from the API server's audit log, and goodput against offered load. Figures are
 // printed, never asserted.
+//
+// The rolling-upgrade tests (rolling_test.go) replace the controller pod's replicas one by
+// one, as a Deployment does, while Pods with claims keep coming: single-sidecar replicas,
+// combined ones, and from upstream's images to ours. They check exits, released Leases, every
+// claim's whole life and the driver's journal, and print each handover's longest stall;
+// BenchmarkRollingUpgrade does the same with longer streams.
 package realloop
 
 import (
