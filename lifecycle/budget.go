@@ -17,9 +17,6 @@ import (
 // own, with two differences that keep goodput up when the offered load is more than the
 // budget (P14):
 //
-//   - The leader-election Lease's requests go first: a renewal that waits behind the
-//     sidecar's writes fences a live leader for nothing, and stretches the time in which a
-//     leader killed since may still have started calls the next leader does not know of.
 //   - Requests that start new work (StartingWork: a provisioning record, an attach's
 //     finalizer) get a token only when no other request of the sidecar waits for one. Work
 //     already in the driver is recorded first; new work waits, instead of every operation
@@ -38,9 +35,9 @@ type budget struct {
 	limiter *rate.Limiter
 
 	mu sync.Mutex
-	// waiting holds the requests waiting for a token, by class: the Lease's first, then
-	// finishing (and every other request), starting, deferrable; each in arrival order.
-	waiting [4][]*budgetWaiter
+	// waiting holds the requests waiting for a token, by class: finishing (and every
+	// other request) first, starting second, deferrable last; each in arrival order.
+	waiting [3][]*budgetWaiter
 	started bool
 	wake    chan struct{}
 }
@@ -51,8 +48,7 @@ type budgetWaiter struct {
 }
 
 const (
-	classLease = iota
-	classFinishing
+	classFinishing = iota
 	classStarting
 	classDeferrable
 )
@@ -128,15 +124,8 @@ func IfNotStarted(ctx context.Context, err error) error {
 }
 
 func classOf(ctx context.Context) int {
-	if class, ok := ctx.Value(classKey{}).(int); ok {
-		return class
-	}
-	return classFinishing
-}
-
-// leaseRequests marks ctx's requests as the Lease's (the first served).
-func leaseRequests(ctx context.Context) context.Context {
-	return context.WithValue(ctx, classKey{}, classLease)
+	class, _ := ctx.Value(classKey{}).(int)
+	return class
 }
 
 // Wait blocks until the request may be sent or ctx ends.

@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// A budget with no tokens left serves the Lease's requests first, then every waiting request
-// that finishes work before any request that starts work, and those before deferrable
-// ones, whatever order they came in.
+// A budget with no tokens left serves every waiting request that finishes work before any
+// request that starts work, and those before deferrable ones, whatever order they came in.
 func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	b := newBudget(5, 1) // a token every 200 ms once the burst is spent
 	if err := b.Wait(context.Background()); err != nil {
@@ -24,7 +23,7 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 	for i, r := range []struct {
 		name  string
 		class func(ctx, intake context.Context) (context.Context, context.CancelFunc)
-	}{{"later1", Deferrable}, {"start1", StartingWork}, {"start2", StartingWork}, {"finish1", nil}, {"later2", Deferrable}, {"finish2", nil}, {"lease", leaseClass}} {
+	}{{"later1", Deferrable}, {"start1", StartingWork}, {"start2", StartingWork}, {"finish1", nil}, {"later2", Deferrable}, {"finish2", nil}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -45,15 +44,10 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 		waitForWaiters(t, b, i+1)
 	}
 	wg.Wait()
-	want := []string{"lease", "finish1", "finish2", "start1", "start2", "later1", "later2"}
+	want := []string{"finish1", "finish2", "start1", "start2", "later1", "later2"}
 	if !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v", order, want)
 	}
-}
-
-// leaseClass marks a context as the Lease's requests, with StartingWork's signature.
-func leaseClass(ctx, _ context.Context) (context.Context, context.CancelFunc) {
-	return leaseRequests(ctx), func() {}
 }
 
 // waitForWaiters waits until n requests wait for a token.

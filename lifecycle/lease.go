@@ -92,11 +92,6 @@ func isTermRecord(rec *rl.LeaderElectionRecord, identity string, acquired time.T
 	return rec != nil && !acquired.IsZero() && rec.HolderIdentity == identity && rec.AcquireTime.Time.Equal(acquired)
 }
 
-// Get reads the Lease, first of the sidecar's requests (leaseRequests).
-func (l *termLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
-	return l.Interface.Get(leaseRequests(ctx))
-}
-
 func (l *termLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
 	return l.write(ctx, r, l.Interface.Create)
 }
@@ -120,7 +115,6 @@ func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func
 		// The same record was written a moment ago: nothing to add.
 		return nil
 	}
-	ctx = leaseRequests(ctx)
 	if err := do(ctx, r); err != nil {
 		return err
 	}
@@ -176,7 +170,6 @@ func (l *termLock) close() {
 // write (client-go's own release would empty another holder's record after a conflict).
 func (l *termLock) release(ctx context.Context) error {
 	l.close()
-	ctx = leaseRequests(ctx)
 	for {
 		rec, _, err := l.Get(ctx)
 		if err != nil {
@@ -286,7 +279,7 @@ func mayListAndWatch(ctx context.Context, client kubernetes.Interface, namespace
 
 // pollOnce reads the Lease and records what it saw.
 func (w *leaseWatch) pollOnce(ctx context.Context, leases coordinationclient.LeaseInterface, name string) {
-	lease, err := leases.Get(leaseRequests(ctx), name, metav1.GetOptions{})
+	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		w.observe(nil, nil, time.Now())
