@@ -1,6 +1,7 @@
 package realloop
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/internal/audit"
 	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -282,8 +284,10 @@ type rolling struct {
 	leaseChanges []e2e.LeaseChange
 	procName     map[string]string
 	leaseOf      map[string]string // the sidecar of each Lease
-	run          runResult
-	took         time.Duration
+	// writes are the sidecars' API writes from the audit log, read only for a timeline.
+	writes []audit.Event
+	run    runResult
+	took   time.Duration
 }
 
 // rollingUpgrade runs a rolling upgrade under a stream of Pods and checks its outcome:
@@ -375,6 +379,24 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	for i := range r.steps {
 		st := &r.steps[i]
 		st.stall = longestIn(stalls, interval{st.signalled, later(st.exited, st.takenOver)})
+	}
+	explained := false
+	for i, st := range r.steps {
+		explained = explained || r.explains(st, i)
+	}
+	if explained {
+		// Its timeline shows the sidecars' API writes too, from the audit log.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		events, err := audit.UpTo(ctx, w.Client, auditLog)
+		cancel()
+		if err != nil {
+			t.Logf("no API writes in the timelines: %v", err)
+		}
+		for _, e := range events {
+			if e.IsWrite() && strings.HasPrefix(e.UserAgent, "csi-sidecars") && !e.RequestReceived.Before(s.began) {
+				r.writes = append(r.writes, e)
+			}
+		}
 	}
 
 	// Every old replica of ours exited 0 and emptied the holder of every Lease it held.
@@ -790,19 +812,25 @@ func (r *rolling) log(t testing.TB) {
 	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v; waiting: %s); before the upgrade %v\n",
 		r.ro.name, r.upgrade.length().Round(time.Millisecond), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
 	t.Log(strings.TrimSuffix(b.String(), "\n"))
-	// A handover of ours past the target: what happened around it. (Upstream's wait for
-	// their Leases to expire.)
+	// A handover of ours past the target: what happened around it.
 	for i, st := range r.steps {
-		if st.old.ours && st.stall.length() > stallTarget && (i == 0 || r.steps[i-1].stall != st.stall) {
+		if r.explains(st, i) {
 			progress(t, "%s: step %d's stall of %v, timeline (ms from its SIGTERM):\n%s", r.ro.name, i+1,
 				st.stall.length().Round(time.Millisecond), r.timeline(st))
 		}
 	}
 }
 
+// explains tells whether step i gets a timeline: a handover of ours past the target, the
+// first step of that stall. (Upstream's wait for their Leases to expire.)
+func (r *rolling) explains(st step, i int) bool {
+	return st.old.ours && st.stall.length() > stallTarget && (i == 0 || r.steps[i-1].stall != st.stall)
+}
+
 // timeline lists what happened from shortly before a step's stall to shortly after it:
-// the step's own events, changes of Lease holders, driver calls starting and ending, and
-// the stages the Pods reached.
+// the step's own events, changes of Lease holders, driver calls starting and ending, the
+// stages the Pods reached and the sidecars' API writes (when the API server received them:
+// after client-go's rate limiter let them go).
 func (r *rolling) timeline(st step) string {
 	from, to := st.stall.from.Add(-time.Second), st.stall.to.Add(200*time.Millisecond)
 	type event struct {
@@ -842,6 +870,9 @@ func (r *rolling) timeline(st step) string {
 		for stage, at := range it.Times {
 			add(at, "%s %s", it.Name, stage)
 		}
+	}
+	for _, e := range r.writes {
+		add(e.RequestReceived, "%s: %s %s %s: %d", e.UserAgent, e.Verb, e.Resource(), e.Name(), e.Code())
 	}
 	slices.SortStableFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
 	var b strings.Builder
