@@ -153,6 +153,8 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	}
 	shared.Kube = kube
 	shared.RestConfig = own
+	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's.
+	shared.Events = newEventBroadcaster(ctx, kube, "")
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {

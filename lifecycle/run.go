@@ -160,8 +160,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	csiMetrics.Store(&drv.metrics)
 	logger.Info("CSI driver ready", "driver", drv.name)
 
-	events := newEventBroadcaster(ctx, kube, "")
-	defer events.Shutdown()
 	factory := informers.NewSharedInformerFactoryWithOptions(kube, informerResync, informers.WithTransform(NewCacheTransform()))
 	// Informers, the shared ones and those a sidecar runs itself (Env.Done), live as long
 	// as the process.
@@ -170,7 +168,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	shared := Env{
 		RestConfig:             cfg,
 		Informers:              factory,
-		Events:                 events,
 		DriverName:             drv.name,
 		PluginCapabilities:     drv.pluginCapabilities,
 		ControllerCapabilities: drv.controllerCapabilities,
@@ -191,6 +188,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 			return ExitError
 		}
 		members = append(members, m)
+		defer m.env.Events.Shutdown()
 	}
 	p.mu.Lock()
 	p.members = members

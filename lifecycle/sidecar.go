@@ -58,7 +58,8 @@ type Env struct {
 	// Informers is the process's shared informer factory; the core starts it on every
 	// replica after every Setup, and waits for its caches before leading.
 	Informers informers.SharedInformerFactory
-	// Events is the process's event broadcaster; a sidecar makes its own recorder from it.
+	// Events is the sidecar's event broadcaster, writing through Kube (its budget); a
+	// sidecar makes its own recorder from it.
 	Events record.EventBroadcaster
 	// CSI is the driver connection. Every call through it is counted as in flight, and is
 	// cancelled when Ops() is (fencing, P6), whatever context the caller passed.
