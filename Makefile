@@ -16,7 +16,7 @@ test test-race test-unit test-e2e: export KUBE_CACHE_MUTATION_DETECTOR := true
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-demo: build testenv ## the main job, live: 2 replicas per sidecar, SIGTERM each leader mid-flight, a summary table
+demo: build testenv ## the main job, live under the real control loop (kube-controller-manager, scheduler): 2 replicas per sidecar, SIGTERM each leader mid-flight, a summary table
 	$(GO) run ./test/demo --bin $(BIN)/csi-sidecars $(DEMO_FLAGS)
 
 build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
@@ -26,7 +26,7 @@ build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
 image: ## build the container image (needs a container engine; not available on the CI machines)
 	docker build --build-arg VERSION=$(VERSION) -t csi-sidecars:$(VERSION) .
 
-testenv: ## build kube-apiserver and etcd once per machine into the cache (no-op when cached)
+testenv: ## build etcd, kube-apiserver, kube-controller-manager and kube-scheduler once per machine into the cache (no-op when cached)
 	@hack/control-plane.sh
 
 bench: testenv ## benchmarks: failover figures, peak memory and the real control loop (latency, goodput, writes per operation) vs upstream, printed, never asserted
