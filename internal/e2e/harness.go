@@ -197,8 +197,12 @@ func HostNames() error {
 	cmd := exec.Command("/bin/sh", "-c", setHostname, "csi-sidecars-probe", "cat", "/proc/sys/kernel/hostname")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
 	out, err := cmd.CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "csi-sidecars-probe" {
-		return fmt.Errorf("e2e: no host name of its own for a replica (a UTS namespace needs CAP_SYS_ADMIN and a writable /proc/sys): %v: %s", err, strings.TrimSpace(string(out)))
+	got := strings.TrimSpace(string(out))
+	switch {
+	case err != nil:
+		return fmt.Errorf("e2e: no host name of its own for a replica (a UTS namespace needs CAP_SYS_ADMIN and a writable /proc/sys): %w: %s", err, got)
+	case got != "csi-sidecars-probe":
+		return fmt.Errorf("e2e: a replica's host name did not take: it is %q", got)
 	}
 	return nil
 }
