@@ -194,6 +194,22 @@ type Binary struct {
 	Err  error
 }
 
+// CachedAll is every release as built before (BuildAll), by sidecar name; one not built has
+// an Err saying so and how to build it. It builds nothing: a test run must not spend the
+// minutes a first build takes.
+func CachedAll() map[string]Binary {
+	out := map[string]Binary{}
+	for _, r := range Releases() {
+		path, ok := r.Cached()
+		var err error
+		if !ok {
+			err = fmt.Errorf("upstream: %s is not built; `make bench` builds it from a git mirror", r)
+		}
+		out[r.Sidecar] = Binary{Release: r, Path: path, Err: err}
+	}
+	return out
+}
+
 // BuildAll builds (or finds cached) every release, by sidecar name. A failure is kept in
 // the Binary, not returned: a benchmark then measures csi-sidecars alone and says why. A
 // line goes to log for each release that failed or took more than a second to build.

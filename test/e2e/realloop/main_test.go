@@ -108,9 +108,21 @@ func run(m *testing.M) int {
 	}
 	auditLog = log
 	if *flagUpstream && !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" && runsUpstream() {
-		upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
+		if benchmarks() {
+			upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
+		} else {
+			// Tests use upstream's binaries only when a benchmark run built them: a first
+			// build takes many minutes, too long for `make test`.
+			upstreamBinaries = upstream.CachedAll()
+		}
 	}
 	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
+}
+
+// benchmarks tells whether this run runs benchmarks (-test.bench).
+func benchmarks() bool {
+	bench := flag.Lookup("test.bench")
+	return bench != nil && bench.Value.String() != ""
 }
 
 // upstreamTest is the test that runs upstream's binaries; the benchmarks do too.
@@ -119,7 +131,7 @@ const upstreamTest = "TestRollingUpgradeFromUpstreamImages"
 // runsUpstream tells whether this run may need upstream's binaries: benchmarks run, or
 // -test.run may select upstreamTest. A run of other tests does not build them.
 func runsUpstream() bool {
-	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" {
+	if benchmarks() {
 		return true
 	}
 	run := flag.Lookup("test.run")
