@@ -34,6 +34,14 @@ func (c *controller) closeLater(uid string, claim v1.ObjectReference, volume str
 	c.closeQueue.Add(uid)
 }
 
+// closingPending tells whether the claim's record waits for its closing event here.
+func (c *controller) closingPending(uid string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.toClose[uid]
+	return ok
+}
+
 // syncClose writes the event that closes the claim's record, if it is still open.
 func (c *controller) syncClose(uid string) error {
 	c.mu.Lock()

@@ -599,3 +599,28 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 		})
 	}
 }
+
+// A record whose closing event this process still owes was superseded by the
+// PersistentVolume it saved: when that PersistentVolume and the claim are gone before the
+// closer wrote the event (a busy budget serves it last), the record is closed, not undone:
+// no CreateVolume of a volume deleted already.
+func TestARecordWaitingForItsClosingEventIsNeverUndone(t *testing.T) {
+	w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
+	claim := claimFor("data", "uid-1", "fast")
+	rec, err := newRecord(drv, "", nil, testRequest("pvc-uid-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.create(deadLeaderRecord(t, claim, rec))
+	w.waitFor("the record in the cache", func() bool { return w.ctrl.records.isOpen("uid-1") })
+	// Saved here, closing owed; the claim and the PersistentVolume gone since.
+	w.ctrl.closeLater("uid-1", claimReference(claim), rec.Volume)
+	if err := w.ctrl.syncClaim("uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.calls(testdriver.MethodCreateVolume)) + len(w.calls(testdriver.MethodDeleteVolume)); n != 0 {
+		t.Errorf("%d CreateVolume/DeleteVolume calls for a record a saved PersistentVolume superseded, want none", n)
+	}
+	w.start()
+	w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
+}

@@ -79,7 +79,10 @@ func (c *controller) recordFacts(uid string, claim *v1.PersistentVolumeClaim, p 
 		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
 	}
 	if f.rec != nil {
-		f.pvExists = c.pvExists(f.rec.Volume)
+		// A record whose closing event this process has yet to write was superseded by a
+		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
+		// deleted, the volume deleted): never undo it.
+		f.pvExists = c.pvExists(f.rec.Volume) || c.closingPending(uid)
 	}
 	return f
 }
