@@ -65,15 +65,8 @@ func TestPercentileIsNearestRank(t *testing.T) {
 // The workload tracks each stage from the objects the control loop and the sidecars write;
 // here the test writes them, on a fake clientset.
 func TestWorkloadRecordsEachStageFromTheObjects(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kube := fake.NewClientset()
 	const ns, driver, node = "ns", "d.csi.test", "n1"
-	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	ctx, kube, w := newTestWorkload(t, ns, driver)
 	if _, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
 		t.Errorf("default ServiceAccount: %v", err)
 	}
@@ -235,15 +228,8 @@ func TestSummaryThroughputIsPodsOverTheSpansWholeTime(t *testing.T) {
 // A Pod deleted and created again for its bound claim goes through its own stages anew:
 // scheduled and attached on the new Pod's objects, not the old one's.
 func TestRecreatedPodIsTrackedAnew(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kube := fake.NewClientset()
 	const ns, driver, node = "ns", "d.csi.test", "n1"
-	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	ctx, kube, w := newTestWorkload(t, ns, driver)
 	wait := func(stage Stage) {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -396,4 +382,19 @@ func TestMoreDriversAreInstalledOnEveryNode(t *testing.T) {
 	if list, err := kube.StorageV1().CSIDrivers().List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
 		t.Errorf("CSIDrivers after unregister: %+v, %v", list, err)
 	}
+}
+
+// newTestWorkload is a Workload of driver in namespace ns on a fake clientset, closed with
+// the test; ctx bounds the test.
+func newTestWorkload(t *testing.T, ns, driver string) (context.Context, *fake.Clientset, *Workload) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	kube := fake.NewClientset()
+	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	return ctx, kube, w
 }
