@@ -152,11 +152,14 @@ func validate(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
 		}
 	}
 	for _, s := range sidecars {
-		v, ok := s.(FlagValidator)
-		if !ok {
-			continue
+		var err error
+		if v, ok := s.(FlagValidator); ok {
+			err = v.ValidateFlags()
 		}
-		if err := v.ValidateFlags(); err != nil {
+		if v, ok := s.(SharedFlagValidator); ok && err == nil {
+			err = v.ValidateSharedFlags(opts)
+		}
+		if err != nil {
 			if len(sidecars) > 1 {
 				err = fmt.Errorf("%s: %w", s.Name(), err)
 			}
@@ -257,4 +260,11 @@ func NormalizeArgs(args []string) []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// SharedFlagValidator is implemented by a sidecar whose own flags conflict with some values
+// of the shared ones (for example a node deployment, which runs without leader election).
+// It runs with FlagValidator, before anything connects.
+type SharedFlagValidator interface {
+	ValidateSharedFlags(shared *Options) error
 }

@@ -1,4 +1,4 @@
-// Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner) on
+// Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner, snapshotter) on
 // the shared lifecycle core: csi-sidecars <sidecar> [flags].
 package main
 
@@ -13,6 +13,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
 	"github.com/csi-sidecars/csi-sidecars/resizer"
+	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -29,5 +30,6 @@ func newRoot() *cobra.Command {
 		attacher.New(),
 		resizer.New(),
 		provisioner.New(),
+		snapshotter.New(),
 	)
 }

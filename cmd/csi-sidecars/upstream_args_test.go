@@ -95,7 +95,11 @@ func TestCombinedModeFlags(t *testing.T) {
 		{[]string{"--controllers=attacher,provisioner,resizer", "--csi-address=/csi/csi.sock", "--leader-election",
 			"--attacher-worker-threads=5", "--provisioner-timeout=30s", "--resizer-workers=3", "--feature-gates=Topology=true"}, ""},
 		{[]string{"--controllers=attacher", "--controllers=resizer"}, ""},
-		{[]string{"--controllers=attacher,snapshotter"}, "--controllers"},
+		{[]string{"--controllers=attacher,provisioner,resizer,snapshotter", "--snapshotter-worker-threads=3",
+			"--snapshotter-extra-create-metadata", "--feature-gates=CSIVolumeGroupSnapshot=false"}, ""},
+		{[]string{"--controllers=attacher,cloner"}, "--controllers"},
+		{[]string{"--controllers=snapshotter", "--snapshotter-snapshot-name-prefix="}, "--snapshot-name-prefix"},
+		{[]string{"--controllers=snapshotter", "--snapshotter-node-deployment", "--leader-election"}, "--node-deployment"},
 		{[]string{"--controllers=attacher", "--attacher-worker-threads=0"}, "--worker-threads"},
 		{[]string{"--controllers=attacher", "--worker-threads=5"}, "unknown flag"},
 	} {
