@@ -41,6 +41,9 @@ type Backend struct {
 	// snapshots by id, and the last id handed out.
 	snapshots      map[string]*Snapshot
 	lastSnapshotID int
+	// groupSnapshots by id, and the last id handed out.
+	groupSnapshots map[string]*GroupSnapshot
+	lastGroupID    int
 	// capacityRules are what GetCapacity answers from.
 	capacityRules []CapacityRule
 }
@@ -69,16 +72,17 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("invalid test driver config: %w", err)
 	}
 	return &Backend{
-		cfg:           cfg,
-		volumes:       map[string]*Volume{},
-		latency:       cfg.Latency,
-		methodLatency: maps.Clone(cfg.MethodLatency),
-		running:       map[string][]int{},
-		runningKeys:   map[int][]string{},
-		changed:       make(chan struct{}),
-		nodeExpansion: map[string]bool{},
-		snapshots:     map[string]*Snapshot{},
-		capacityRules: cloneRules(cfg.CapacityRules),
+		cfg:            cfg,
+		volumes:        map[string]*Volume{},
+		latency:        cfg.Latency,
+		methodLatency:  maps.Clone(cfg.MethodLatency),
+		running:        map[string][]int{},
+		runningKeys:    map[int][]string{},
+		changed:        make(chan struct{}),
+		nodeExpansion:  map[string]bool{},
+		snapshots:      map[string]*Snapshot{},
+		groupSnapshots: map[string]*GroupSnapshot{},
+		capacityRules:  cloneRules(cfg.CapacityRules),
 	}, nil
 }
 
@@ -156,6 +160,12 @@ func (b *Backend) nodeExists(node string) bool {
 // hasCapability reports whether a controller capability is advertised.
 func (b *Backend) hasCapability(c csi.ControllerServiceCapability_RPC_Type) bool {
 	return !b.cfg.DisableControllerService && slices.Contains(b.cfg.ControllerCapabilities, c)
+}
+
+// groupControllerEnabled reports whether the GroupController service is
+// advertised and served: with snapshots, unless switched off.
+func (b *Backend) groupControllerEnabled() bool {
+	return !b.cfg.DisableGroupController && b.hasCapability(csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
 }
 
 // clone returns a deep copy, so that callers can never reach backend state

@@ -81,7 +81,7 @@ func (b *Backend) capacityLocked(req *csi.GetCapacityRequest) *csi.GetCapacityRe
 }
 
 func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	spec := s.spec(MethodGetCapacity)
+	spec := s.spec(MethodGetCapacity, req)
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_GET_CAPACITY); err != nil {
 		return nil, err
 	}

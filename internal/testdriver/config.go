@@ -51,6 +51,12 @@ type Config struct {
 	// Topology advertises VOLUME_ACCESSIBILITY_CONSTRAINTS and makes
 	// NodeGetInfo report a TopologyKey segment.
 	Topology bool
+	// DisableGroupController stops serving group snapshots. Otherwise the
+	// GroupController service (CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT) is
+	// advertised and served whenever the Controller service advertises
+	// CREATE_DELETE_SNAPSHOT; without it every GroupController RPC returns
+	// Unimplemented.
+	DisableGroupController bool
 
 	// NodeID is what NodeGetInfo reports; default DefaultNodeID.
 	NodeID string
@@ -73,6 +79,21 @@ type Config struct {
 	// means DefaultMutableParameters().
 	MutableParameters []string
 
+	// SnapshotReadyAfter keeps every snapshot, and so every group snapshot,
+	// reported with ready_to_use false until this long after it was cut, as
+	// a backend that uploads snapshots after cutting them. 0 (the default)
+	// means ready at once.
+	SnapshotReadyAfter time.Duration
+	// SnapshotReadyAfterPolls keeps every snapshot reported with
+	// ready_to_use false in the first SnapshotReadyAfterPolls answers that
+	// describe it: the CreateSnapshot (or CreateVolumeGroupSnapshot) that
+	// cut it, and then each status poll (a repeated CreateSnapshot or
+	// CreateVolumeGroupSnapshot, a ListSnapshots or GetSnapshot entry, a
+	// GetVolumeGroupSnapshot). With SnapshotReadyAfter also set, a snapshot
+	// turns ready once both have passed. 0 (the default) means ready at
+	// once. Backend.MarkSnapshotReady makes a snapshot ready at any time.
+	SnapshotReadyAfterPolls int
+
 	// NodeExpansionRequired makes ControllerExpandVolume answer
 	// node_expansion_required, as a driver does for a volume whose file
 	// system must still be grown on the node. SetNodeExpansionRequired
@@ -83,11 +104,11 @@ type Config struct {
 	// node does.
 	NodeExpansion bool
 
-	// Latency is how long each backend operation of a Controller RPC that
-	// reaches the storage (all but ControllerGetCapabilities) takes unless
-	// MethodLatency overrides it. Identity, capability and Node RPCs only get
-	// a latency from MethodLatency, so that a slow "cloud" does not also slow
-	// down sidecar start-up probing.
+	// Latency is how long each backend operation of a Controller or
+	// GroupController RPC that reaches the storage (all but the capability
+	// RPCs) takes unless MethodLatency overrides it. Identity, capability and
+	// Node RPCs only get a latency from MethodLatency, so that a slow "cloud"
+	// does not also slow down sidecar start-up probing.
 	Latency time.Duration
 	// MethodLatency overrides Latency per method name (see the Method
 	// constants).
@@ -114,8 +135,9 @@ func DefaultControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type 
 }
 
 // ImplementedControllerCapabilities lists every controller capability whose RPCs the
-// driver implements; advertising any other (volume health, group snapshots) would promise RPCs
-// that answer Unimplemented.
+// driver implements; advertising any other (volume health) would promise RPCs that answer
+// Unimplemented. Group snapshots are no controller capability but the GroupController
+// service (see Config.DisableGroupController).
 func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type {
 	return []csi.ControllerServiceCapability_RPC_Type{
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
@@ -131,6 +153,7 @@ func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_T
 		csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 	}
 }
 
@@ -178,6 +201,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TotalCapacity < 0 || c.MaxVolumesPerNode < 0 || c.Latency < 0 {
 		return c, fmt.Errorf("negative TotalCapacity, MaxVolumesPerNode or Latency in config")
+	}
+	if c.SnapshotReadyAfter < 0 || c.SnapshotReadyAfterPolls < 0 {
+		return c, fmt.Errorf("negative SnapshotReadyAfter or SnapshotReadyAfterPolls in config")
 	}
 	if c.ControllerCapabilities == nil {
 		c.ControllerCapabilities = DefaultControllerCapabilities()

@@ -34,7 +34,7 @@ func (s *controllerServer) unadvertised(spec opSpec, rpc csi.ControllerServiceCa
 }
 
 func (s *controllerServer) ControllerGetCapabilities(ctx context.Context, _ *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	spec := s.spec(MethodControllerGetCapabilities)
+	spec := s.spec(MethodControllerGetCapabilities, nil)
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_UNKNOWN); err != nil {
 		return nil, err
 	}
@@ -50,7 +50,7 @@ func (s *controllerServer) ControllerGetCapabilities(ctx context.Context, _ *csi
 }
 
 func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	spec := s.spec(MethodCreateVolume)
+	spec := s.spec(MethodCreateVolume, req)
 	spec.volumeName = req.GetName()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME); err != nil {
 		return nil, err
@@ -70,7 +70,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 }
 
 func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	spec := s.spec(MethodDeleteVolume)
+	spec := s.spec(MethodDeleteVolume, req)
 	spec.volumeID = req.GetVolumeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME); err != nil {
 		return nil, err
@@ -94,7 +94,7 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 }
 
 func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	spec := s.spec(MethodControllerExpandVolume)
+	spec := s.spec(MethodControllerExpandVolume, req)
 	spec.volumeID = req.GetVolumeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME); err != nil {
 		return nil, err
@@ -149,7 +149,7 @@ func checkCapacityRange(required, limit int64) error {
 }
 
 func (s *controllerServer) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
-	spec := s.spec(MethodControllerModifyVolume)
+	spec := s.spec(MethodControllerModifyVolume, req)
 	spec.volumeID = req.GetVolumeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME); err != nil {
 		return nil, err

@@ -4,15 +4,19 @@
 // The package owns three things:
 //
 //   - Backend: the in-memory storage system (volumes, where they are
-//     published, free capacity) shared by every gRPC server of one driver, so
-//     that several sidecar replicas, each on its own UNIX socket, see the same
-//     volumes.
-//   - The CSI Identity, Controller and a minimal Node service that serve the
-//     Backend over UNIX sockets (Backend.Serve).
+//     published, free capacity, snapshots and group snapshots) shared by
+//     every gRPC server of one driver, so that several sidecar replicas, each
+//     on its own UNIX socket, see the same volumes.
+//   - The CSI Identity, Controller, GroupController (volume group snapshots,
+//     served along with CREATE_DELETE_SNAPSHOT) and a minimal Node service
+//     that serve the Backend over UNIX sockets (Backend.Serve).
 //   - The instruments tests use to judge sidecars: a journal of every call
-//     (Backend.Journal, Backend.WaitFor), an overlap detector for concurrent
-//     mutating operations on one volume (Backend.Overlaps), per-method latency
-//     and injected errors that can be changed while the driver runs.
+//     with the ids, names and secret keys it carried (Backend.Journal,
+//     Backend.WaitFor), an overlap detector for concurrent mutating
+//     operations on one volume, snapshot or group snapshot
+//     (Backend.Overlaps), per-method latency, injected errors that can be
+//     changed while the driver runs, and snapshots that become ready to use
+//     only after a while or a number of status polls.
 //
 // Like a cloud API, the Backend finishes an operation it has started even when
 // the caller gives up: a mutating call starts a backend operation that sleeps

@@ -15,8 +15,16 @@ type Fault struct {
 	// Method is the RPC to fail (see the Method constants); required.
 	Method string
 	// Volume restricts the fault to one volume id, or, for CreateVolume, to
-	// one requested name. Empty matches every volume.
+	// one requested name. CreateSnapshot matches its source volume,
+	// CreateVolumeGroupSnapshot each of its source volumes. Empty matches
+	// every volume.
 	Volume string
+	// Snapshot restricts the fault to calls about one snapshot or group
+	// snapshot: its id (DeleteSnapshot, GetSnapshot, ListSnapshots by id,
+	// Delete- and GetVolumeGroupSnapshot) or the name requested by
+	// CreateSnapshot or CreateVolumeGroupSnapshot. Empty matches every
+	// snapshot.
+	Snapshot string
 	// Node restricts the fault to calls about one node id. Empty matches
 	// every node.
 	Node string
@@ -47,7 +55,11 @@ func (f Fault) matches(spec opSpec) bool {
 	if f.Method != spec.method {
 		return false
 	}
-	if f.Volume != "" && f.Volume != spec.volumeID && f.Volume != spec.volumeName {
+	if f.Volume != "" && f.Volume != spec.volumeID && f.Volume != spec.volumeName && !slices.Contains(spec.sourceVolumeIDs, f.Volume) {
+		return false
+	}
+	if f.Snapshot != "" && f.Snapshot != spec.snapshotID && f.Snapshot != spec.snapshotName &&
+		f.Snapshot != spec.groupSnapshotID && f.Snapshot != spec.groupSnapshotName {
 		return false
 	}
 	return f.Node == "" || f.Node == spec.nodeID

@@ -2,6 +2,8 @@ package testdriver
 
 import (
 	"context"
+	"maps"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -14,9 +16,20 @@ type endpoint struct {
 	socket string
 }
 
-// spec starts an opSpec for a call received on this endpoint.
-func (e *endpoint) spec(method string) opSpec {
-	return opSpec{socket: e.socket, method: method}
+// secretCarrier is a CSI request with a secrets field.
+type secretCarrier interface {
+	GetSecrets() map[string]string
+}
+
+// spec starts an opSpec for a call received on this endpoint. req is the
+// call's request (nil where it carries nothing of interest); the keys of its
+// secrets, never the values, go into the journal.
+func (e *endpoint) spec(method string, req any) opSpec {
+	spec := opSpec{socket: e.socket, method: method}
+	if r, ok := req.(secretCarrier); ok && len(r.GetSecrets()) > 0 {
+		spec.secretKeys = slices.Sorted(maps.Keys(r.GetSecrets()))
+	}
+	return spec
 }
 
 // identityServer serves CSI Identity.
@@ -26,7 +39,7 @@ type identityServer struct {
 }
 
 func (s *identityServer) GetPluginInfo(ctx context.Context, _ *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return runOp(ctx, s.b, s.spec(MethodGetPluginInfo), func(*Call) (*csi.GetPluginInfoResponse, error) {
+	return runOp(ctx, s.b, s.spec(MethodGetPluginInfo, nil), func(*Call) (*csi.GetPluginInfoResponse, error) {
 		return &csi.GetPluginInfoResponse{
 			Name:          s.b.cfg.DriverName,
 			VendorVersion: s.b.cfg.VendorVersion,
@@ -35,14 +48,14 @@ func (s *identityServer) GetPluginInfo(ctx context.Context, _ *csi.GetPluginInfo
 }
 
 func (s *identityServer) GetPluginCapabilities(ctx context.Context, _ *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return runOp(ctx, s.b, s.spec(MethodGetPluginCapabilities), func(*Call) (*csi.GetPluginCapabilitiesResponse, error) {
+	return runOp(ctx, s.b, s.spec(MethodGetPluginCapabilities, nil), func(*Call) (*csi.GetPluginCapabilitiesResponse, error) {
 		return &csi.GetPluginCapabilitiesResponse{Capabilities: s.b.pluginCapabilities()}, nil
 	})
 }
 
 func (s *identityServer) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	// Readiness problems are simulated with a Fault on Probe.
-	return runOp(ctx, s.b, s.spec(MethodProbe), func(*Call) (*csi.ProbeResponse, error) {
+	return runOp(ctx, s.b, s.spec(MethodProbe, nil), func(*Call) (*csi.ProbeResponse, error) {
 		return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 	})
 }
@@ -60,6 +73,9 @@ func (b *Backend) pluginCapabilities() []*csi.PluginCapability {
 	}
 	if b.cfg.Topology {
 		caps = append(caps, service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS))
+	}
+	if b.groupControllerEnabled() {
+		caps = append(caps, service(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE))
 	}
 	if b.hasCapability(csi.ControllerServiceCapability_RPC_EXPAND_VOLUME) {
 		// The backend can grow volumes that are in use.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -20,12 +21,40 @@ type Call struct {
 	Method string `json:"method"`
 	// VolumeID is the volume the call is about. For CreateVolume it is empty
 	// until the operation ends and then holds the id of the volume created or
-	// found.
+	// found. For CreateSnapshot it is the source volume, for ListSnapshots
+	// the source volume filter.
 	VolumeID string `json:"volumeID,omitempty"`
 	// VolumeName is the name requested by CreateVolume.
 	VolumeName string `json:"volumeName,omitempty"`
 	// NodeID is the node of (un)publish calls.
 	NodeID string `json:"nodeID,omitempty"`
+	// SnapshotID is the snapshot the call is about (DeleteSnapshot,
+	// GetSnapshot, the snapshot_id filter of ListSnapshots). For
+	// CreateSnapshot it is empty until the operation ends and then holds the
+	// id of the snapshot cut or found.
+	SnapshotID string `json:"snapshotID,omitempty"`
+	// SnapshotName is the name requested by CreateSnapshot.
+	SnapshotName string `json:"snapshotName,omitempty"`
+	// GroupSnapshotID is the group snapshot the call is about (Delete- and
+	// GetVolumeGroupSnapshot). For CreateVolumeGroupSnapshot it is empty
+	// until the operation ends and then holds the id of the group snapshot
+	// cut or found.
+	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
+	// GroupSnapshotName is the name requested by CreateVolumeGroupSnapshot.
+	GroupSnapshotName string `json:"groupSnapshotName,omitempty"`
+	// SourceVolumeIDs are the volumes CreateVolumeGroupSnapshot was asked to
+	// snapshot, in request order, joined by commas (see SourceVolumeIDList).
+	SourceVolumeIDs string `json:"sourceVolumeIDs,omitempty"`
+	// SnapshotIDs are the member snapshot ids Delete- and
+	// GetVolumeGroupSnapshot were given, in request order, joined by commas
+	// (see SnapshotIDList). For CreateVolumeGroupSnapshot they are empty
+	// until the operation ends and then hold the members of the group
+	// snapshot cut or found.
+	SnapshotIDs string `json:"snapshotIDs,omitempty"`
+	// SecretKeys are the keys of the request's secrets field, sorted and
+	// joined by commas (see SecretKeyList); empty when the request had no
+	// secrets or has no such field. Secret values are never recorded.
+	SecretKeys string `json:"secretKeys,omitempty"`
 	// Start is when the driver received the call.
 	Start time.Time `json:"start"`
 	// End is when the backend operation ended (not when the handler
@@ -50,11 +79,37 @@ type Call struct {
 // Done reports whether the call's backend operation has ended.
 func (c Call) Done() bool { return !c.End.IsZero() }
 
-// Overlap records two mutating operations on one volume that ran in the
-// backend at the same time.
+// SecretKeyList returns SecretKeys as a list; nil for none.
+func (c Call) SecretKeyList() []string { return splitList(c.SecretKeys) }
+
+// SourceVolumeIDList returns SourceVolumeIDs as a list; nil for none.
+func (c Call) SourceVolumeIDList() []string { return splitList(c.SourceVolumeIDs) }
+
+// SnapshotIDList returns SnapshotIDs as a list; nil for none.
+func (c Call) SnapshotIDList() []string { return splitList(c.SnapshotIDs) }
+
+// joinList is how lists are kept in a Call, which stays comparable.
+func joinList(items []string) string { return strings.Join(items, ",") }
+
+// splitList undoes joinList.
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+// Overlap records two mutating operations on one volume, snapshot or group
+// snapshot that ran in the backend at the same time.
 type Overlap struct {
-	// Volume is the volume id both touch, or "name:<name>" when they were
-	// matched by the name requested in CreateVolume.
+	// Volume is the key both operations were matched by: a volume id
+	// ("vol-..."), a snapshot id ("snap-...") or a group snapshot id
+	// ("group-..."), or the name a create call requested: "name:<name>"
+	// for CreateVolume, "snapshot-name:<name>" for CreateSnapshot,
+	// "group-name:<name>" for CreateVolumeGroupSnapshot. Snapshot
+	// operations are never matched by their source volume: snapshotting a
+	// volume while it is published or while another snapshot of it is cut
+	// is no overlap.
 	Volume string
 	// First was still running when Second started.
 	First, Second Call
@@ -90,8 +145,8 @@ func CallsOf(calls []Call, method string) []Call {
 func (b *Backend) Calls(method string) []Call { return CallsOf(b.Journal(), method) }
 
 // Overlaps returns every pair of mutating operations that ran on the same
-// volume at the same time, including operations whose caller had already
-// cancelled.
+// volume, snapshot or group snapshot at the same time (see Overlap.Volume),
+// including operations whose caller had already cancelled.
 func (b *Backend) Overlaps() []Overlap {
 	b.mu.Lock()
 	defer b.mu.Unlock()

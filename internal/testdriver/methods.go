@@ -21,6 +21,12 @@ const (
 	MethodCreateSnapshot             = "CreateSnapshot"
 	MethodDeleteSnapshot             = "DeleteSnapshot"
 	MethodListSnapshots              = "ListSnapshots"
+	MethodGetSnapshot                = "GetSnapshot"
+
+	MethodGroupControllerGetCapabilities = "GroupControllerGetCapabilities"
+	MethodCreateVolumeGroupSnapshot      = "CreateVolumeGroupSnapshot"
+	MethodDeleteVolumeGroupSnapshot      = "DeleteVolumeGroupSnapshot"
+	MethodGetVolumeGroupSnapshot         = "GetVolumeGroupSnapshot"
 
 	MethodNodeGetInfo         = "NodeGetInfo"
 	MethodNodeGetCapabilities = "NodeGetCapabilities"
@@ -31,8 +37,9 @@ const (
 )
 
 // usesBackendLatency reports whether Config.Latency applies to method. Only
-// the Controller RPCs that talk to the storage backend are slow by default;
-// identity, capability and node RPCs answer from local knowledge.
+// the Controller and GroupController RPCs that talk to the storage backend are
+// slow by default; identity, capability and node RPCs answer from local
+// knowledge.
 func usesBackendLatency(method string) bool {
 	switch method {
 	case MethodCreateVolume, MethodDeleteVolume,
@@ -40,7 +47,9 @@ func usesBackendLatency(method string) bool {
 		MethodControllerExpandVolume, MethodControllerModifyVolume,
 		MethodValidateVolumeCapabilities, MethodListVolumes,
 		MethodGetCapacity, MethodControllerGetVolume,
-		MethodCreateSnapshot, MethodDeleteSnapshot, MethodListSnapshots:
+		MethodCreateSnapshot, MethodDeleteSnapshot, MethodListSnapshots,
+		MethodGetSnapshot, MethodCreateVolumeGroupSnapshot,
+		MethodDeleteVolumeGroupSnapshot, MethodGetVolumeGroupSnapshot:
 		return true
 	}
 	return false
@@ -52,7 +61,21 @@ func isMutating(method string) bool {
 	switch method {
 	case MethodCreateVolume, MethodDeleteVolume,
 		MethodControllerPublishVolume, MethodControllerUnpublishVolume,
-		MethodControllerExpandVolume, MethodControllerModifyVolume:
+		MethodControllerExpandVolume, MethodControllerModifyVolume,
+		MethodCreateSnapshot, MethodDeleteSnapshot,
+		MethodCreateVolumeGroupSnapshot, MethodDeleteVolumeGroupSnapshot:
+		return true
+	}
+	return false
+}
+
+// isSnapshotMethod reports whether method is about snapshots rather than
+// volumes: its overlap keys are snapshot ids and names, never the source
+// volume, since snapshotting a volume may overlap anything done to it.
+func isSnapshotMethod(method string) bool {
+	switch method {
+	case MethodCreateSnapshot, MethodDeleteSnapshot,
+		MethodCreateVolumeGroupSnapshot, MethodDeleteVolumeGroupSnapshot:
 		return true
 	}
 	return false

@@ -18,7 +18,7 @@ type nodeServer struct {
 }
 
 func (s *nodeServer) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	spec := s.spec(MethodNodeGetInfo)
+	spec := s.spec(MethodNodeGetInfo, nil)
 	spec.nodeID = s.b.cfg.NodeID
 	return runOp(ctx, s.b, spec, func(*Call) (*csi.NodeGetInfoResponse, error) {
 		rsp := &csi.NodeGetInfoResponse{NodeId: s.b.cfg.NodeID, MaxVolumesPerNode: s.b.cfg.MaxVolumesPerNode}
@@ -31,7 +31,7 @@ func (s *nodeServer) NodeGetInfo(ctx context.Context, _ *csi.NodeGetInfoRequest)
 
 func (s *nodeServer) NodeGetCapabilities(ctx context.Context, _ *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
 	// No STAGE_UNSTAGE_VOLUME: staging would add nothing to a no-op node.
-	return runOp(ctx, s.b, s.spec(MethodNodeGetCapabilities), func(*Call) (*csi.NodeGetCapabilitiesResponse, error) {
+	return runOp(ctx, s.b, s.spec(MethodNodeGetCapabilities, nil), func(*Call) (*csi.NodeGetCapabilitiesResponse, error) {
 		rsp := &csi.NodeGetCapabilitiesResponse{}
 		if s.b.cfg.NodeExpansion {
 			rsp.Capabilities = append(rsp.Capabilities, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
@@ -43,7 +43,7 @@ func (s *nodeServer) NodeGetCapabilities(ctx context.Context, _ *csi.NodeGetCapa
 }
 
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	spec := s.nodeSpec(MethodNodeStageVolume, req.GetVolumeId())
+	spec := s.nodeSpec(MethodNodeStageVolume, req, req.GetVolumeId())
 	if err := s.checkPaths(spec, req.GetStagingTargetPath(), "staging_target_path"); err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 }
 
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	spec := s.nodeSpec(MethodNodeUnstageVolume, req.GetVolumeId())
+	spec := s.nodeSpec(MethodNodeUnstageVolume, req, req.GetVolumeId())
 	if err := s.checkPaths(spec, req.GetStagingTargetPath(), "staging_target_path"); err != nil {
 		return nil, err
 	}
@@ -63,7 +63,7 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 }
 
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	spec := s.nodeSpec(MethodNodePublishVolume, req.GetVolumeId())
+	spec := s.nodeSpec(MethodNodePublishVolume, req, req.GetVolumeId())
 	if err := s.checkPaths(spec, req.GetTargetPath(), "target_path"); err != nil {
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 }
 
 func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	spec := s.nodeSpec(MethodNodeUnpublishVolume, req.GetVolumeId())
+	spec := s.nodeSpec(MethodNodeUnpublishVolume, req, req.GetVolumeId())
 	if err := s.checkPaths(spec, req.GetTargetPath(), "target_path"); err != nil {
 		return nil, err
 	}
@@ -83,8 +83,8 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 }
 
 // nodeSpec describes a node call about a volume on this driver's node.
-func (s *nodeServer) nodeSpec(method, volumeID string) opSpec {
-	spec := s.spec(method)
+func (s *nodeServer) nodeSpec(method string, req any, volumeID string) opSpec {
+	spec := s.spec(method, req)
 	spec.volumeID, spec.nodeID = volumeID, s.b.cfg.NodeID
 	return spec
 }

@@ -12,11 +12,18 @@ import (
 // opSpec describes a call for the journal, fault matching and the overlap
 // detector.
 type opSpec struct {
-	socket     string
-	method     string
-	volumeID   string
-	volumeName string
-	nodeID     string
+	socket            string
+	method            string
+	volumeID          string
+	volumeName        string
+	nodeID            string
+	snapshotID        string
+	snapshotName      string
+	groupSnapshotID   string
+	groupSnapshotName string
+	sourceVolumeIDs   []string
+	snapshotIDs       []string
+	secretKeys        []string
 }
 
 type opResult[T any] struct {
@@ -104,13 +111,20 @@ func (b *Backend) reject(spec opSpec, err error) error {
 func (b *Backend) startLocked(spec opSpec) int {
 	seq := len(b.calls)
 	b.calls = append(b.calls, Call{
-		Seq:        seq,
-		Socket:     spec.socket,
-		Method:     spec.method,
-		VolumeID:   spec.volumeID,
-		VolumeName: spec.volumeName,
-		NodeID:     spec.nodeID,
-		Start:      time.Now(),
+		Seq:               seq,
+		Socket:            spec.socket,
+		Method:            spec.method,
+		VolumeID:          spec.volumeID,
+		VolumeName:        spec.volumeName,
+		NodeID:            spec.nodeID,
+		SnapshotID:        spec.snapshotID,
+		SnapshotName:      spec.snapshotName,
+		GroupSnapshotID:   spec.groupSnapshotID,
+		GroupSnapshotName: spec.groupSnapshotName,
+		SourceVolumeIDs:   joinList(spec.sourceVolumeIDs),
+		SnapshotIDs:       joinList(spec.snapshotIDs),
+		SecretKeys:        joinList(spec.secretKeys),
+		Start:             time.Now(),
 	})
 	if isMutating(spec.method) {
 		b.trackLocked(seq, b.overlapKeysLocked(spec))
@@ -131,6 +145,9 @@ func (b *Backend) endLocked(seq int, err error, canceled bool) {
 	b.untrackLocked(seq)
 	klog.V(4).InfoS("Backend operation ended", "socket", c.Socket, "method", c.Method,
 		"volumeID", c.VolumeID, "volumeName", c.VolumeName, "nodeID", c.NodeID,
+		"snapshotID", c.SnapshotID, "snapshotName", c.SnapshotName,
+		"groupSnapshotID", c.GroupSnapshotID, "groupSnapshotName", c.GroupSnapshotName,
+		"secretKeys", c.SecretKeys,
 		"code", c.Code, "message", c.Message, "canceled", c.Canceled, "duration", c.End.Sub(c.Start))
 	b.writeJournalLocked(*c)
 	b.notifyLocked()
@@ -140,6 +157,9 @@ func (b *Backend) endLocked(seq int, err error, canceled bool) {
 // by its name and, when the name already exists, by that volume's id too, so
 // that a retried CreateVolume overlapping a DeleteVolume is caught.
 func (b *Backend) overlapKeysLocked(spec opSpec) []string {
+	if isSnapshotMethod(spec.method) {
+		return b.snapshotOverlapKeysLocked(spec)
+	}
 	var keys []string
 	if spec.volumeID != "" {
 		keys = append(keys, spec.volumeID)
@@ -180,4 +200,51 @@ func (b *Backend) untrackLocked(seq int) {
 		}
 	}
 	delete(b.runningKeys, seq)
+}
+
+// Overlap key prefixes of the names requested by CreateSnapshot and
+// CreateVolumeGroupSnapshot (CreateVolume's is "name:").
+const (
+	snapshotNameKey = "snapshot-name:"
+	groupNameKey    = "group-name:"
+)
+
+// snapshotOverlapKeysLocked names what a mutating snapshot call touches: the
+// snapshot or group snapshot by id and by requested name, the id a requested
+// name already has, and the members of a group snapshot, so that a retried
+// create overlapping a delete, or a DeleteSnapshot of a member overlapping
+// the group's deletion, is caught.
+func (b *Backend) snapshotOverlapKeysLocked(spec opSpec) []string {
+	var keys []string
+	add := func(key string) {
+		if key != "" && !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	addGroup := func(g *GroupSnapshot) {
+		if g == nil {
+			return
+		}
+		add(g.ID)
+		for _, id := range g.SnapshotIDs {
+			add(id)
+		}
+	}
+	add(spec.snapshotID)
+	if spec.snapshotName != "" {
+		add(snapshotNameKey + spec.snapshotName)
+		if s := b.snapshotByNameLocked(spec.snapshotName); s != nil {
+			add(s.ID)
+		}
+	}
+	add(spec.groupSnapshotID)
+	addGroup(b.groupSnapshots[spec.groupSnapshotID])
+	if spec.groupSnapshotName != "" {
+		add(groupNameKey + spec.groupSnapshotName)
+		addGroup(b.groupSnapshotByNameLocked(spec.groupSnapshotName))
+	}
+	for _, id := range spec.snapshotIDs {
+		add(id)
+	}
+	return keys
 }

@@ -13,7 +13,7 @@ import (
 const PublishContextDevicePath = "devicePath"
 
 func (s *controllerServer) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
-	spec := s.spec(MethodControllerPublishVolume)
+	spec := s.spec(MethodControllerPublishVolume, req)
 	spec.volumeID, spec.nodeID = req.GetVolumeId(), req.GetNodeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME); err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (b *Backend) publishedToLocked(node string) int64 {
 }
 
 func (s *controllerServer) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
-	spec := s.spec(MethodControllerUnpublishVolume)
+	spec := s.spec(MethodControllerUnpublishVolume, req)
 	spec.volumeID, spec.nodeID = req.GetVolumeId(), req.GetNodeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME); err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ import (
 // journal) but change nothing.
 
 func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	spec := s.spec(MethodValidateVolumeCapabilities)
+	spec := s.spec(MethodValidateVolumeCapabilities, req)
 	spec.volumeID = req.GetVolumeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_UNKNOWN); err != nil {
 		return nil, err
@@ -60,7 +60,7 @@ func isListToken(token string) bool {
 }
 
 func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	spec := s.spec(MethodListVolumes)
+	spec := s.spec(MethodListVolumes, req)
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_LIST_VOLUMES); err != nil {
 		return nil, err
 	}
@@ -114,7 +114,7 @@ func publishedNodes(v *Volume) []string {
 }
 
 func (s *controllerServer) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
-	spec := s.spec(MethodControllerGetVolume)
+	spec := s.spec(MethodControllerGetVolume, req)
 	spec.volumeID = req.GetVolumeId()
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_GET_VOLUME); err != nil {
 		return nil, err

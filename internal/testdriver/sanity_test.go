@@ -1,6 +1,7 @@
 package testdriver_test
 
 import (
+	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -13,8 +14,8 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
-// TestSanity runs the csi-test sanity suite's Identity and Controller specs
-// against the driver over a UNIX socket. Ginkgo allows one RunSpecs per
+// TestSanity runs the csi-test sanity suite's Identity, Controller and
+// GroupController specs against the driver over a UNIX socket. Ginkgo allows one RunSpecs per
 // process, so this is the only Ginkgo suite in the package.
 func TestSanity(t *testing.T) {
 	b, err := testdriver.New(testdriver.Config{
@@ -49,6 +50,15 @@ func TestSanity(t *testing.T) {
 	// spec and only known keys are accepted.
 	cfg.TestVolumeMutableParameters = map[string]string{"iops": "3000"}
 	cfg.TestNodeVolumeAttachLimit = true
+	cfg.TestSnapshotParameters = map[string]string{"type": "sanity"}
+	// Snapshot secrets, so that the run also checks that the journal
+	// records which secret keys each snapshot call got.
+	cfg.SecretsFile = filepath.Join(dir, "secrets.yaml")
+	secrets := "CreateSnapshotSecret: {create-key: v}\nDeleteSnapshotSecret: {delete-key: v}\n" +
+		"ListSnapshotsSecret: {list-key: v}\nGetSnapshotSecret: {get-key: v}\n"
+	if err := os.WriteFile(cfg.SecretsFile, []byte(secrets), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	sc := sanity.GinkgoTest(&cfg)
 	defer sc.Finalize()
@@ -66,5 +76,27 @@ func TestSanity(t *testing.T) {
 	// The suite runs its calls one at a time, so none may overlap.
 	if o := b.Overlaps(); len(o) != 0 {
 		t.Errorf("sequential sanity calls overlapped: %+v", o)
+	}
+	// Every snapshot call got its own secret, and snapshots and group
+	// snapshots were exercised.
+	wantKeys := map[string]string{
+		testdriver.MethodCreateSnapshot:            "create-key",
+		testdriver.MethodDeleteSnapshot:            "delete-key",
+		testdriver.MethodListSnapshots:             "list-key",
+		testdriver.MethodGetSnapshot:               "get-key",
+		testdriver.MethodCreateVolumeGroupSnapshot: "create-key",
+		testdriver.MethodDeleteVolumeGroupSnapshot: "delete-key",
+		testdriver.MethodGetVolumeGroupSnapshot:    "list-key",
+	}
+	for method, want := range wantKeys {
+		calls := b.Calls(method)
+		if len(calls) == 0 {
+			t.Errorf("sanity made no %s call", method)
+		}
+		for _, c := range calls {
+			if c.SecretKeys != want {
+				t.Errorf("%s call %d got secret keys %q, want %q", method, c.Seq, c.SecretKeys, want)
+			}
+		}
 	}
 }

@@ -22,9 +22,9 @@ type Server struct {
 	once   sync.Once
 }
 
-// Serve starts serving the Identity, Controller and Node services of b on a
-// UNIX socket at socketPath, replacing a stale socket file left by an earlier
-// run. Stop makes the socket unreachable again.
+// Serve starts serving the Identity, Controller, GroupController and Node
+// services of b on a UNIX socket at socketPath, replacing a stale socket file
+// left by an earlier run. Stop makes the socket unreachable again.
 func (b *Backend) Serve(socketPath string) (*Server, error) {
 	if err := os.Remove(socketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket %s: %w", socketPath, err)
@@ -45,6 +45,7 @@ func (b *Backend) Serve(socketPath string) (*Server, error) {
 	ep := &endpoint{b: b, socket: socketPath}
 	csi.RegisterIdentityServer(s.grpc, &identityServer{endpoint: ep})
 	csi.RegisterControllerServer(s.grpc, &controllerServer{endpoint: ep})
+	csi.RegisterGroupControllerServer(s.grpc, &groupControllerServer{endpoint: ep})
 	csi.RegisterNodeServer(s.grpc, &nodeServer{endpoint: ep})
 
 	go func() {

@@ -36,6 +36,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		nodes             string
 		mutableParameters string
 		controller        bool
+		groupController   bool
 	)
 	fs.Var(&endpoints, "endpoint", "UNIX socket to serve CSI on, as a path or unix:// URL; repeat the flag or give a comma separated list. All sockets share one backend.")
 	fs.StringVar(&o.config.DriverName, "drivername", testdriver.DefaultDriverName, "Driver name reported by GetPluginInfo.")
@@ -43,6 +44,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&methodLatency, "method-latency", "", "Per-method latency overrides, e.g. ControllerPublishVolume=2s,CreateVolume=500ms.")
 	fs.StringVar(&capabilities, "capabilities", defaultCapabilities(), "Comma separated controller capabilities to advertise; empty for none.")
 	fs.BoolVar(&controller, "controller-service", true, "Advertise the Controller service; false makes every Controller RPC Unimplemented.")
+	fs.BoolVar(&groupController, "group-controller", true, "Serve the GroupController service (volume group snapshots) when --capabilities has CREATE_DELETE_SNAPSHOT.")
+	fs.DurationVar(&o.config.SnapshotReadyAfter, "snapshot-ready-after", 0, "Report each snapshot ready_to_use=false until this long after it was cut.")
+	fs.IntVar(&o.config.SnapshotReadyAfterPolls, "snapshot-ready-polls", 0, "Report each snapshot ready_to_use=false in this many answers describing it (its CreateSnapshot, then status polls).")
 	fs.BoolVar(&o.config.Topology, "topology", false, "Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS.")
 	fs.StringVar(&o.config.NodeID, "node-id", testdriver.DefaultNodeID, "Node id reported by the Node service's NodeGetInfo.")
 	fs.StringVar(&nodes, "nodes", "", "Comma separated node ids ControllerPublishVolume accepts besides --node-id; empty accepts any node id.")
@@ -73,6 +77,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return o, fmt.Errorf("--capabilities: %w", err)
 	}
 	o.config.DisableControllerService = !controller
+	o.config.DisableGroupController = !groupController
 	if nodes != "" {
 		o.config.Nodes = splitList(nodes)
 	}

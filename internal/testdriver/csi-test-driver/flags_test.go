@@ -43,6 +43,21 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+func TestParseSnapshotFlags(t *testing.T) {
+	o, err := parse(t, "--endpoint", "/tmp/a.sock",
+		"--capabilities", "CREATE_DELETE_SNAPSHOT,LIST_SNAPSHOTS",
+		"--snapshot-ready-after", "2s", "--snapshot-ready-polls", "3", "--group-controller=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.config; c.SnapshotReadyAfter != 2*time.Second || c.SnapshotReadyAfterPolls != 3 || !c.DisableGroupController {
+		t.Errorf("snapshot config %+v", c)
+	}
+	if _, err := testdriver.New(o.config); err != nil {
+		t.Errorf("New: %v", err)
+	}
+}
+
 func TestParseFlagsDefaults(t *testing.T) {
 	o, err := parse(t, "--endpoint", "/tmp/a.sock")
 	if err != nil {
@@ -51,7 +66,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if !slices.Equal(o.config.ControllerCapabilities, testdriver.DefaultControllerCapabilities()) {
 		t.Errorf("default capabilities %v", o.config.ControllerCapabilities)
 	}
-	if o.config.Nodes != nil || o.config.DisableControllerService {
+	if o.config.Nodes != nil || o.config.DisableControllerService || o.config.DisableGroupController ||
+		o.config.SnapshotReadyAfter != 0 || o.config.SnapshotReadyAfterPolls != 0 {
 		t.Errorf("defaults %+v", o.config)
 	}
 }
@@ -63,6 +79,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{"--endpoint", "/tmp/a.sock", "--method-latency", "CreateVolume=fast"},
 		{"--endpoint", "/tmp/a.sock", "--capabilities", "TELEPORT"},
 		{"--endpoint", "/tmp/a.sock", "extra"},
+		{"--endpoint", "/tmp/a.sock", "--snapshot-ready-polls", "many"},
 	} {
 		if _, err := parse(t, args...); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", args)
