@@ -22,9 +22,10 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
 	"github.com/csi-sidecars/csi-sidecars/resizer"
+	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
 
-const allThree = "--controllers=attacher,provisioner,resizer"
+const allFour = "--controllers=attacher,provisioner,resizer,snapshotter"
 
 // sidecarContainers renders deploy/<dir> and returns the containers of its Deployment that
 // run the csi-sidecars image (the driver's container is not one of them).
@@ -50,7 +51,7 @@ func sidecarContainers(t *testing.T, dir string) []corev1.Container {
 
 // newRoot is the csi-sidecars command as cmd/csi-sidecars builds it, to check args with.
 func newRoot() *cobra.Command {
-	return lifecycle.NewRootCommand("csi-sidecars", "test", attacher.New(), resizer.New(), provisioner.New())
+	return lifecycle.NewRootCommand("csi-sidecars", "test", attacher.New(), resizer.New(), provisioner.New(), snapshotter.New())
 }
 
 // apiBudget is the --kube-api-qps and --kube-api-burst that args give a csi-sidecars process.
@@ -72,17 +73,17 @@ func apiBudget(t *testing.T, args []string) (qps float64, burst int) {
 	return qps, burst
 }
 
-// deploy/combined runs the three sidecars in one container that carries every flag of the
-// three containers it replaces: shared flags once, each sidecar's own flags with its name
+// deploy/combined runs the four sidecars in one container that carries every flag of the
+// four containers it replaces: shared flags once, each sidecar's own flags with its name
 // as prefix, and the probes on its one HTTP server.
-func TestCombinedOverlayRunsTheThreeSidecarsInOneContainer(t *testing.T) {
+func TestCombinedOverlayRunsTheFourSidecarsInOneContainer(t *testing.T) {
 	combined := sidecarContainers(t, "combined")
 	if len(combined) != 1 {
 		t.Fatalf("deploy/combined: %d csi-sidecars containers; want exactly 1", len(combined))
 	}
 	c := combined[0]
-	if !slices.Contains(c.Args, allThree) {
-		t.Fatalf("deploy/combined container %s: args %q lack %s", c.Name, c.Args, allThree)
+	if !slices.Contains(c.Args, allFour) {
+		t.Fatalf("deploy/combined container %s: args %q lack %s", c.Name, c.Args, allFour)
 	}
 	if err := lifecycle.ValidateArgs(newRoot(), c.Args); err != nil {
 		t.Errorf("deploy/combined args %q do not pass flag validation: %v", c.Args, err)
@@ -90,8 +91,8 @@ func TestCombinedOverlayRunsTheThreeSidecarsInOneContainer(t *testing.T) {
 
 	shared := newRoot().PersistentFlags()
 	example := sidecarContainers(t, "example")
-	if len(example) != 3 {
-		t.Fatalf("deploy/example: %d csi-sidecars containers; want 3", len(example))
+	if len(example) != len(sidecars) {
+		t.Fatalf("deploy/example: %d csi-sidecars containers; want %d", len(example), len(sidecars))
 	}
 	for _, e := range example {
 		sidecar := e.Args[0]
@@ -117,7 +118,7 @@ func TestCombinedOverlayRunsTheThreeSidecarsInOneContainer(t *testing.T) {
 	}
 
 	// Each sidecar has its own client and budget, as in its own container: the combined
-	// container sets the same limits the three containers have.
+	// container sets the same limits the four containers have.
 	for _, e := range example {
 		q, b := apiBudget(t, e.Args)
 		if cq, cb := apiBudget(t, c.Args); cq != q || cb != b {
@@ -153,29 +154,30 @@ func leaseHolder(s *e2e.Scenario, lease string) string {
 	return e2e.Holder(l)
 }
 
-// A replica of deploy/combined, with the token of the pod's ServiceAccount, leads all three
-// sidecars and does their three jobs; one SIGTERM hands each of its three Leases over to a
+// A replica of deploy/combined, with the token of the pod's ServiceAccount, leads all four
+// sidecars and does their four jobs; one SIGTERM hands each of its four Leases over to a
 // single-sidecar replica run as deploy/example runs it, which carries on. This is a rollout
 // between the two manifests: both kinds of replica compete for the same upstream-named
 // Leases and never both lead one.
-func TestCombinedProcessDoesAllThreeJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *testing.T) {
+func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *testing.T) {
 	cp := kube.Get(t)
 	apply(t, cp, build(t, "combined"))
-	s := e2e.NewScenario(t, cp, binDir, testdriver.Config{})
+	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName()}
 	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
 		t.Fatal(err)
 	}
-	leases := map[string]string{
-		"provisioner": e2e.LeaseName("provisioner", store.Driver),
-		"attacher":    e2e.LeaseName("attacher", store.Driver),
-		"resizer":     e2e.LeaseName("resizer", store.Driver),
+	leases := map[string]string{}
+	for _, sidecar := range sidecars {
+		leases[sidecar] = leaseName(sidecar, store.Driver)
 	}
 	methods := map[string]string{
 		"provisioner": testdriver.MethodCreateVolume,
 		"attacher":    testdriver.MethodControllerPublishVolume,
 		"resizer":     testdriver.MethodControllerExpandVolume,
+		"snapshotter": testdriver.MethodCreateSnapshot,
 	}
 	// Both manifests' pods run as csi-controller. Each replica runs its container's own args
 	// from the manifest; the harness's flags after them replace only the socket, the HTTP
@@ -197,6 +199,7 @@ func TestCombinedProcessDoesAllThreeJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *
 
 	const n = 3
 	runStorageJob(ctx, t, s, store, "claim-a", "claim-b", "claim-c")
+	runSnapshotJob(ctx, t, s, snaps, store)
 	journal := s.Driver.Journal()
 	for sidecar, method := range methods {
 		if got := len(e2e.CallsOn(journal, a, method)); got < n {
@@ -211,7 +214,7 @@ func TestCombinedProcessDoesAllThreeJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *
 
 	signalled := a.Signal(t, syscall.SIGTERM)
 	if code := a.Wait(t, 60*time.Second); code != 0 {
-		t.Errorf("combined-a exited %d after one SIGTERM; want 0 (a clean drain of all three)", code)
+		t.Errorf("combined-a exited %d after one SIGTERM; want 0 (a clean drain of all four)", code)
 	}
 	for sidecar, lease := range leases {
 		want := standbys[sidecar].Name

@@ -11,11 +11,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/yaml"
@@ -27,6 +32,8 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
 
 const namespace = "csi-sidecars" // the bases' namespace
@@ -37,6 +44,23 @@ var (
 )
 
 func TestMain(m *testing.M) { os.Exit(e2e.Main(m, "../../..", &kube, &binDir)) }
+
+// sidecars are the four bases in deploy/, each a sidecar's name.
+var sidecars = []string{"attacher", "resizer", "provisioner", "snapshotter"}
+
+// withSnapshots is a test driver that takes snapshots too, as the snapshotter needs.
+func withSnapshots() testdriver.Config {
+	return testdriver.Config{ControllerCapabilities: append(testdriver.DefaultControllerCapabilities(),
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)}
+}
+
+// leaseName is sidecar's Lease for driver, as the sidecar names it.
+func leaseName(sidecar, driver string) string {
+	if sidecar == "snapshotter" {
+		return lifecycle.SanitizeName(snapshotter.New().LeaseName(driver))
+	}
+	return e2e.LeaseName(sidecar, driver)
+}
 
 // build renders deploy/<dir> with the cached kustomize.
 func build(t *testing.T, dir string) []*unstructured.Unstructured {
@@ -93,10 +117,10 @@ func apply(t *testing.T, cp *controlplane.ControlPlane, objs []*unstructured.Uns
 
 func TestEveryManifestAppliesServerSide(t *testing.T) {
 	cp := kube.Get(t)
-	// The example holds the namespace and the three bases; applying each base again must be
+	// The example holds the namespace and the four bases; applying each base again must be
 	// a no-op, and so must a second apply of everything.
 	for range 2 {
-		for _, dir := range []string{"example", "attacher", "resizer", "provisioner"} {
+		for _, dir := range append([]string{"example"}, sidecars...) {
 			apply(t, cp, build(t, dir))
 		}
 	}
@@ -111,16 +135,16 @@ func TestEveryManifestAppliesServerSide(t *testing.T) {
 			t.Errorf("Deployment: %d containers, %d replicas; want %d and 2", n, *d.Spec.Replicas, want)
 		}
 	}
-	containers(4)
+	containers(5)
 	// deploy/combined keeps the Deployment's name, so applying it over the example switches
-	// the cluster to combined mode in place (the three sidecar containers go, one comes),
+	// the cluster to combined mode in place (the four sidecar containers go, one comes),
 	// and applying the example again switches back: the same field manager owns both.
 	for range 2 {
 		apply(t, cp, build(t, "combined"))
 	}
 	containers(2)
 	apply(t, cp, build(t, "example"))
-	containers(4)
+	containers(5)
 }
 
 // token returns a kubeconfig with a TokenRequest token of csi-<sidecar>.
@@ -140,28 +164,27 @@ func token(t *testing.T, cp *controlplane.ControlPlane, client kubernetes.Interf
 
 func ptrTo[T any](v T) *T { return &v }
 
-// Each sidecar provisions, attaches or expands volumes with a token of its own
-// ServiceAccount: the RBAC in deploy/ suffices for its job, leader election included.
+// Each sidecar provisions, attaches, expands volumes or snapshots them with a token of its
+// own ServiceAccount: the RBAC in deploy/ suffices for its job, leader election included.
 func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 	cp := kube.Get(t)
 	apply(t, cp, build(t, "example"))
-	s := e2e.NewScenario(t, cp, binDir, testdriver.Config{})
+	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName()}
 	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
 		t.Fatal(err)
 	}
-	leases := map[string]string{
-		"provisioner": e2e.LeaseName("provisioner", store.Driver),
-		"attacher":    e2e.LeaseName("attacher", store.Driver),
-		"resizer":     e2e.LeaseName("resizer", store.Driver),
-	}
-	for _, sidecar := range []string{"provisioner", "attacher", "resizer"} {
+	replicas := map[string]*e2e.Replica{}
+	for _, sidecar := range sidecars {
 		r := s.Start(sidecar, []string{"csi-sidecars", sidecar},
 			"--kubeconfig="+token(t, cp, s.Client, sidecar), "--leader-election-namespace="+namespace)
 		r.WaitReady(t)
+		replicas[sidecar] = r
 	}
-	for sidecar, lease := range leases {
+	for _, sidecar := range sidecars {
+		lease := leaseName(sidecar, store.Driver)
 		s.WaitUntil(sidecar+" holds its Lease in "+namespace, func() bool {
 			l, err := s.Client.CoordinationV1().Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
 			return err == nil && e2e.Holder(l) == sidecar
@@ -169,6 +192,10 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 	}
 
 	runStorageJob(ctx, t, s, store, "claim-a", "claim-b", "claim-c")
+	runSnapshotJob(ctx, t, s, snaps, store)
+	// The snapshotter's least privilege is enough for all it does, the group snapshot
+	// CRDs' check and the caches of both kinds included: no request of it was refused.
+	e2e.NoForbidden(t, replicas["snapshotter"])
 
 	// Events are part of the job too: the provisioner's on each claim (they share its API
 	// budget, so they may come a little after the volumes).
@@ -208,6 +235,93 @@ func runStorageJob(ctx context.Context, t *testing.T, s *e2e.Scenario, store e2e
 		}
 	}
 	waitCount(t, s, "volumes expanded", n, func() (int, error) { return store.Expanded(ctx, "2Gi") })
+}
+
+// installSnapshotCRDs installs the snapshot and group snapshot CRDs of the
+// external-snapshotter client module (server-side apply, so again is a no-op) and waits
+// until they are served.
+func installSnapshotCRDs(t *testing.T, s *e2e.Scenario) snapclientset.Interface {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/kubernetes-csi/external-snapshotter/client/v8").Output()
+	if err != nil {
+		t.Fatalf("locating the external-snapshotter client module: %v", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd")
+	var crds []*unstructured.Unstructured
+	for _, name := range []string{
+		"snapshot.storage.k8s.io_volumesnapshotclasses", "snapshot.storage.k8s.io_volumesnapshotcontents",
+		"snapshot.storage.k8s.io_volumesnapshots", "groupsnapshot.storage.k8s.io_volumegroupsnapshotclasses",
+		"groupsnapshot.storage.k8s.io_volumegroupsnapshotcontents", "groupsnapshot.storage.k8s.io_volumegroupsnapshots",
+	} {
+		data, err := os.ReadFile(filepath.Join(dir, name+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(data, &crd.Object); err != nil {
+			t.Fatalf("parsing the %s CRD: %v", name, err)
+		}
+		crds = append(crds, crd)
+	}
+	apply(t, s.CP, crds)
+	client := snapclientset.NewForConfigOrDie(s.CP.Config())
+	s.WaitUntil("the snapshot and group snapshot APIs", func() bool {
+		_, err := client.SnapshotV1().VolumeSnapshotContents().List(context.Background(), metav1.ListOptions{Limit: 1})
+		_, err2 := client.GroupsnapshotV1().VolumeGroupSnapshotContents().List(context.Background(), metav1.ListOptions{Limit: 1})
+		return err == nil && err2 == nil
+	})
+	return client
+}
+
+// runSnapshotJob has the snapshotter snapshot every volume the store provisioned: a class
+// of the driver and, per volume, the VolumeSnapshotContent the snapshot-controller would
+// create for a dynamic VolumeSnapshot (the snapshotter reads only the content, so none is
+// created); it waits until each content records a ready snapshot, and returns them.
+func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps snapclientset.Interface, store e2e.Storage) []snapv1.VolumeSnapshotContent {
+	t.Helper()
+	pvs, err := store.Provisioned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	class := s.Namespace
+	if _, err := snaps.SnapshotV1().VolumeSnapshotClasses().Create(ctx, &snapv1.VolumeSnapshotClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Driver: store.Driver, DeletionPolicy: snapv1.VolumeSnapshotContentDelete,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, pv := range pvs {
+		content := &snapv1.VolumeSnapshotContent{
+			ObjectMeta: metav1.ObjectMeta{Name: s.Namespace + "-" + pv.Name},
+			Spec: snapv1.VolumeSnapshotContentSpec{
+				Driver:                  store.Driver,
+				DeletionPolicy:          snapv1.VolumeSnapshotContentDelete,
+				Source:                  snapv1.VolumeSnapshotContentSource{VolumeHandle: &pv.Spec.CSI.VolumeHandle},
+				VolumeSnapshotClassName: &class,
+				// The snapshot's UID names the driver's snapshot: the volume's stands in.
+				VolumeSnapshotRef: corev1.ObjectReference{Kind: "VolumeSnapshot", Namespace: s.Namespace, Name: "snap-" + pv.Name, UID: pv.UID},
+			},
+		}
+		if _, err := snaps.SnapshotV1().VolumeSnapshotContents().Create(ctx, content, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		names[content.Name] = true
+	}
+	var ready []snapv1.VolumeSnapshotContent
+	waitCount(t, s, "snapshots ready", len(pvs), func() (int, error) {
+		list, err := snaps.SnapshotV1().VolumeSnapshotContents().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return 0, err
+		}
+		ready = ready[:0]
+		for _, c := range list.Items {
+			if st := c.Status; names[c.Name] && st != nil && st.SnapshotHandle != nil && st.ReadyToUse != nil && *st.ReadyToUse {
+				ready = append(ready, c)
+			}
+		}
+		return len(ready), nil
+	})
+	return ready
 }
 
 func waitCount(t *testing.T, s *e2e.Scenario, what string, want int, count func() (int, error)) {
@@ -261,11 +375,77 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			{"create", "storage.k8s.io", "csistoragecapacities", "", namespace},
 			{"update", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
 		},
+		// Everything the snapshotter does: classes and contents read and watched, contents
+		// and their status patched, for both kinds; events on contents (cluster-scoped, so
+		// in "default") and on its Lease; the Lease itself.
+		"snapshotter": {
+			{"get", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", ""},
+			{"list", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", ""},
+			{"watch", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", ""},
+			{"get", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"list", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"watch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "status", ""},
+			{"get", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "", ""},
+			{"list", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "", ""},
+			{"watch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "", ""},
+			{"get", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"list", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"watch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"patch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"patch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "status", ""},
+			{"create", "", "events", "", "default"},
+			{"patch", "", "events", "", "default"},
+			{"create", "", "events", "", namespace},
+			{"get", "coordination.k8s.io", "leases", "", namespace},
+			{"list", "coordination.k8s.io", "leases", "", namespace},
+			{"watch", "coordination.k8s.io", "leases", "", namespace},
+			{"create", "coordination.k8s.io", "leases", "", namespace},
+			{"update", "coordination.k8s.io", "leases", "", namespace},
+		},
 	}
 	notThis := map[string][]access{
 		"attacher":    {{"create", "", "persistentvolumes", "", ""}, {"update", "", "persistentvolumeclaims", "", "default"}},
 		"resizer":     {{"create", "", "persistentvolumes", "", ""}, {"delete", "", "persistentvolumes", "", ""}, {"update", "", "persistentvolumeclaims", "", "default"}},
-		"provisioner": {{"patch", "storage.k8s.io", "volumeattachments", "", ""}, {"patch", "", "persistentvolumeclaims", "status", "default"}, {"create", "storage.k8s.io", "csistoragecapacities", "", "default"}},
+		"provisioner": {{"patch", "storage.k8s.io", "volumeattachments", "", ""}, {"patch", "", "persistentvolumeclaims", "status", "default"}, {"create", "storage.k8s.io", "csistoragecapacities", "", "default"}, {"patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""}},
+		// Contents are created and deleted by the snapshot-controller and written here by
+		// patch only; VolumeSnapshots, volumes, claims and Secrets are none of its business;
+		// the event recorder creates and patches, never reads or updates.
+		"snapshotter": {
+			{"create", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"delete", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"deletecollection", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"update", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"update", "snapshot.storage.k8s.io", "volumesnapshotcontents", "status", ""},
+			{"create", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"delete", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"update", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "", ""},
+			{"update", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "status", ""},
+			{"create", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", ""},
+			{"patch", "snapshot.storage.k8s.io", "volumesnapshotclasses", "", ""},
+			{"patch", "groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "", ""},
+			{"get", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
+			{"list", "snapshot.storage.k8s.io", "volumesnapshots", "", ""},
+			{"watch", "snapshot.storage.k8s.io", "volumesnapshots", "", ""},
+			{"create", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
+			{"update", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
+			{"patch", "snapshot.storage.k8s.io", "volumesnapshots", "status", "default"},
+			{"delete", "snapshot.storage.k8s.io", "volumesnapshots", "", "default"},
+			{"get", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots", "", "default"},
+			{"update", "groupsnapshot.storage.k8s.io", "volumegroupsnapshots", "", "default"},
+			{"get", "", "secrets", "", "default"},
+			{"update", "", "secrets", "", "default"},
+			{"update", "", "secrets", "", ""},
+			{"get", "", "persistentvolumes", "", ""},
+			{"patch", "", "persistentvolumes", "", ""},
+			{"get", "", "persistentvolumeclaims", "", "default"},
+			{"list", "", "events", "", "default"},
+			{"watch", "", "events", "", ""},
+			{"update", "", "events", "", "default"},
+			{"delete", "", "events", "", "default"},
+			{"delete", "coordination.k8s.io", "leases", "", namespace},
+		},
 	}
 	allowed := func(user string, a access) bool {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -281,7 +461,7 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 		}
 		return out.Status.Allowed
 	}
-	for _, sidecar := range []string{"attacher", "resizer", "provisioner"} {
+	for _, sidecar := range sidecars {
 		for _, sa := range []string{"csi-" + sidecar} {
 			user := "system:serviceaccount:" + namespace + ":" + sa
 			for _, a := range append(never, notThis[sidecar]...) {
@@ -296,8 +476,18 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
-	// The example's pod ServiceAccount gets the union, and still no Secrets.
-	if allowed("system:serviceaccount:"+namespace+":csi-controller", access{"get", "", "secrets", "", ""}) {
-		t.Errorf("csi-controller may read Secrets cluster-wide")
+	// The example's pod ServiceAccount gets the union, and still nothing of never.
+	controller := "system:serviceaccount:" + namespace + ":csi-controller"
+	for _, sidecar := range sidecars {
+		for _, a := range must[sidecar] {
+			if !allowed(controller, a) {
+				t.Errorf("csi-controller may not %s %s/%s in %q; its %s needs to", a.verb, a.resource, a.subresource, a.namespace, sidecar)
+			}
+		}
+	}
+	for _, a := range never {
+		if allowed(controller, a) {
+			t.Errorf("csi-controller may %s %s/%s in %q; it must not", a.verb, a.resource, a.subresource, a.namespace)
+		}
 	}
 }
