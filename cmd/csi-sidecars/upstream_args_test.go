@@ -1,16 +1,18 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// The args of every csi-attacher, csi-provisioner and csi-resizer container in upstream's
-// example manifests, as the kubelet passes them ($(ADDRESS) expanded from the container's
-// env), with the env the container defines. Swapping the image must be enough: each args
-// list must pass flag validation here.
+// The args of every csi-attacher, csi-provisioner, csi-resizer and csi-snapshotter container
+// in upstream's example manifests and well-known drivers' deployments, with the env the
+// container defines: as the kubelet passes them ($(ADDRESS) expanded from that env), or, for
+// the snapshotter's, exactly as the manifest writes them ($(ADDRESS) left as the value).
+// Swapping the image must be enough: each args list must pass flag validation here.
 var upstreamManifests = []struct {
 	source  string
 	sidecar string
@@ -48,6 +50,41 @@ var upstreamManifests = []struct {
 		map[string]string{"NODE_NAME": "node-1", "NAMESPACE": "default", "POD_NAME": "csi-hostpathplugin-abcde"},
 		[]string{"-v=5", "--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "--enable-capacity",
 			"--capacity-ownerref-level=0", "--node-deployment=true", "--strict-topology=true", "--immediate-topology=false", "--worker-threads=5"}},
+
+	// kubernetes-csi/external-snapshotter v8.7.0 deploy/kubernetes/csi-snapshotter/setup-csi-snapshotter.yaml
+	{"external-snapshotter/deploy/kubernetes/csi-snapshotter/setup-csi-snapshotter.yaml", "snapshotter",
+		map[string]string{"ADDRESS": "/csi/csi.sock"},
+		[]string{"--v=5", "--csi-address=$(ADDRESS)", "--leader-election=false"}},
+	// csi-driver-host-path v1.18.0 deploy/kubernetes-1.34/hostpath/csi-hostpath-plugin.yaml
+	// (kubernetes-1.35 and kubernetes-latest link to it); kubernetes-1.34-test's
+	// csi-hostpath-snapshotter.yaml StatefulSet has the same args. kubernetes-distributed
+	// runs no snapshotter.
+	{"csi-driver-host-path/deploy/kubernetes-1.34/hostpath csi-snapshotter", "snapshotter", nil,
+		[]string{"-v=5", "--csi-address=/csi/csi.sock"}},
+	// kubernetes-sigs/aws-ebs-csi-driver v1.64.0 deploy/kubernetes/base/controller.yaml
+	{"aws-ebs-csi-driver/deploy/kubernetes/base/controller.yaml csi-snapshotter", "snapshotter",
+		map[string]string{"ADDRESS": "/var/lib/csi/sockets/pluginproxy/csi.sock"},
+		[]string{"--csi-address=$(ADDRESS)", "--leader-election=true", "--v=2", "--extra-create-metadata",
+			"--kube-api-qps=20", "--kube-api-burst=100", "--worker-threads=100", "--retry-interval-max=30m"}},
+	// Its Helm chart (charts/aws-ebs-csi-driver/templates/controller.yaml, v1.64.0) rendered
+	// with debugLogs and controller.enableMetrics: two args more than the base.
+	{"aws-ebs-csi-driver/charts/aws-ebs-csi-driver controller.yaml csi-snapshotter (debugLogs, enableMetrics)", "snapshotter",
+		map[string]string{"ADDRESS": "/var/lib/csi/sockets/pluginproxy/csi.sock"},
+		[]string{"--csi-address=$(ADDRESS)", "--leader-election=true", "--v=7", "--extra-create-metadata",
+			"--kube-api-qps=20", "--kube-api-burst=100", "--worker-threads=100", "--retry-interval-max=30m", "--http-endpoint=0.0.0.0:3306"}},
+	// kubernetes-sigs/gcp-compute-persistent-disk-csi-driver v1.26.4
+	// deploy/kubernetes/base/controller/controller.yaml (--metrics-address: deprecated, still
+	// accepted, as upstream).
+	{"gcp-compute-persistent-disk-csi-driver/deploy/kubernetes/base/controller/controller.yaml csi-snapshotter", "snapshotter",
+		map[string]string{"PDCSI_NAMESPACE": "gce-pd-csi-driver"},
+		[]string{"--v=5", "--csi-address=/csi/csi.sock", "--metrics-address=:22014", "--leader-election",
+			"--leader-election-namespace=$(PDCSI_NAMESPACE)", "--timeout=300s", "--retry-interval-max=60s"}},
+	// ceph/ceph-csi devel at 52fcb7b (October 2024, after v3.12.2; the newest copy at hand)
+	// deploy/nfs/kubernetes/csi-nfsplugin-provisioner.yaml. Its rbd and cephfs manifests are
+	// in TestArgsCSISnapshotterV87RefusesAreRefused.
+	{"ceph-csi/deploy/nfs/kubernetes/csi-nfsplugin-provisioner.yaml csi-snapshotter", "snapshotter",
+		map[string]string{"ADDRESS": "unix:///csi/csi-provisioner.sock", "POD_IP": "10.0.0.7"},
+		[]string{"--csi-address=$(ADDRESS)", "--v=1", "--timeout=150s", "--leader-election=true", "--http-endpoint=$(POD_IP):8092"}},
 }
 
 func TestUpstreamManifestArgsPassFlagValidation(t *testing.T) {
@@ -82,6 +119,132 @@ func TestValuesAndFlagsUpstreamAcceptsAreAccepted(t *testing.T) {
 			t.Errorf("%v: %v", args, err)
 		}
 	}
+}
+
+// ceph-csi's rbd and cephfs provisioners (devel at 52fcb7b, and v3.12.2) run csi-snapshotter
+// v8.0.1 with --enable-volume-group-snapshots, which v8.2 replaced by the
+// CSIVolumeGroupSnapshot feature gate: csi-snapshotter v8.7 refuses these args ("flag
+// provided but not defined"), and so does csi-sidecars, naming the flag. The same args
+// with the gate in its place pass.
+func TestArgsCSISnapshotterV87RefusesAreRefused(t *testing.T) {
+	t.Setenv("ADDRESS", "unix:///csi/csi-provisioner.sock")
+	t.Setenv("POD_IP", "10.0.0.7")
+	for _, source := range []string{
+		"ceph-csi/deploy/rbd/kubernetes/csi-rbdplugin-provisioner.yaml",
+		"ceph-csi/deploy/cephfs/kubernetes/csi-cephfsplugin-provisioner.yaml",
+	} {
+		args := []string{"snapshotter", "--csi-address=$(ADDRESS)", "--v=1", "--timeout=150s", "--leader-election=true",
+			"--extra-create-metadata=true", "--enable-volume-group-snapshots=true", "--http-endpoint=$(POD_IP):8092"}
+		err := lifecycle.ValidateArgs(newRoot(), args)
+		if err == nil || !strings.Contains(err.Error(), "--enable-volume-group-snapshots") {
+			t.Errorf("%s %v: %v; want it refused naming --enable-volume-group-snapshots, as csi-snapshotter v8.7 refuses it", source, args, err)
+		}
+		args[6] = "--feature-gates=CSIVolumeGroupSnapshot=true"
+		if err := lifecycle.ValidateArgs(newRoot(), args); err != nil {
+			t.Errorf("%s with the feature gate instead %v: %v", source, args, err)
+		}
+	}
+}
+
+// csiSnapshotterFlags are the flags csi-snapshotter v8.7.0 registers, each with a value
+// other than its default: its own (cmd/csi-snapshotter/main.go), csi-lib-utils v0.25.0's
+// standardflags (RegisterCommonFlags, AddAutomaxprocs) and component-base's logging flags
+// (logsapi.AddGoFlags, JSON registered). Some exclude others, so they come in groups that
+// are each valid; every group runs with the first.
+var csiSnapshotterFlags = struct {
+	own, shared []string
+	// Groups that cannot go with shared: each is checked with own, its own flags and env.
+	apart []struct {
+		why         string
+		env         map[string]string
+		own, shared []string
+	}
+}{
+	own: []string{
+		"--resync-period=5m",
+		"--snapshot-name-prefix=snap",
+		"--snapshot-name-uuid-length=8",
+		"--worker-threads=4",
+		"--timeout=2m",
+		"--extra-create-metadata",
+		"--retry-interval-start=2s",
+		"--retry-interval-max=10m",
+		"--groupsnapshot-name-prefix=group",
+		"--groupsnapshot-name-uuid-length=12",
+	},
+	shared: []string{
+		"--feature-gates=CSIVolumeGroupSnapshot=false,ReleaseLeaderElectionOnExit=true",
+		"--kubeconfig=/etc/kubernetes/snapshotter.kubeconfig",
+		"--csi-address=/run/csi/driver.sock",
+		"--leader-election",
+		"--leader-election-namespace=kube-system",
+		"--leader-election-lease-duration=30s",
+		"--leader-election-renew-deadline=20s",
+		"--leader-election-retry-period=10s",
+		"--leader-election-labels=team:storage,tier:controller",
+		"--kube-api-qps=50",
+		"--kube-api-burst=100",
+		"--http-endpoint=:9808",
+		"--metrics-path=/snapshotter-metrics",
+		"--automaxprocs",
+		"--v=5",
+		"--vmodule=content*=6",
+		"--log-flush-frequency=10s",
+		// Alpha: upstream refuses any other value, having no way to enable
+		// LoggingAlphaOptions (its --feature-gates does not hold the logging gates).
+		"--log-text-split-stream=false",
+		"--log-text-info-buffer-size=0",
+		"--log-json-split-stream=false",
+		"--log-json-info-buffer-size=0",
+	},
+	apart: []struct {
+		why         string
+		env         map[string]string
+		own, shared []string
+	}{
+		{"--node-deployment refuses --leader-election and needs $NODE_NAME", map[string]string{"NODE_NAME": "node-1"},
+			[]string{"--node-deployment"}, []string{"--leader-election=false"}},
+		{"--metrics-address excludes --http-endpoint", nil, nil, []string{"--metrics-address=:9809"}},
+		{"--logging-format=json excludes --vmodule", nil, nil, []string{"--logging-format=json"}},
+		{"--version prints the version and exits", nil, nil, []string{"--version"}},
+	},
+}
+
+// Every flag csi-snapshotter v8.7 has is accepted by `csi-sidecars snapshotter` with a
+// value other than its default, alone and in combined mode (own flags with the prefix).
+func TestEveryCSISnapshotterFlagIsAccepted(t *testing.T) {
+	f := csiSnapshotterFlags
+	check := func(t *testing.T, args []string) {
+		t.Helper()
+		if err := lifecycle.ValidateArgs(newRoot(), args); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	prefixed := func(own ...[]string) []string {
+		var out []string
+		for _, a := range slices.Concat(own...) {
+			out = append(out, "--snapshotter-"+strings.TrimPrefix(a, "--"))
+		}
+		return out
+	}
+	t.Run("together", func(t *testing.T) {
+		check(t, slices.Concat([]string{"snapshotter"}, f.own, f.shared))
+		check(t, slices.Concat([]string{"--controllers=snapshotter"}, prefixed(f.own), f.shared))
+	})
+	for _, g := range f.apart {
+		t.Run(g.why, func(t *testing.T) {
+			for k, v := range g.env {
+				t.Setenv(k, v)
+			}
+			check(t, slices.Concat([]string{"snapshotter"}, f.own, g.own, g.shared))
+			check(t, slices.Concat([]string{"--controllers=snapshotter"}, prefixed(f.own, g.own), g.shared))
+		})
+	}
+	// Upstream's flag package takes one dash as well as two, and values after a space.
+	t.Run("go flag spellings", func(t *testing.T) {
+		check(t, []string{"snapshotter", "-csi-address", "/csi/csi.sock", "-leader-election", "-timeout", "90s",
+			"-worker-threads", "2", "-extra-create-metadata=true", "-snapshot-name-uuid-length", "-1", "-v", "3"})
+	})
 }
 
 // Combined mode takes KEP-4958's form: --controllers picks the sidecars, their own flags
