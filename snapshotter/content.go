@@ -389,7 +389,8 @@ func (c *contentController) delete(ops context.Context, content *snapv1.VolumeSn
 func (c *contentController) wasDeleted(content *snapv1.VolumeSnapshotContent) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.deleted[content.Name] == content.UID
+	uid, ok := c.deleted[content.Name]
+	return ok && uid == content.UID
 }
 
 func (c *contentController) noteDeleted(content *snapv1.VolumeSnapshotContent) {
