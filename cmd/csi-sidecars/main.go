@@ -9,11 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/internal/sidecars"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
-	"github.com/csi-sidecars/csi-sidecars/provisioner"
-	"github.com/csi-sidecars/csi-sidecars/resizer"
-	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -24,12 +21,8 @@ func main() {
 	klog.FlushAndExit(klog.ExitFlushTimeout, code)
 }
 
-// newRoot is the command with every sidecar: adding one is one line here.
+// newRoot is the command with every sidecar (internal/sidecars: adding one is one line
+// there).
 func newRoot() *cobra.Command {
-	return lifecycle.NewRootCommand("csi-sidecars", version,
-		attacher.New(),
-		resizer.New(),
-		provisioner.New(),
-		snapshotter.New(),
-	)
+	return lifecycle.NewRootCommand("csi-sidecars", version, sidecars.All()...)
 }

@@ -1,0 +1,32 @@
+// Package sidecars is the list of the sidecars csi-sidecars hosts: the binary registers
+// them from here, and tests find a sidecar's Lease and flags here. Adding a sidecar is its
+// package plus one line in All.
+package sidecars
+
+import (
+	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner"
+	"github.com/csi-sidecars/csi-sidecars/resizer"
+	"github.com/csi-sidecars/csi-sidecars/snapshotter"
+)
+
+// All returns a new instance of every sidecar, in the order of the subcommands.
+func All() []lifecycle.Sidecar {
+	return []lifecycle.Sidecar{
+		attacher.New(),
+		resizer.New(),
+		provisioner.New(),
+		snapshotter.New(),
+	}
+}
+
+// Named returns a new instance of the sidecar called name, nil for none.
+func Named(name string) lifecycle.Sidecar {
+	for _, s := range All() {
+		if s.Name() == name {
+			return s
+		}
+	}
+	return nil
+}
