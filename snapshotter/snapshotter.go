@@ -182,6 +182,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 				retryStart:   s.opts.retryIntervalStart,
 				retryMax:     s.opts.retryIntervalMax,
 				backlog:      env.Backlog,
+				extraCreate:  s.opts.extraCreateMetadata,
 				namePrefix:   s.opts.groupNamePrefix,
 				nameUUIDSize: s.opts.groupNameUUIDLength,
 			})
