@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
@@ -237,18 +238,20 @@ func (s *scenario) waitReady(names ...string) {
 	})
 }
 
-// waitSettled waits until the backend holds exactly the snapshots of the contents, no
-// VolumeSnapshot is left being deleted and every one left is ready: nothing stuck.
-func (s *scenario) waitSettled() {
+// settle waits up to a minute until the backend holds exactly the snapshots of the
+// contents, no VolumeSnapshot is left being deleted and every one left is ready: nothing
+// stuck, nothing leaked. It tells whether that happened; the caller reports what is off.
+func (s *scenario) settle() bool {
 	s.T.Helper()
-	s.WaitUntil("every snapshot settled (deleted ones gone, the rest ready)", func() bool {
+	err := wait.PollUntilContextTimeout(s.ctx(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		for _, vs := range s.volumeSnapshots() {
 			if vs.DeletionTimestamp != nil || vs.Status == nil || !ptr.Deref(vs.Status.ReadyToUse, false) {
-				return false
+				return false, nil
 			}
 		}
-		return len(s.leaked()) == 0 && len(s.contents()) == len(s.volumeSnapshots())
+		return len(s.leaked()) == 0 && len(s.contents()) == len(s.volumeSnapshots()), nil
 	})
+	return err == nil
 }
 
 // leaked are the backend's snapshots that no VolumeSnapshotContent records: a leak, once
