@@ -58,13 +58,20 @@ type scenario struct {
 
 func newScenario(t testing.TB, cfg testdriver.Config) *scenario {
 	t.Helper()
+	return newScenarioWith(t, cfg, "--kube-api-qps=100", "--kube-api-burst=200")
+}
+
+// newScenarioWith is newScenario with the snapshot-controller's API flags (its default
+// is upstream's 5 QPS, burst 10).
+func newScenarioWith(t testing.TB, cfg testdriver.Config, controllerArgs ...string) *scenario {
+	t.Helper()
 	e2e.RequireBinaries(t, binDir)
 	if cfg.ControllerCapabilities == nil {
 		cfg.ControllerCapabilities = snapshotCaps()
 	}
 	s := e2e.NewScenario(t, kube.Get(t), binDir, cfg)
 	ctrl, err := snapshotcontroller.Start(context.Background(), s.CP, snapshotcontroller.Options{
-		Args: []string{"--kube-api-qps=100", "--kube-api-burst=200", "--retry-interval-max=1s"}})
+		Args: append([]string{"--retry-interval-max=1s"}, controllerArgs...)})
 	if err != nil {
 		t.Fatal(err)
 	}
