@@ -4,17 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snaplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -61,101 +56,40 @@ type contentConfig struct {
 // VolumeSnapshotContents.
 type contentController struct {
 	contentConfig
-	// contents reads the content cache through this sidecar's own writes.
-	contents *lifecycle.OwnWrites[*snapv1.VolumeSnapshotContent]
-	classes  snaplisters.VolumeSnapshotClassLister
-	synced   []cache.InformerSynced
-	queue    *lifecycle.Queue[string]
-
-	mu sync.Mutex
-	// deleted holds, by content name, the UIDs of the contents whose snapshot this process
-	// deleted and whose finalizer is still on: a retry of the finalizer's removal does not
-	// call the driver again.
-	deleted map[string]types.UID
+	*contents[*snapv1.VolumeSnapshotContent]
+	classes snaplisters.VolumeSnapshotClassLister
 }
 
 func newContentController(cfg contentConfig) (*contentController, error) {
-	contents := cfg.clients.contentFactory.Snapshot().V1().VolumeSnapshotContents()
+	informer := cfg.clients.contentFactory.Snapshot().V1().VolumeSnapshotContents().Informer()
 	classes := cfg.clients.classFactory.Snapshot().V1().VolumeSnapshotClasses()
-	c := &contentController{
-		contentConfig: cfg,
-		classes:       classes.Lister(),
-		synced:        []cache.InformerSynced{contents.Informer().HasSynced, classes.Informer().HasSynced},
-		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: contentQueueName,
-			RetryStart: cfg.retryStart, RetryMax: cfg.retryMax, Backlog: cfg.backlog}),
-		deleted: map[string]types.UID{},
-	}
-	own, err := lifecycle.NewOwnWrites[*snapv1.VolumeSnapshotContent](klog.Background(), contents.Informer())
+	shared, err := newContents(contentsConfig[*snapv1.VolumeSnapshotContent]{
+		kind: "VolumeSnapshotContent",
+		queue: lifecycle.QueueOptions{Name: contentQueueName,
+			RetryStart: cfg.retryStart, RetryMax: cfg.retryMax, Backlog: cfg.backlog},
+		resync:   cfg.resync,
+		patcher:  cfg.clients.snap.SnapshotV1().VolumeSnapshotContents().Patch,
+		recorder: cfg.recorder,
+		rules:    contentRules(),
+	}, informer, classes.Informer().HasSynced)
 	if err != nil {
-		return nil, fmt.Errorf("content cache: %w", err)
+		return nil, err
 	}
-	c.contents = own
-	_, err = contents.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueue,
-		UpdateFunc: func(old, obj any) {
-			o, ok1 := old.(*snapv1.VolumeSnapshotContent)
-			n, ok2 := obj.(*snapv1.VolumeSnapshotContent)
-			if ok1 && ok2 && !contentChanged(o, n) {
-				return
-			}
-			c.enqueue(obj)
-		},
-		DeleteFunc: c.enqueue,
-	}, cfg.resync)
-	return c, err
+	return &contentController{contentConfig: cfg, contents: shared, classes: classes.Lister()}, nil
 }
 
-func (c *contentController) enqueue(obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	if content, ok := obj.(*snapv1.VolumeSnapshotContent); ok {
-		c.queue.Add(content.Name)
-	}
-}
-
-// contentChanged tells whether an update may need work: anything but this sidecar's own
-// writes (status, finalizers, the being-created annotation), a resync, or the snapshot
-// turning ready (a deletion requested while it was being taken waits for that: upstream's
-// issue 1388).
-func contentChanged(old, obj *snapv1.VolumeSnapshotContent) bool {
-	if old.ResourceVersion == obj.ResourceVersion || (!isReady(old) && isReady(obj)) {
-		return true
-	}
-	a, b := old.DeepCopy(), obj.DeepCopy()
-	for _, o := range []*snapv1.VolumeSnapshotContent{a, b} {
-		o.ResourceVersion, o.Status, o.ManagedFields, o.Finalizers = "", nil, nil, nil
-		delete(o.Annotations, annBeingCreated)
-		if len(o.Annotations) == 0 {
-			o.Annotations = nil
-		}
-	}
-	return !equality.Semantic.DeepEqual(a, b)
+// contentRules: the being-created annotation and the status are the sidecar's.
+func contentRules() kindRules[*snapv1.VolumeSnapshotContent] {
+	return kindRules[*snapv1.VolumeSnapshotContent]{creating: annBeingCreated, ready: isReady,
+		dropState: func(c *snapv1.VolumeSnapshotContent) { c.Status = nil }}
 }
 
 func (c *contentController) run(intake, ops context.Context, workers int) {
-	if !cache.WaitForCacheSync(intake.Done(), c.synced...) {
-		return
-	}
-	lifecycle.RunWorkers(intake, c.queue, workers, func(name string) error {
-		err := c.sync(intake, ops, name)
-		if err != nil && !errors.Is(err, errPending) && !lifecycle.NotStarted(err) {
-			klog.FromContext(ops).Error(err, "Syncing VolumeSnapshotContent", "content", name)
-		}
-		return err
-	})
+	c.contents.run(intake, ops, workers, c.sync)
 }
 
 // sync brings one content one step on: delete its snapshot, take it, or check it.
-func (c *contentController) sync(intake, ops context.Context, name string) error {
-	content, exists, err := c.contents.Get(name)
-	if err != nil {
-		return err
-	}
-	if !exists {
-		c.forgetDeleted(name)
-		return nil
-	}
+func (c *contentController) sync(intake, ops context.Context, content *snapv1.VolumeSnapshotContent) error {
 	if !c.ours(content) {
 		return nil
 	}
@@ -165,7 +99,7 @@ func (c *contentController) sync(intake, ops context.Context, name string) error
 	case content.Spec.Source.VolumeHandle != nil && content.Status == nil && !isGroupMember(content):
 		return c.create(intake, ops, content, "SnapshotCreationFailed", "Failed to create snapshot")
 	case isReady(content):
-		_, err := c.unmarkCreating(ops, content)
+		_, err := c.mark(ops, content, annBeingCreated, false)
 		return err
 	default:
 		return c.check(intake, ops, content)
@@ -232,7 +166,7 @@ func (c *contentController) create(intake, ops context.Context, content *snapv1.
 		c.failed(ops, content, reason, fmt.Sprintf("%s: cannot create snapshot for content %s: %v", what, content.Name, err))
 		return err
 	}
-	content, err = c.markCreating(startCtx, content)
+	content, err = c.mark(startCtx, content, annBeingCreated, true)
 	if err != nil {
 		return lifecycle.IfNotStarted(startCtx, err)
 	}
@@ -243,7 +177,7 @@ func (c *contentController) create(intake, ops context.Context, content *snapv1.
 		}
 		if lifecycle.IsFinalError(err) {
 			// Certainly not running in the driver: the content may be deleted.
-			if unmarked, uerr := c.unmarkCreating(ops, content); uerr == nil {
+			if unmarked, uerr := c.mark(ops, content, annBeingCreated, false); uerr == nil {
 				content = unmarked
 			}
 		}
@@ -254,7 +188,7 @@ func (c *contentController) create(intake, ops context.Context, content *snapv1.
 	if err != nil {
 		return err
 	}
-	if _, err := c.unmarkCreating(ops, content); err != nil {
+	if _, err := c.mark(ops, content, annBeingCreated, false); err != nil {
 		return err
 	}
 	if !info.ready {
@@ -372,36 +306,16 @@ func (c *contentController) delete(ops context.Context, content *snapv1.VolumeSn
 		st.VolumeGroupSnapshotHandle == nil && !c.wasDeleted(content) {
 		secrets, err := c.contentSecrets(ops, content)
 		if err != nil {
-			c.recorder.Event(content, v1.EventTypeWarning, "SnapshotDeleteError", "Failed to get snapshot credentials")
+			c.contents.recorder.Event(content, v1.EventTypeWarning, "SnapshotDeleteError", "Failed to get snapshot credentials")
 			return fmt.Errorf("failed to get input parameters to delete snapshot for content %s: %w", content.Name, err)
 		}
 		if err := c.driver.deleteSnapshot(ops, *st.SnapshotHandle, secrets); err != nil {
 			if !lifecycle.NotStarted(err) {
-				c.recorder.Event(content, v1.EventTypeWarning, "SnapshotDeleteError", "Failed to delete snapshot")
+				c.contents.recorder.Event(content, v1.EventTypeWarning, "SnapshotDeleteError", "Failed to delete snapshot")
 			}
 			return fmt.Errorf("failed to delete snapshot %s of content %s: %w", *st.SnapshotHandle, content.Name, err)
 		}
 		c.noteDeleted(content)
 	}
 	return c.release(ops, content)
-}
-
-func (c *contentController) wasDeleted(content *snapv1.VolumeSnapshotContent) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	uid, ok := c.deleted[content.Name]
-	return ok && uid == content.UID
-}
-
-func (c *contentController) noteDeleted(content *snapv1.VolumeSnapshotContent) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.deleted[content.Name] = content.UID
-}
-
-// forgetDeleted drops what deleted holds for a content that is gone or released.
-func (c *contentController) forgetDeleted(name string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.deleted, name)
 }

@@ -139,7 +139,7 @@ func newWorld(t *testing.T, objs ...*snapv1.VolumeSnapshotContent) *world {
 func (w *world) sync(name string) error {
 	w.t.Helper()
 	ctx := context.Background()
-	return w.ctrl.sync(ctx, ctx, name)
+	return w.ctrl.step(ctx, ctx, name, w.ctrl.sync)
 }
 
 func (w *world) content(name string) *snapv1.VolumeSnapshotContent {
@@ -246,7 +246,7 @@ func TestDeletionWaitsForTheRecordThenDeletes(t *testing.T) {
 		t.Errorf("content not requeued after its snapshot was recorded")
 	}
 	waitFor(t, func() bool {
-		c, _, _ := w.ctrl.contents.Get("c1")
+		c, _, _ := w.ctrl.own.Get("c1")
 		_, creating := c.Annotations[annBeingCreated]
 		return isReady(c) && !creating
 	})
@@ -319,7 +319,7 @@ func TestNotReadyIsPolled(t *testing.T) {
 	}
 	w.driver.ready = true
 	waitFor(t, func() bool {
-		c, _, _ := w.ctrl.contents.Get("c1")
+		c, _, _ := w.ctrl.own.Get("c1")
 		_, creating := c.Annotations[annBeingCreated]
 		return c.Status != nil && !creating
 	})

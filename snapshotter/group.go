@@ -2,21 +2,15 @@ package snapshotter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	grouplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumegroupsnapshot/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -66,104 +60,44 @@ type groupConfig struct {
 // that list, never this sidecar.
 type groupController struct {
 	groupConfig
-	// contents reads the group content cache through this sidecar's own writes.
-	contents *lifecycle.OwnWrites[*groupv1.VolumeGroupSnapshotContent]
-	classes  grouplisters.VolumeGroupSnapshotClassLister
-	synced   []cache.InformerSynced
-	queue    *lifecycle.Queue[string]
-
-	mu sync.Mutex
-	// deleted holds, by group content name, the UIDs of the group contents whose group
-	// snapshot this process deleted and whose finalizer is still on: a retry of the
-	// finalizer's removal does not call the driver again.
-	deleted map[string]types.UID
+	*contents[*groupv1.VolumeGroupSnapshotContent]
+	classes grouplisters.VolumeGroupSnapshotClassLister
 }
 
 func newGroupController(cfg groupConfig) (*groupController, error) {
-	contents := cfg.clients.contentFactory.Groupsnapshot().V1().VolumeGroupSnapshotContents()
+	informer := cfg.clients.contentFactory.Groupsnapshot().V1().VolumeGroupSnapshotContents().Informer()
 	// Upstream reads the classes through the content informer factory, which a
 	// --node-deployment snapshotter filters by node label, so it would not see unlabelled
 	// classes; they are read unfiltered here, as the VolumeSnapshotClasses are.
 	classes := cfg.clients.classFactory.Groupsnapshot().V1().VolumeGroupSnapshotClasses()
-	g := &groupController{
-		groupConfig: cfg,
-		classes:     classes.Lister(),
-		synced:      []cache.InformerSynced{contents.Informer().HasSynced, classes.Informer().HasSynced},
-		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: groupQueueName,
-			RetryStart: cfg.retryStart, RetryMax: cfg.retryMax, Backlog: cfg.backlog}),
-		deleted: map[string]types.UID{},
-	}
-	own, err := lifecycle.NewOwnWrites[*groupv1.VolumeGroupSnapshotContent](klog.Background(), contents.Informer())
+	shared, err := newContents(contentsConfig[*groupv1.VolumeGroupSnapshotContent]{
+		kind: "VolumeGroupSnapshotContent",
+		queue: lifecycle.QueueOptions{Name: groupQueueName,
+			RetryStart: cfg.retryStart, RetryMax: cfg.retryMax, Backlog: cfg.backlog},
+		resync:   cfg.resync,
+		patcher:  cfg.clients.snap.GroupsnapshotV1().VolumeGroupSnapshotContents().Patch,
+		recorder: cfg.recorder,
+		rules:    groupRules(),
+	}, informer, classes.Informer().HasSynced)
 	if err != nil {
-		return nil, fmt.Errorf("group content cache: %w", err)
+		return nil, err
 	}
-	g.contents = own
-	_, err = contents.Informer().AddEventHandlerWithResyncPeriod(cache.ResourceEventHandlerFuncs{
-		AddFunc: g.enqueue,
-		UpdateFunc: func(old, obj any) {
-			o, ok1 := old.(*groupv1.VolumeGroupSnapshotContent)
-			n, ok2 := obj.(*groupv1.VolumeGroupSnapshotContent)
-			if ok1 && ok2 && !groupContentChanged(o, n) {
-				return
-			}
-			g.enqueue(obj)
-		},
-		DeleteFunc: g.enqueue,
-	}, cfg.resync)
-	return g, err
+	return &groupController{groupConfig: cfg, contents: shared, classes: classes.Lister()}, nil
 }
 
-func (g *groupController) enqueue(obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	if content, ok := obj.(*groupv1.VolumeGroupSnapshotContent); ok {
-		g.queue.Add(content.Name)
-	}
-}
-
-// groupContentChanged tells whether an update may need work, by contentChanged's rule:
-// anything but this sidecar's own writes (status, finalizers, the being-created
-// annotation), a resync, or the group snapshot turning ready.
-func groupContentChanged(old, obj *groupv1.VolumeGroupSnapshotContent) bool {
-	if old.ResourceVersion == obj.ResourceVersion || (!groupReady(old) && groupReady(obj)) {
-		return true
-	}
-	a, b := old.DeepCopy(), obj.DeepCopy()
-	for _, o := range []*groupv1.VolumeGroupSnapshotContent{a, b} {
-		o.ResourceVersion, o.Status, o.ManagedFields, o.Finalizers = "", nil, nil, nil
-		delete(o.Annotations, annGroupBeingCreated)
-		if len(o.Annotations) == 0 {
-			o.Annotations = nil
-		}
-	}
-	return !equality.Semantic.DeepEqual(a, b)
+// groupRules: the being-created annotation and the status are the sidecar's.
+func groupRules() kindRules[*groupv1.VolumeGroupSnapshotContent] {
+	return kindRules[*groupv1.VolumeGroupSnapshotContent]{creating: annGroupBeingCreated, ready: groupReady,
+		dropState: func(c *groupv1.VolumeGroupSnapshotContent) { c.Status = nil }}
 }
 
 func (g *groupController) run(intake, ops context.Context, workers int) {
-	if !cache.WaitForCacheSync(intake.Done(), g.synced...) {
-		return
-	}
-	lifecycle.RunWorkers(intake, g.queue, workers, func(name string) error {
-		err := g.sync(intake, ops, name)
-		if err != nil && !errors.Is(err, errPending) && !lifecycle.NotStarted(err) {
-			klog.FromContext(ops).Error(err, "Syncing VolumeGroupSnapshotContent", "groupContent", name)
-		}
-		return err
-	})
+	g.contents.run(intake, ops, workers, g.sync)
 }
 
 // sync brings one group content one step on: delete its group snapshot, take it, or check
 // it.
-func (g *groupController) sync(intake, ops context.Context, name string) error {
-	content, exists, err := g.contents.Get(name)
-	if err != nil {
-		return err
-	}
-	if !exists {
-		g.forgetDeleted(name)
-		return nil
-	}
+func (g *groupController) sync(intake, ops context.Context, content *groupv1.VolumeGroupSnapshotContent) error {
 	if !g.ours(content) {
 		return nil
 	}
@@ -173,7 +107,7 @@ func (g *groupController) sync(intake, ops context.Context, name string) error {
 	case len(content.Spec.Source.VolumeHandles) > 0 && content.Status == nil:
 		return g.create(intake, ops, content, reasonGroupCreateFailed, "Failed to create group snapshot")
 	case groupReady(content):
-		_, err := g.unmarkCreating(ops, content)
+		_, err := g.mark(ops, content, annGroupBeingCreated, false)
 		return err
 	default:
 		return g.check(intake, ops, content)
@@ -237,7 +171,7 @@ func (g *groupController) create(intake, ops context.Context, content *groupv1.V
 		g.failed(ops, content, reason, fmt.Sprintf("%s: cannot create group snapshot for group snapshot content %s: %v", what, content.Name, err))
 		return err
 	}
-	content, err = g.markCreating(startCtx, content)
+	content, err = g.mark(startCtx, content, annGroupBeingCreated, true)
 	if err != nil {
 		return lifecycle.IfNotStarted(startCtx, err)
 	}
@@ -249,7 +183,7 @@ func (g *groupController) create(intake, ops context.Context, content *groupv1.V
 		}
 		if lifecycle.IsFinalError(err) {
 			// Certainly not running in the driver: the group content may be deleted.
-			if unmarked, uerr := g.unmarkCreating(ops, content); uerr == nil {
+			if unmarked, uerr := g.mark(ops, content, annGroupBeingCreated, false); uerr == nil {
 				content = unmarked
 			}
 		}
@@ -260,7 +194,7 @@ func (g *groupController) create(intake, ops context.Context, content *groupv1.V
 	if err != nil {
 		return err
 	}
-	if _, err := g.unmarkCreating(ops, content); err != nil {
+	if _, err := g.mark(ops, content, annGroupBeingCreated, false); err != nil {
 		return err
 	}
 	if !info.ready {
@@ -391,17 +325,17 @@ func (g *groupController) delete(ops context.Context, content *groupv1.VolumeGro
 		!g.wasDeleted(content) {
 		secrets, err := g.groupSecrets(ops, content)
 		if err != nil {
-			g.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to get snapshot credentials")
+			g.contents.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to get snapshot credentials")
 			return fmt.Errorf("failed to get input parameters to delete group snapshot for group snapshot content %s: %w", content.Name, err)
 		}
 		ids := memberIDs(content)
 		if len(ids) == 0 {
-			g.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to delete group snapshot")
+			g.contents.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to delete group snapshot")
 			return fmt.Errorf("cannot delete group snapshot content %s. No snapshots found in the group snapshot", content.Name)
 		}
 		if err := g.driver.deleteGroupSnapshot(ops, *st.VolumeGroupSnapshotHandle, ids, secrets); err != nil {
 			if !lifecycle.NotStarted(err) {
-				g.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to delete group snapshot")
+				g.contents.recorder.Event(content, v1.EventTypeWarning, reasonGroupDeleteError, "Failed to delete group snapshot")
 			}
 			return fmt.Errorf("failed to delete group snapshot %s of group snapshot content %s: %w", *st.VolumeGroupSnapshotHandle, content.Name, err)
 		}
@@ -424,23 +358,4 @@ func memberIDs(content *groupv1.VolumeGroupSnapshotContent) []string {
 		return slices.Clone(h.VolumeSnapshotHandles)
 	}
 	return nil
-}
-
-func (g *groupController) wasDeleted(content *groupv1.VolumeGroupSnapshotContent) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.deleted[content.Name] == content.UID
-}
-
-func (g *groupController) noteDeleted(content *groupv1.VolumeGroupSnapshotContent) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.deleted[content.Name] = content.UID
-}
-
-// forgetDeleted drops what deleted holds for a group content that is gone or released.
-func (g *groupController) forgetDeleted(name string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	delete(g.deleted, name)
 }

@@ -132,7 +132,7 @@ func (f *groupFixture) start() {
 }
 
 func (f *groupFixture) sync(name string) error {
-	return f.g.sync(context.Background(), context.Background(), name)
+	return f.g.step(context.Background(), context.Background(), name, f.g.sync)
 }
 
 // stored is the group content as the fake API server has it.
@@ -150,7 +150,7 @@ func (f *groupFixture) waitCached(name string, ok func(*groupv1.VolumeGroupSnaps
 	f.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, exists, err := f.g.contents.Get(name)
+		c, exists, err := f.g.own.Get(name)
 		if err == nil && exists && ok(c) {
 			return
 		}
@@ -758,7 +758,7 @@ func TestGroupContentChanged(t *testing.T) {
 		{"being-deleted", next(func(c *groupv1.VolumeGroupSnapshotContent) { c.Annotations[annGroupBeingDeleted] = "yes" }), true},
 		{"deletion", next(func(c *groupv1.VolumeGroupSnapshotContent) { c.DeletionTimestamp = &metav1.Time{Time: time.Now()} }), true},
 	} {
-		if got := groupContentChanged(base, tc.obj); got != tc.want {
+		if got := changed(base, tc.obj, groupRules()); got != tc.want {
 			t.Errorf("%s: changed %v, want %v", tc.name, got, tc.want)
 		}
 	}
