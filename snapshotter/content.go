@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snaplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -39,28 +37,15 @@ const contentQueueName = "csi-snapshotter-content"
 // not ready yet, and the driver is asked again later (upstream's polling).
 var errPending = errors.New("snapshot not ready yet")
 
-type contentConfig struct {
-	clients      *clients
-	driver       *driver
-	recorder     record.EventRecorder
-	resync       time.Duration
-	retryStart   time.Duration
-	retryMax     time.Duration
-	backlog      *lifecycle.Backlog
-	extraCreate  bool
-	namePrefix   string
-	nameUUIDSize int
-}
-
 // contentController takes, checks and deletes the snapshots of the driver's
 // VolumeSnapshotContents.
 type contentController struct {
-	contentConfig
+	controllerConfig
 	*contents[*snapv1.VolumeSnapshotContent]
 	classes snaplisters.VolumeSnapshotClassLister
 }
 
-func newContentController(cfg contentConfig) (*contentController, error) {
+func newContentController(cfg controllerConfig) (*contentController, error) {
 	informer := cfg.clients.contentFactory.Snapshot().V1().VolumeSnapshotContents().Informer()
 	classes := cfg.clients.classFactory.Snapshot().V1().VolumeSnapshotClasses()
 	shared, err := newContents(contentsConfig[*snapv1.VolumeSnapshotContent]{
@@ -75,7 +60,7 @@ func newContentController(cfg contentConfig) (*contentController, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &contentController{contentConfig: cfg, contents: shared, classes: classes.Lister()}, nil
+	return &contentController{controllerConfig: cfg, contents: shared, classes: classes.Lister()}, nil
 }
 
 // contentRules: the being-created annotation and the status are the sidecar's.

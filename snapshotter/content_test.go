@@ -117,7 +117,7 @@ func newWorld(t *testing.T, objs ...*snapv1.VolumeSnapshotContent) *world {
 	factory := snapinformers.NewSharedInformerFactory(noWatchList{w.snap}, 0)
 	listAndWatch(factory, w.snap)
 	w.events = record.NewFakeRecorder(10)
-	ctrl, err := newContentController(contentConfig{
+	ctrl, err := newContentController(controllerConfig{
 		clients:    &clients{snap: noWatchList{w.snap}, kube: w.kube, contentFactory: factory, classFactory: factory},
 		driver:     &driver{name: testDriver, ctrl: w.driver, timeout: time.Minute, lists: true},
 		recorder:   w.events,

@@ -22,6 +22,21 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
+// controllerConfig configures a controller of either kind: its clients, the driver, the
+// queue's retries and the names of the snapshots it takes.
+type controllerConfig struct {
+	clients      *clients
+	driver       *driver
+	recorder     record.EventRecorder
+	resync       time.Duration
+	retryStart   time.Duration
+	retryMax     time.Duration
+	backlog      *lifecycle.Backlog
+	extraCreate  bool
+	namePrefix   string
+	nameUUIDSize int
+}
+
 // object is a kind of content this sidecar owns: VolumeSnapshotContent or
 // VolumeGroupSnapshotContent.
 type object interface {

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	grouplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumegroupsnapshot/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -40,31 +38,18 @@ const (
 	reasonGroupDeleteError  = "GroupSnapshotDeleteError"
 )
 
-type groupConfig struct {
-	clients      *clients
-	driver       *driver
-	recorder     record.EventRecorder
-	resync       time.Duration
-	retryStart   time.Duration
-	retryMax     time.Duration
-	backlog      *lifecycle.Backlog
-	extraCreate  bool
-	namePrefix   string
-	nameUUIDSize int
-}
-
 // groupController takes, checks and deletes the group snapshots of the driver's
 // VolumeGroupSnapshotContents. It records each group snapshot's members on the group
 // content's status (volumeSnapshotInfoList), as upstream's sidecar does; the
 // snapshot-controller creates the members' VolumeSnapshots and VolumeSnapshotContents from
 // that list, never this sidecar.
 type groupController struct {
-	groupConfig
+	controllerConfig
 	*contents[*groupv1.VolumeGroupSnapshotContent]
 	classes grouplisters.VolumeGroupSnapshotClassLister
 }
 
-func newGroupController(cfg groupConfig) (*groupController, error) {
+func newGroupController(cfg controllerConfig) (*groupController, error) {
 	informer := cfg.clients.contentFactory.Groupsnapshot().V1().VolumeGroupSnapshotContents().Informer()
 	// Upstream reads the classes through the content informer factory, which a
 	// --node-deployment snapshotter filters by node label, so it would not see unlabelled
@@ -82,7 +67,7 @@ func newGroupController(cfg groupConfig) (*groupController, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &groupController{groupConfig: cfg, contents: shared, classes: classes.Lister()}, nil
+	return &groupController{controllerConfig: cfg, contents: shared, classes: classes.Lister()}, nil
 }
 
 // groupRules: the being-created annotation and the status are the sidecar's.

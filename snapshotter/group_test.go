@@ -89,7 +89,7 @@ func newGroupFixture(t *testing.T, cfg testdriver.Config) *groupFixture {
 			creates: len(d.Calls(testdriver.MethodCreateVolumeGroupSnapshot))})
 		return false, nil, nil
 	})
-	f.g, err = newGroupController(groupConfig{
+	f.g, err = newGroupController(controllerConfig{
 		clients:  &clients{snap: snap, kube: f.kube, contentFactory: f.factory, classFactory: f.factory},
 		driver:   &driver{name: groupTestDriver, group: csi.NewGroupControllerClient(conn), timeout: 10 * time.Second},
 		recorder: f.recorder, retryStart: time.Millisecond, retryMax: 100 * time.Millisecond,

@@ -152,7 +152,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if err != nil {
 		return err
 	}
-	s.contents, err = newContentController(contentConfig{
+	cfg := controllerConfig{
 		clients:      client,
 		driver:       driverFor(env, s.opts),
 		recorder:     recorder,
@@ -163,8 +163,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		extraCreate:  s.opts.extraCreateMetadata,
 		namePrefix:   s.opts.snapshotNamePrefix,
 		nameUUIDSize: s.opts.snapshotNameUUIDLength,
-	})
-	if err != nil {
+	}
+	if s.contents, err = newContentController(cfg); err != nil {
 		return err
 	}
 	if env.Gates.Enabled(VolumeGroupSnapshot) {
@@ -174,18 +174,8 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 			if !groupSnapshotsSupported(env, s.opts.timeout) {
 				logger.Info("Warning: the CSI driver does not support CreateVolumeGroupSnapshot; group snapshot contents of this driver will fail", "driver", env.DriverName)
 			}
-			s.groups, err = newGroupController(groupConfig{
-				clients:      client,
-				driver:       driverFor(env, s.opts),
-				recorder:     recorder,
-				resync:       s.opts.resync,
-				retryStart:   s.opts.retryIntervalStart,
-				retryMax:     s.opts.retryIntervalMax,
-				backlog:      env.Backlog,
-				extraCreate:  s.opts.extraCreateMetadata,
-				namePrefix:   s.opts.groupNamePrefix,
-				nameUUIDSize: s.opts.groupNameUUIDLength,
-			})
+			cfg.namePrefix, cfg.nameUUIDSize = s.opts.groupNamePrefix, s.opts.groupNameUUIDLength
+			s.groups, err = newGroupController(cfg)
 			if err != nil {
 				return err
 			}
