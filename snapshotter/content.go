@@ -151,9 +151,12 @@ func (c *contentController) create(intake, ops context.Context, content *snapv1.
 		c.failed(ops, content, reason, fmt.Sprintf("%s: cannot create snapshot for content %s: %v", what, content.Name, err))
 		return err
 	}
-	content, err = c.mark(startCtx, content, annBeingCreated, true)
-	if err != nil {
-		return lifecycle.IfNotStarted(startCtx, err)
+	// The record is needed until the handle is on the status; a call that only asks
+	// whether a recorded snapshot is ready yet needs none (upstream writes it each time).
+	if content.Status == nil || content.Status.SnapshotHandle == nil {
+		if content, err = c.mark(startCtx, content, annBeingCreated, true); err != nil {
+			return lifecycle.IfNotStarted(startCtx, err)
+		}
 	}
 	info, err := c.driver.createSnapshot(ops, name, *content.Spec.Source.VolumeHandle, params, secrets)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -328,6 +329,17 @@ func TestNotReadyIsPolled(t *testing.T) {
 	}
 	if !isReady(w.content("c1")) {
 		t.Errorf("not ready after the second CreateSnapshot: %q", w.log)
+	}
+	// The snapshot's handle is on the status after the first answer: asking again needs no
+	// being-created record (one write less per poll than upstream).
+	marks := 0
+	for _, l := range w.log {
+		if strings.Contains(l, `volumesnapshot-being-created":"yes"`) {
+			marks++
+		}
+	}
+	if marks != 1 {
+		t.Errorf("%d being-created writes, want 1 (before the first call only): %q", marks, w.log)
 	}
 }
 

@@ -156,9 +156,11 @@ func (g *groupController) create(intake, ops context.Context, content *groupv1.V
 		g.failed(ops, content, reason, fmt.Sprintf("%s: cannot create group snapshot for group snapshot content %s: %v", what, content.Name, err))
 		return err
 	}
-	content, err = g.mark(startCtx, content, annGroupBeingCreated, true)
-	if err != nil {
-		return lifecycle.IfNotStarted(startCtx, err)
+	// The record is needed until the handle is on the status (see the content's create).
+	if content.Status == nil || content.Status.VolumeGroupSnapshotHandle == nil {
+		if content, err = g.mark(startCtx, content, annGroupBeingCreated, true); err != nil {
+			return lifecycle.IfNotStarted(startCtx, err)
+		}
 	}
 	volumes := content.Spec.Source.VolumeHandles
 	info, err := g.driver.createGroupSnapshot(ops, name, volumes, params, secrets)
