@@ -1,0 +1,277 @@
+package snapshotter
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+)
+
+// The benchmarks of `make bench` print figures (b.ReportMetric) and assert none: a failed
+// wait still ends the benchmark, but a leak, an overlap or a slow takeover is a figure.
+
+const (
+	// benchRepeats is how many failovers each BenchmarkFailover variant runs, for a mean
+	// and a max.
+	benchRepeats = 5
+	// benchSnapshots is twice benchWorkers: half are in flight on the leader at the signal,
+	// half are left for the standby.
+	benchSnapshots = 12
+	benchWorkers   = 6
+	benchLatency   = 2 * time.Second
+	// benchChaosRounds is BenchmarkSnapshotChaos's rounds (the test runs 3).
+	benchChaosRounds = 8
+)
+
+// repeat is a testing.TB for one repetition inside a benchmark: what the repetition
+// registers with Cleanup (its snapshot-controller, replicas, driver sockets) runs when it
+// ends rather than when the benchmark does, so that no snapshot-controller of an earlier
+// repetition (they watch every namespace) acts on a later one's VolumeSnapshots.
+type repeat struct {
+	testing.TB
+	mu       sync.Mutex
+	cleanups []func()
+}
+
+func newRepeat(b *testing.B) *repeat {
+	r := &repeat{TB: b}
+	b.Cleanup(r.done) // a repetition that failed half-way still cleans up
+	return r
+}
+
+func (r *repeat) Cleanup(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleanups = append(r.cleanups, f)
+}
+
+// done runs the cleanups registered so far, last first; it may be called again.
+func (r *repeat) done() {
+	r.mu.Lock()
+	fs := r.cleanups
+	r.cleanups = nil
+	r.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// snapFailover is what one failover run observed.
+type snapFailover struct {
+	exitCode int
+	// drain: signal to the leader's exit. takeover: the leader's exit to the standby's
+	// first CreateSnapshot. allReady: signal to every VolumeSnapshot ready.
+	drain, takeover, allReady time.Duration
+	inFlight, overlaps        int
+	leaked                    int
+}
+
+// runSnapFailover runs two snapshotter replicas, creates benchSnapshots VolumeSnapshots
+// with a CreateSnapshot of benchLatency, sends sig to the leader while benchWorkers calls
+// run on it, and waits until the standby took over and every VolumeSnapshot is ready.
+func runSnapFailover(t testing.TB, sig syscall.Signal, extra ...string) snapFailover {
+	t.Helper()
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: benchLatency}})
+	claims := s.claims(benchSnapshots)
+	flags := append([]string{fmt.Sprintf("--worker-threads=%d", benchWorkers)}, extra...)
+	leader := s.start("replica-a", flags...)
+	s.WaitForHolder(s.leaseName, "replica-a")
+	leader.WaitReady(t)
+	backup := s.start("replica-b", flags...)
+	backup.WaitReady(t)
+	var names []string
+	for i, c := range claims {
+		names = append(names, fmt.Sprintf("snap-%02d", i))
+		s.snapshot(names[i], c)
+	}
+	s.WaitForCalls("CreateSnapshot calls in flight on the leader", func(c []testdriver.Call) bool {
+		return e2e.Running(e2e.CallsOn(c, leader, testdriver.MethodCreateSnapshot)) == benchWorkers
+	})
+	var f snapFailover
+	signalled := leader.Signal(t, sig)
+	f.inFlight = e2e.Running(e2e.CallsOn(s.Driver.Journal(), leader, testdriver.MethodCreateSnapshot))
+	f.exitCode = leader.Wait(t, 30*time.Second)
+	f.drain = leader.ExitedAt.Sub(signalled)
+	s.WaitForCalls("the standby's first CreateSnapshot", func(c []testdriver.Call) bool {
+		return len(e2e.CallsOn(c, backup, testdriver.MethodCreateSnapshot)) > 0
+	})
+	f.takeover = e2e.CallsOn(s.Driver.Journal(), backup, testdriver.MethodCreateSnapshot)[0].Start.Sub(leader.ExitedAt)
+	s.waitReady(names...)
+	f.allReady = time.Since(signalled)
+	f.overlaps = len(s.Driver.Overlaps())
+	f.leaked = len(s.leaked())
+	return f
+}
+
+// BenchmarkFailover hands the snapshotter's Lease over while CreateSnapshot calls (2 s
+// each) run on the leader, benchRepeats times per signal, and reports mean and max:
+//
+//   - SIGTERM: drain (signal to exit: the calls in flight finish and are recorded), takeover
+//     (the leader's exit to the standby's first CreateSnapshot; the Lease is released, so
+//     the target is < 0.3 s), all-ready (signal to every VolumeSnapshot ready).
+//   - SIGKILL (lease 6 s, renew deadline 4 s, retry 1 s): nothing is released, so takeover
+//     is bounded by the Lease's expiry: up to the lease duration after the last renewal
+//     (6 s) plus a retry period, not by anything the sidecar does; the driver finishes the
+//     dead leader's calls on its own.
+//
+// Overlapping calls and leaked snapshots are reported too (the tests assert them).
+func BenchmarkFailover(b *testing.B) {
+	for _, v := range []struct {
+		name  string
+		sig   syscall.Signal
+		extra []string
+	}{
+		{"SIGTERM", syscall.SIGTERM, nil},
+		{"SIGKILL", syscall.SIGKILL, shortLease},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			var drain, takeover, allReady []time.Duration
+			var inFlight, overlaps, leaked, exitNonZero int
+			for range b.N {
+				for i := range benchRepeats {
+					r := newRepeat(b)
+					f := runSnapFailover(r, v.sig, v.extra...)
+					r.done()
+					exit := fmt.Sprintf("drain %v, exit %d", f.drain.Round(time.Millisecond), f.exitCode)
+					if v.sig == syscall.SIGKILL {
+						exit = "killed"
+					}
+					b.Logf("%s run %d: %d in flight, %s, takeover %v, all ready %v after the signal, %d overlaps, %d leaked",
+						v.name, i, f.inFlight, exit, f.takeover.Round(time.Millisecond),
+						f.allReady.Round(time.Millisecond), f.overlaps, f.leaked)
+					drain, takeover, allReady = append(drain, f.drain), append(takeover, f.takeover), append(allReady, f.allReady)
+					inFlight += f.inFlight
+					overlaps += f.overlaps
+					leaked += f.leaked
+					if f.exitCode != 0 {
+						exitNonZero++
+					}
+				}
+			}
+			runs := float64(len(takeover))
+			report := func(ds []time.Duration, unit string) {
+				mean, longest := e2e.MeanAndLongest(ds)
+				b.ReportMetric(mean, unit+"-s")
+				b.ReportMetric(longest, unit+"-max-s")
+			}
+			if v.sig == syscall.SIGTERM {
+				report(drain, "drain")
+				b.ReportMetric(float64(exitNonZero), "nonzero-exits")
+			}
+			report(takeover, "takeover")
+			report(allReady, "all-ready")
+			b.ReportMetric(float64(inFlight)/runs, "in-flight")
+			b.ReportMetric(float64(overlaps), "overlaps")
+			b.ReportMetric(float64(leaked), "leaked")
+		})
+	}
+}
+
+// snapChaos is what one chaos run observed.
+type snapChaos struct {
+	leaked, overlaps, stuck int
+	// left are the VolumeSnapshots left at the end; want is how many should be.
+	left, want int
+	settled    bool
+	// settle: the last kill to the whole run settled (or given up on, after a minute).
+	settle time.Duration
+}
+
+// runSnapChaos is chaos_test.go's scenario with rounds rounds: three replicas; in each
+// round the leader is SIGKILLed while its CreateSnapshot calls run in the driver, half of
+// the round's VolumeSnapshots are deleted during the failover, and the killed replica comes
+// back under its own identity or a new one. It counts what is off rather than failing.
+func runSnapChaos(t testing.TB, rounds int) snapChaos {
+	t.Helper()
+	const perRound = 6
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: 1500 * time.Millisecond}})
+	claims := s.claims(rounds * perRound)
+	replicas := map[string]*e2e.Replica{}
+	for _, name := range []string{"replica-a", "replica-b", "replica-c"} {
+		replicas[name] = s.start(name, shortLease...)
+	}
+	var lastKill time.Time
+	next := 0
+	for round := range rounds {
+		var batch []string
+		created := time.Now()
+		for range perRound {
+			name := fmt.Sprintf("snap-%02d", next)
+			s.snapshot(name, claims[next])
+			batch = append(batch, name)
+			next++
+		}
+		var leaderName string
+		s.WaitForCalls("this round's CreateSnapshot in flight", func(c []testdriver.Call) bool {
+			for name, r := range replicas {
+				for _, call := range e2e.CallsOn(c, r, testdriver.MethodCreateSnapshot) {
+					if call.Start.After(created) && call.End.IsZero() {
+						leaderName = name
+						return true
+					}
+				}
+			}
+			return false
+		})
+		leader := replicas[leaderName]
+		lastKill = leader.Signal(t, syscall.SIGKILL)
+		leader.Wait(t, 10*time.Second)
+		for _, name := range batch[:perRound/2] {
+			s.deleteSnapshot(name)
+		}
+		name := leaderName
+		if round%2 == 1 {
+			name = fmt.Sprintf("%s-%d", leaderName, round)
+		}
+		delete(replicas, leaderName)
+		replicas[name] = s.start(name, shortLease...)
+		t.Logf("round %d: killed %s, restarted as %s", round, leaderName, name)
+	}
+	var c snapChaos
+	c.settled = s.settle()
+	c.settle = time.Since(lastKill)
+	c.leaked = len(s.leaked())
+	c.overlaps = len(s.Driver.Overlaps())
+	c.want = rounds * (perRound - perRound/2)
+	left := s.volumeSnapshots()
+	c.left = len(left)
+	for _, vs := range left {
+		if vs.DeletionTimestamp != nil || vs.Status == nil || !ptr.Deref(vs.Status.ReadyToUse, false) {
+			c.stuck++
+		}
+	}
+	return c
+}
+
+// BenchmarkSnapshotChaos is the snapshot chaos run with benchChaosRounds rounds (the test
+// runs 3): snapshots leaked, overlapping calls, VolumeSnapshots stuck (not ready, or being
+// deleted) and left over, and the time from the last SIGKILL until the run settled. That
+// is the only time to settle there is: each round kills the new leader as soon as its first
+// call of the round starts, about when it took over, so no leader finishes earlier rounds'
+// work and nothing settles before the kills stop. From the last kill it takes the Lease's
+// expiry (lease 6 s) plus a CreateSnapshot (1.5 s) and the writes after it.
+func BenchmarkSnapshotChaos(b *testing.B) {
+	for range b.N {
+		r := newRepeat(b)
+		c := runSnapChaos(r, benchChaosRounds)
+		r.done()
+		b.Logf("snapshot chaos: %d rounds, %d VolumeSnapshots left (want %d), settled %v %v after the last kill; %d leaked, %d overlaps, %d stuck",
+			benchChaosRounds, c.left, c.want, c.settled, c.settle.Round(time.Millisecond), c.leaked, c.overlaps, c.stuck)
+		b.ReportMetric(float64(c.leaked), "leaked-snapshots")
+		b.ReportMetric(float64(c.overlaps), "overlaps")
+		b.ReportMetric(float64(c.stuck), "stuck-snapshots")
+		b.ReportMetric(float64(c.left-c.want), "extra-snapshots")
+		settled := 0.0
+		if c.settled {
+			settled = 1
+		}
+		b.ReportMetric(settled, "settled")
+		b.ReportMetric(c.settle.Seconds(), "settle-s")
+	}
+}
