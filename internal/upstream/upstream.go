@@ -1,6 +1,6 @@
 // Package upstream builds the upstream kubernetes-csi sidecar releases that benchmarks
-// compare csi-sidecars with: external-attacher, external-provisioner and external-resizer,
-// each at one tag (Releases).
+// compare csi-sidecars with: external-attacher, external-provisioner and external-resizer
+// (Releases), and external-snapshotter's csi-snapshotter (Snapshotter), each at one tag.
 //
 // A release is built offline from a git mirror of its repository: the tag is extracted with
 // git archive into a temporary folder and built with the dependencies it vendors
@@ -12,6 +12,11 @@
 // DefaultMirrors): a bare mirror <dir>/kubernetes-csi+<repo>/repo (as the fetch tool leaves
 // them), <dir>/<repo>.git or a clone <dir>/<repo>. Without one a build fails with an error
 // saying where it looked, and a benchmark reports csi-sidecars only.
+//
+// A release with a Module (csi-snapshotter: no mirror here has its tag) is built, when no
+// mirror has its tag, from a small Go module of csi-sidecars' source tree that requires the
+// release (hack/snapshot-controller): go build of the binary's package there, with the
+// sources of the Go module cache or proxy at the versions that module pins.
 //
 // The package holds no state: every function works from its arguments and the file system.
 package upstream
@@ -39,14 +44,20 @@ func DefaultMirrors() string {
 
 // Release is an upstream sidecar release.
 type Release struct {
-	Sidecar string // attacher, provisioner, resizer: csi-sidecars' subcommand it compares with
+	Sidecar string // attacher, provisioner, resizer, snapshotter: csi-sidecars' subcommand it compares with
 	Repo    string // the repository under github.com/kubernetes-csi
 	Tag     string
 	Cmd     string // the binary's package, ./cmd/<Cmd>, and the binary's name
+	// Module, when set, is a folder of csi-sidecars' source tree (from its root) holding a
+	// Go module that requires Package's module at Tag: the release is built there when no
+	// mirror has the tag. Package is the binary's import path.
+	Module  string
+	Package string
 }
 
-// Releases are the releases csi-sidecars is compared with, in the order attacher,
-// provisioner, resizer.
+// Releases are the releases csi-sidecars' attacher, provisioner and resizer are compared
+// with, in that order. The snapshotter's is apart (Snapshotter): the benchmarks of the three
+// run without the snapshot CRDs it needs.
 func Releases() []Release {
 	return []Release{
 		{Sidecar: "attacher", Repo: "external-attacher", Tag: "v4.12.0", Cmd: "csi-attacher"},
@@ -55,10 +66,25 @@ func Releases() []Release {
 	}
 }
 
-// Names lists the releases as "external-attacher v4.12.0, ...".
-func Names() string {
+// Snapshotter is the release csi-sidecars' snapshotter is compared with: csi-snapshotter of
+// external-snapshotter v8.7.0. The mirror of external-snapshotter may lack the tag; then it
+// is built from hack/snapshot-controller, the module that pins v8.7.0 for the
+// snapshot-controller of the end-to-end tests (its tools.go imports both commands).
+func Snapshotter() Release {
+	return Release{Sidecar: "snapshotter", Repo: "external-snapshotter", Tag: "v8.7.0", Cmd: "csi-snapshotter",
+		Module: "hack/snapshot-controller", Package: "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"}
+}
+
+// AllReleases are Releases and Snapshotter: the four sidecars of csi-sidecars.
+func AllReleases() []Release { return append(Releases(), Snapshotter()) }
+
+// Names lists Releases as "external-attacher v4.12.0, ...".
+func Names() string { return NamesOf(Releases()) }
+
+// NamesOf lists releases as "external-attacher v4.12.0, ...".
+func NamesOf(releases []Release) string {
 	var names []string
-	for _, r := range Releases() {
+	for _, r := range releases {
 		names = append(names, r.String())
 	}
 	return strings.Join(names, ", ")
@@ -116,27 +142,33 @@ func (r Release) Cached() (string, bool) {
 	return bin, err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
-// Build returns the path of r's binary, building it from a mirror in mirrors first when it
-// is not cached. A build of one release takes minutes on 2 cores.
+// Build returns the path of r's binary, building it first when it is not cached: from a
+// mirror in mirrors that has r.Tag, else (r.Module set) from r.Module. A build of one release
+// takes minutes on 2 cores.
 func (r Release) Build(mirrors string) (string, error) {
 	if bin, ok := r.Cached(); ok {
 		return bin, nil
 	}
+	mirror, err := r.Mirror(mirrors)
+	if err != nil {
+		if r.Module == "" {
+			return "", err
+		}
+		dir, modErr := r.moduleDir()
+		if modErr != nil {
+			return "", fmt.Errorf("%w; and %w", err, modErr)
+		}
+		return r.buildInto(func(out string) error { return r.buildModule(dir, out) })
+	}
+	return r.buildInto(func(out string) error { return r.buildMirror(mirror, out) })
+}
+
+// buildInto runs build with the path of a temporary file in r's cache folder and renames
+// it to r's cached binary once build succeeded.
+func (r Release) buildInto(build func(out string) error) (string, error) {
 	root, err := CacheDir()
 	if err != nil {
 		return "", err
-	}
-	mirror, err := r.Mirror(mirrors)
-	if err != nil {
-		return "", err
-	}
-	src, err := os.MkdirTemp("", "csi-sidecars-upstream-")
-	if err != nil {
-		return "", fmt.Errorf("upstream: building %s: %w", r, err)
-	}
-	defer os.RemoveAll(src)
-	if err := extract(mirror, r.Tag, src); err != nil {
-		return "", fmt.Errorf("upstream: building %s: %w", r, err)
 	}
 	dir := filepath.Join(root, r.Repo+"-"+r.Tag)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -151,16 +183,73 @@ func (r Release) Build(mirrors string) (string, error) {
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	build := exec.Command("go", "build", "-mod=vendor", "-trimpath", "-ldflags=-X main.version="+r.Tag, "-o", tmp.Name(), "./cmd/"+r.Cmd)
-	build.Dir = src
-	build.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=vendor", "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("upstream: go build ./cmd/%s of %s: %w\n%s", r.Cmd, r, err, out)
+	if err := build(tmp.Name()); err != nil {
+		return "", err
 	}
 	if err := os.Rename(tmp.Name(), bin); err != nil {
 		return "", fmt.Errorf("upstream: building %s: %w", r, err)
 	}
 	return bin, nil
+}
+
+// buildMirror builds ./cmd/<Cmd> of r.Tag extracted from mirror, with its vendored
+// dependencies, into out.
+func (r Release) buildMirror(mirror, out string) error {
+	src, err := os.MkdirTemp("", "csi-sidecars-upstream-")
+	if err != nil {
+		return fmt.Errorf("upstream: building %s: %w", r, err)
+	}
+	defer os.RemoveAll(src)
+	if err := extract(mirror, r.Tag, src); err != nil {
+		return fmt.Errorf("upstream: building %s: %w", r, err)
+	}
+	build := exec.Command("go", "build", "-mod=vendor", "-trimpath", "-ldflags=-X main.version="+r.Tag, "-o", out, "./cmd/"+r.Cmd)
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=vendor", "CGO_ENABLED=0")
+	if output, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("upstream: go build ./cmd/%s of %s: %w\n%s", r.Cmd, r, err, output)
+	}
+	return nil
+}
+
+// buildModule builds r.Package in the module folder dir into out, after checking that the
+// module pins the package's module at r.Tag. Its go.mod and go.sum are not changed
+// (-mod=readonly); the sources come from the Go module cache, or the proxy the first time.
+func (r Release) buildModule(dir, out string) error {
+	env := append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=readonly", "CGO_ENABLED=0")
+	list := exec.Command("go", "list", "-f", "{{.Module.Path}} {{.Module.Version}}", r.Package)
+	list.Dir, list.Env = dir, env
+	output, err := list.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("upstream: go list %s in %s: %w\n%s", r.Package, dir, err, output)
+	}
+	if mod := strings.Fields(string(output)); len(mod) != 2 || mod[1] != r.Tag {
+		return fmt.Errorf("upstream: %s pins %s, not %s", dir, strings.TrimSpace(string(output)), r.Tag)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-X main.version="+r.Tag, "-o", out, r.Package)
+	build.Dir, build.Env = dir, env
+	if output, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("upstream: go build %s of %s in %s: %w\n%s", r.Package, r, dir, err, output)
+	}
+	return nil
+}
+
+// moduleDir finds r.Module in csi-sidecars' source tree: in the working folder or the
+// nearest of its parents that has it (tests run in their package's folder).
+func (r Release) moduleDir() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("upstream: looking for %s: %w", r.Module, err)
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		cand := filepath.Join(dir, filepath.FromSlash(r.Module))
+		if _, err := os.Stat(filepath.Join(cand, "go.mod")); err == nil {
+			return cand, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("upstream: no module %s in %s or a folder above it", r.Module, wd)
+		}
+	}
 }
 
 // extract writes the tree of tag in the git repository gitDir into dir.
@@ -194,28 +283,40 @@ type Binary struct {
 	Err  error
 }
 
-// CachedAll is every release as built before (BuildAll), by sidecar name; one not built has
-// an Err saying so and how to build it. It builds nothing: a test run must not spend the
-// minutes a first build takes.
-func CachedAll() map[string]Binary {
+// CachedAll is CachedReleases(Releases()).
+func CachedAll() map[string]Binary { return CachedReleases(Releases()) }
+
+// CachedReleases is every one of releases as built before (BuildReleases), by sidecar name;
+// one not built has an Err saying so and how to build it. It builds nothing: a test run must
+// not spend the minutes a first build takes.
+func CachedReleases(releases []Release) map[string]Binary {
 	out := map[string]Binary{}
-	for _, r := range Releases() {
+	for _, r := range releases {
 		path, ok := r.Cached()
 		var err error
 		if !ok {
-			err = fmt.Errorf("upstream: %s is not built; `make bench` builds it from a git mirror", r)
+			from := "a git mirror"
+			if r.Module != "" {
+				from += " or " + r.Module
+			}
+			err = fmt.Errorf("upstream: %s is not built; `make bench` builds it from %s", r, from)
 		}
 		out[r.Sidecar] = Binary{Release: r, Path: path, Err: err}
 	}
 	return out
 }
 
-// BuildAll builds (or finds cached) every release, by sidecar name. A failure is kept in
-// the Binary, not returned: a benchmark then measures csi-sidecars alone and says why. A
-// line goes to log for each release that failed or took more than a second to build.
+// BuildAll is BuildReleases(Releases(), mirrors, log).
 func BuildAll(mirrors string, log io.Writer) map[string]Binary {
+	return BuildReleases(Releases(), mirrors, log)
+}
+
+// BuildReleases builds (or finds cached) every one of releases, by sidecar name. A failure
+// is kept in the Binary, not returned: a benchmark then measures csi-sidecars alone and says
+// why. A line goes to log for each release that failed or took more than a second to build.
+func BuildReleases(releases []Release, mirrors string, log io.Writer) map[string]Binary {
 	out := map[string]Binary{}
-	for _, r := range Releases() {
+	for _, r := range releases {
 		began := time.Now()
 		path, err := r.Build(mirrors)
 		out[r.Sidecar] = Binary{Release: r, Path: path, Err: err}

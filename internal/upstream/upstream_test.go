@@ -91,3 +91,62 @@ func TestCacheDirFollowsXDG(t *testing.T) {
 		t.Errorf("CacheDir: %q, %v", got, err)
 	}
 }
+
+func TestAllReleasesAreTheThreeAndTheSnapshotter(t *testing.T) {
+	all := AllReleases()
+	if len(all) != 4 || all[3] != Snapshotter() {
+		t.Fatalf("AllReleases: %v", all)
+	}
+	for i, r := range Releases() {
+		if all[i] != r {
+			t.Errorf("AllReleases[%d] = %v, want %v", i, all[i], r)
+		}
+	}
+	if got := NamesOf(all); !strings.HasPrefix(got, Names()+", ") || !strings.HasSuffix(got, "external-snapshotter v8.7.0") {
+		t.Errorf("NamesOf(AllReleases()) = %q", got)
+	}
+}
+
+// The snapshotter's release is built, without a mirror that has its tag, from the module of
+// the source tree that pins that tag and imports the binary's package.
+func TestTheSnapshotterModulePinsItsTagAndImportsItsCommand(t *testing.T) {
+	r := Snapshotter()
+	dir, err := r.moduleDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	modPath, _, ok := strings.Cut(r.Package, "/cmd/")
+	if !ok || !strings.Contains(string(gomod), "\t"+modPath+" "+r.Tag+"\n") && !strings.Contains(string(gomod), "require "+modPath+" "+r.Tag+"\n") {
+		t.Errorf("%s/go.mod does not require %s %s", r.Module, modPath, r.Tag)
+	}
+	tools, err := os.ReadFile(filepath.Join(dir, "tools.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(tools), `_ "`+r.Package+`"`) {
+		t.Errorf("%s/tools.go does not import %s: go.sum may lack its dependencies", r.Module, r.Package)
+	}
+}
+
+func TestAReleaseNotBuiltSaysWhereItWouldBeBuiltFrom(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	got := CachedReleases(AllReleases())
+	if len(got) != 4 {
+		t.Fatalf("CachedReleases: %d releases", len(got))
+	}
+	for name, b := range got {
+		if b.Err == nil || !strings.Contains(b.Err.Error(), "make bench") {
+			t.Errorf("%s not built: %v", name, b.Err)
+		}
+	}
+	if err := got["snapshotter"].Err; !strings.Contains(err.Error(), Snapshotter().Module) {
+		t.Errorf("snapshotter not built: %v, want it to name %s", err, Snapshotter().Module)
+	}
+	if len(CachedAll()) != 3 {
+		t.Errorf("CachedAll: %d releases, want the three of Releases", len(CachedAll()))
+	}
+}
