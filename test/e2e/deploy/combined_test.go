@@ -16,13 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/csi-sidecars/csi-sidecars/attacher"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	hosted "github.com/csi-sidecars/csi-sidecars/internal/sidecars"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
-	"github.com/csi-sidecars/csi-sidecars/provisioner"
-	"github.com/csi-sidecars/csi-sidecars/resizer"
-	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
 
 const allFour = "--controllers=attacher,provisioner,resizer,snapshotter"
@@ -51,7 +48,7 @@ func sidecarContainers(t *testing.T, dir string) []corev1.Container {
 
 // newRoot is the csi-sidecars command as cmd/csi-sidecars builds it, to check args with.
 func newRoot() *cobra.Command {
-	return lifecycle.NewRootCommand("csi-sidecars", "test", attacher.New(), resizer.New(), provisioner.New(), snapshotter.New())
+	return lifecycle.NewRootCommand("csi-sidecars", "test", hosted.All()...)
 }
 
 // apiBudget is the --kube-api-qps and --kube-api-burst that args give a csi-sidecars process.
