@@ -12,14 +12,14 @@ import (
 )
 
 // runCombined does the single-sidecar run's work again with two replicas of one process
-// that hosts all three sidecars. combined-a leads the three Leases. Pods with new claims are
-// provisioned and attached, then deleted and their volumes detached, so that the attacher
-// and the resizer have bound claims to work on. Then work for all three comes at once, in
-// two waves: new Pods with new claims (provisioner), the deleted Pods created again
-// (attacher) and their claims grown (resizer). With calls of each sidecar in flight, one
-// SIGTERM; the second wave comes while combined-a drains. It returns a handover per
-// sidecar, whose standby is whoever holds the sidecar's Lease at the end, and the peak
-// memory of combined-b once it finished the work.
+// that hosts all four sidecars. combined-a leads the four Leases. Pods with new claims are
+// provisioned and attached, then deleted and their volumes detached, so that the attacher,
+// the resizer and the snapshotter have bound claims to work on. Then work for all four
+// comes at once, in two waves: new Pods with new claims (provisioner), the deleted Pods
+// created again (attacher), their claims grown (resizer) and snapshotted (snapshotter).
+// With calls of each sidecar in flight, one SIGTERM; the second wave comes while combined-a
+// drains. It returns a handover per sidecar, whose standby is whoever holds the sidecar's
+// Lease at the end, and the peak memory of combined-b once it finished the work.
 func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64, err error) {
 	sanitized, names := lifecycle.SanitizeName(d.driver.DriverName()), podNames("app", d.o.pods)
 	rollout := d.rollout("external-attacher-leader-"+sanitized, names)
@@ -27,6 +27,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		d.provisioning(sanitized, podNames("new", d.o.pods)),
 		rollout,
 		d.growth("external-resizer-"+sanitized, names),
+		d.snapshotting("external-snapshotter-leader-"+sanitized, names),
 	}
 	var leases []string
 	for _, j := range jobs {
@@ -52,7 +53,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		return nil, 0, err
 	}
 
-	// Work for all three at once: the first wave of each, then one SIGTERM once calls of
+	// Work for all four at once: the first wave of each, then one SIGTERM once calls of
 	// each are in flight. The control loop brings each kind of work at its own pace: a kind
 	// whose calls all ended before the others' came gets one more item, as long as one is
 	// left for the second wave.
@@ -145,11 +146,11 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	}
 	for i, j := range jobs {
 		h := &results[i]
-		err := d.waitStage(ctx, j.stage, j.names)
+		err := d.waitDone(ctx, j, j.names)
 		if err == nil {
 			err = d.waitCalls(ctx, func(c []testdriver.Call) bool { return running(callsSince(c, standby.socket, j.method, since)) == 0 })
 		}
-		h.done = d.reached(j.stage, j.names)
+		h.done = d.doneCount(j, j.names)
 		// Who holds the Lease now, rather than who was meant to: the summary shows the
 		// handover that happened.
 		h.standby = d.holder(ctx, j.lease)
@@ -165,7 +166,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 // combinedSummary is the combined run's table, and its memory beside the single-sidecar
 // standbys' that did the same work.
 func (d *demo) combinedSummary(rep report) {
-	fmt.Fprintf(d.out, "\nSummary, combined (csi-sidecars %s: one SIGTERM for all three, calls of each in flight)\n", controllers)
+	fmt.Fprintf(d.out, "\nSummary, combined (csi-sidecars %s: one SIGTERM for all four, calls of each in flight)\n", controllers)
 	d.table(rep.combined, false)
 	fmt.Fprintln(d.out, "(drain: SIGTERM to the exit of the one process. Each sidecar in it releases its own Lease as soon")
 	fmt.Fprintln(d.out, " as its own calls have finished, so its standby may start before the process has exited: a negative time.)")
@@ -182,7 +183,7 @@ func (d *demo) combinedSummary(rep report) {
 		names = append(names, h.standby)
 		sizes = append(sizes, fmt.Sprintf("%.0f", mib(h.standbyPeakRSS)))
 	}
-	fmt.Fprintf(d.out, "Peak RSS of the standby that finished the work: combined-b (three sidecars, one process) %.0f MiB;\n", mib(rep.combinedPeakRSS))
+	fmt.Fprintf(d.out, "Peak RSS of the standby that finished the work: combined-b (%d sidecars, one process) %.0f MiB;\n", len(rep.combined), mib(rep.combinedPeakRSS))
 	fmt.Fprintf(d.out, " %s (one process each) %.0f MiB together (%s)\n", strings.Join(names, " + "), mib(sum), strings.Join(sizes, " + "))
 }
 

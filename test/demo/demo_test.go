@@ -10,17 +10,21 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/snapshotcontroller"
 )
 
 // `make demo DEMO_FLAGS="-short -combined"`: every handover is clean and the summaries are
 // printed, the single-sidecar one and the combined one, whose one SIGTERM hands each of the
-// three Leases to the combined standby.
+// four Leases to the combined standby.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the demo starts a control plane, the control loop and eight sidecar processes")
 	}
 	if _, err := cluster.Assets(); err != nil {
 		t.Skipf("no real control loop: %v", err)
+	}
+	if _, err := snapshotcontroller.Assets(); err != nil {
+		t.Skipf("no snapshot-controller: %v", err)
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {
@@ -33,7 +37,7 @@ func TestDemoShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "Summary, combined"} {
+	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "snapshotter-a -> snapshotter-b", "Summary, combined"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -49,7 +53,7 @@ func TestDemoShort(t *testing.T) {
 
 	// What the combined summary claims, from what run observed: a row per sidecar, each
 	// Lease now held by the standby, a clean exit, no overlaps and all work done.
-	sidecars := map[string]bool{"provisioner": false, "attacher": false, "resizer": false}
+	sidecars := map[string]bool{"provisioner": false, "attacher": false, "resizer": false, "snapshotter": false}
 	for _, h := range rep.combined {
 		sidecars[h.sidecar] = true
 		if h.leader != "combined-a" || h.standby != "combined-b" {
@@ -70,7 +74,7 @@ func TestDemoShort(t *testing.T) {
 	if n := len(rep.combined); n != len(sidecars) {
 		t.Errorf("the combined run reports %d handovers; want %d", n, len(sidecars))
 	}
-	if !strings.Contains(out.String(), "combined-b (three sidecars, one process)") {
+	if !strings.Contains(out.String(), "combined-b (4 sidecars, one process)") {
 		t.Errorf("output lacks the combined standby's peak RSS beside the single-sidecar standbys'")
 	}
 }
@@ -80,6 +84,9 @@ func TestDemoShort(t *testing.T) {
 func BenchmarkFailover(b *testing.B) {
 	if _, err := cluster.Assets(); err != nil {
 		b.Skipf("no real control loop: %v", err)
+	}
+	if _, err := snapshotcontroller.Assets(); err != nil {
+		b.Skipf("no snapshot-controller: %v", err)
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {

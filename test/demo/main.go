@@ -1,15 +1,16 @@
 // Command demo is `make demo`: on one machine it starts a real kube-apiserver + etcd, the
 // real control loop (kube-controller-manager and kube-scheduler, with fake Ready nodes), the
-// test CSI driver with slow calls, and two replicas of each sidecar at upstream's default
-// flags. It then acts as a user: Pods with WaitForFirstConsumer claims (kube-scheduler picks
-// their nodes, the provisioner provisions, kube-controller-manager binds and creates the
-// VolumeAttachments, the attacher attaches), the Pods replaced, and the claims grown
-// (kube-controller-manager hands them to the resizer). It SIGTERMs each sidecar's leader
-// while its calls are in flight and prints a live timeline and a summary of each handover.
-// With -combined it then does the same work with two replicas of one process running all
-// three sidecars (csi-sidecars --controllers=...), which one SIGTERM hands over, and compares
-// their memory. Everything it starts stops with it (also on Ctrl-C); the logs stay in the
-// folder it names.
+// test CSI driver with slow calls, the real snapshot-controller of external-snapshotter, and
+// two replicas of each sidecar at upstream's default flags. It then acts as a user: Pods with
+// WaitForFirstConsumer claims (kube-scheduler picks their nodes, the provisioner provisions,
+// kube-controller-manager binds and creates the VolumeAttachments, the attacher attaches),
+// the Pods replaced, the claims grown (kube-controller-manager hands them to the resizer) and
+// snapshotted (the snapshot-controller creates a VolumeSnapshotContent for each
+// VolumeSnapshot, the snapshotter takes it). It SIGTERMs each sidecar's leader while its calls
+// are in flight and prints a live timeline and a summary of each handover. With -combined it
+// then does the same work with two replicas of one process running all four sidecars
+// (csi-sidecars --controllers=...), which one SIGTERM hands over, and compares their memory.
+// Everything it starts stops with it (also on Ctrl-C); the logs stay in the folder it names.
 package main
 
 import (
@@ -28,12 +29,14 @@ import (
 	"syscall"
 	"time"
 
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/snapshotcontroller"
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -45,7 +48,7 @@ const (
 	// runs never mix.
 	combinedDriverName = "combined.demo.csi.sidecars.io"
 	combinedNamespace  = "demo-combined"
-	controllers        = "--controllers=attacher,provisioner,resizer"
+	controllers        = "--controllers=attacher,provisioner,resizer,snapshotter"
 
 	nodes      = 2
 	nodePrefix = "demo-node"
@@ -66,7 +69,7 @@ type options struct {
 func main() {
 	var o options
 	flag.BoolVar(&o.short, "short", false, "fewer Pods and shorter calls (for CI)")
-	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all three sidecars ("+controllers+"), one SIGTERM for the three Leases")
+	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all four sidecars ("+controllers+"), one SIGTERM for the four Leases")
 	flag.StringVar(&o.bin, "bin", "_output/bin/csi-sidecars", "the csi-sidecars binary")
 	flag.StringVar(&o.logDir, "logs", "", "folder for the logs (default _output/demo/<time>)")
 	flag.Parse()
@@ -90,10 +93,13 @@ type demo struct {
 	kube      kubernetes.Interface
 	cp        *controlplane.ControlPlane
 	loop      *cluster.Cluster // kube-controller-manager, kube-scheduler and the nodes
+	snapCtl   *snapshotcontroller.Controller
+	snapAPI   snapclientset.Interface
 	driver    *testdriver.Backend
 	namespace string
 	work      *cluster.Workload
-	procs     *procs // of both runs, so that every one is stopped at the end
+	snaps     *snapshots // the run's VolumeSnapshotClass and VolumeSnapshots
+	procs     *procs     // of both runs, so that every one is stopped at the end
 }
 
 // procs are the replicas started so far.
@@ -146,6 +152,9 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 	if err != nil {
 		return rep, fmt.Errorf("the demo runs the real control loop: %w", err)
 	}
+	if _, err := snapshotcontroller.Assets(); err != nil {
+		return rep, fmt.Errorf("the demo runs the real snapshot-controller: %w", err)
+	}
 	// Sockets live in the log folder; gRPC needs their paths absolute.
 	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
 		return rep, fmt.Errorf("log folder: %w", err)
@@ -160,8 +169,8 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		if o.combined {
 			journals += ", driver-journal-combined.jsonl"
 		}
-		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s.log, %s.log, %s)\n",
-			o.logDir, cluster.ControllerManagerBinary, cluster.SchedulerBinary, journals)
+		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s.log, %s.log, %s.log, %s)\n",
+			o.logDir, cluster.ControllerManagerBinary, cluster.SchedulerBinary, snapshotcontroller.Binary, journals)
 	}()
 
 	d.say("starting kube-apiserver + etcd on loopback")
@@ -169,6 +178,17 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		return rep, fmt.Errorf("control plane: %w", err)
 	}
 	d.kube = kubernetes.NewForConfigOrDie(d.cp.Config())
+	d.snapAPI = snapclientset.NewForConfigOrDie(d.cp.Config())
+	// Before the sidecars: it installs the VolumeSnapshot CRDs, which the provisioner and
+	// the snapshotter look for when they start. Its API budget is the e2e tests': at its
+	// default (5/s, burst 10) its own client-side throttling held each new
+	// VolumeSnapshotContent back by up to 0.6 s, so that the controller, not the sidecar,
+	// decided when the snapshotter's standby got its first work.
+	d.say("starting snapshot-controller %s (installing its VolumeSnapshot CRDs)", snapshotcontroller.Version)
+	if d.snapCtl, err = snapshotcontroller.Start(ctx, d.cp, snapshotcontroller.Options{LogDir: o.logDir,
+		Args: []string{"--kube-api-qps=100", "--kube-api-burst=200"}}); err != nil {
+		return rep, err
+	}
 	closeRun, err := d.setUp(ctx, driverName, demoNamespace, "driver-journal.jsonl")
 	if err != nil {
 		return rep, err
@@ -191,12 +211,14 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		c, err := cluster.Start(ctx, d.cp, opts)
 		loop <- started{c, err}
 	}()
-	// The same Pods go through the three phases: created, replaced, their claims grown.
+	// The same Pods go through the four phases: created, replaced, their claims grown and
+	// snapshotted.
 	sanitized, names := lifecycle.SanitizeName(driverName), podNames("app", o.pods)
 	phases := []phase{
 		d.provisioning(sanitized, names),
 		d.rollout("external-attacher-leader-"+sanitized, names),
 		d.growth("external-resizer-"+sanitized, names),
+		d.snapshotting("external-snapshotter-leader-"+sanitized, names),
 	}
 	var pairsErr error
 	for _, p := range phases {
@@ -263,18 +285,24 @@ func (d *demo) setUp(ctx context.Context, driver, namespace, journalFile string)
 	if err != nil {
 		return nil, fmt.Errorf("driver journal: %w", err)
 	}
-	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Topology: true, Latency: d.o.latency, JournalWriter: journal})
+	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Topology: true, Latency: d.o.latency, JournalWriter: journal,
+		ControllerCapabilities: snapshotCapabilities()})
 	if err != nil {
 		journal.Close()
 		return nil, fmt.Errorf("test CSI driver: %w", err)
 	}
-	d.say("test CSI driver %s: every controller call takes %v", driver, d.o.latency)
+	d.say("test CSI driver %s: every controller call takes %v (CreateSnapshot too)", driver, d.o.latency)
 	if _, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		journal.Close()
 		return nil, fmt.Errorf("namespace %s: %w", namespace, err)
 	}
 	d.namespace = namespace
 	if d.work, err = cluster.NewWorkload(ctx, d.kube, cluster.WorkloadOptions{Namespace: namespace, Driver: driver}); err != nil {
+		journal.Close()
+		return nil, err
+	}
+	if d.snaps, err = newSnapshots(ctx, d.snapAPI, driver, namespace); err != nil {
+		d.work.Close()
 		journal.Close()
 		return nil, err
 	}
@@ -351,6 +379,26 @@ type phase struct {
 	how string
 	// stage is where a Pod is once the sidecar has done its work.
 	stage cluster.Stage
+	// wait and count replace stage for work that is no stage of a Pod (VolumeSnapshots):
+	// wait until all of names is done, count how many are.
+	wait  func(ctx context.Context, names []string) error
+	count func(names []string) int
+}
+
+// waitDone waits, for up to waitTimeout, until the phase's work on names is done.
+func (d *demo) waitDone(ctx context.Context, p phase, names []string) error {
+	if p.wait != nil {
+		return p.wait(ctx, names)
+	}
+	return d.waitStage(ctx, p.stage, names)
+}
+
+// doneCount counts the names whose work is done.
+func (d *demo) doneCount(p phase, names []string) int {
+	if p.count != nil {
+		return p.count(names)
+	}
+	return d.reached(p.stage, names)
 }
 
 // provisioning: new Pods, each with a new claim; kube-scheduler picks their nodes and the
@@ -486,13 +534,13 @@ func (d *demo) handover(ctx context.Context, p phase) (handover, error) {
 	}
 	h.firstCallAfterExit = callsSince(d.driver.Journal(), standby.socket, p.method, since)[0].Start.Sub(leader.exited)
 	d.say("%s took over: first %s %v after the leader exited", standby.name, p.method, h.firstCallAfterExit.Round(time.Millisecond))
-	// Done when every Pod reached the stage and the sidecar has no call of its own left
-	// running, so the next phase starts on quiet volumes.
-	err = d.waitStage(ctx, p.stage, p.names)
+	// Done when all the work is (every Pod reached the stage) and the sidecar has no call
+	// of its own left running, so the next phase starts on quiet volumes.
+	err = d.waitDone(ctx, p, p.names)
 	if err == nil {
 		err = d.waitCalls(ctx, func(c []testdriver.Call) bool { return running(callsSince(c, standby.socket, p.method, since)) == 0 })
 	}
-	h.done = d.reached(p.stage, p.names)
+	h.done = d.doneCount(p, p.names)
 	h.overlaps = d.overlaps(p.method)
 	h.standbyPeakRSS = peakRSS(standby.cmd.Process.Pid)
 	d.say("%s: %d/%d done, %d overlapping operations in the driver", p.sidecar, h.done, h.all, h.overlaps)
@@ -619,6 +667,9 @@ func (d *demo) cleanUp() {
 	}
 	if err := d.loop.Stop(); err != nil {
 		fmt.Fprintf(d.out, "stopping kube-controller-manager and kube-scheduler: %v\n", err)
+	}
+	if err := d.snapCtl.Stop(); err != nil {
+		fmt.Fprintf(d.out, "stopping snapshot-controller: %v\n", err)
 	}
 	if d.cp != nil {
 		_ = d.cp.Stop()
