@@ -8,6 +8,7 @@ import (
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snaplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -63,10 +64,21 @@ func newContentController(cfg controllerConfig) (*contentController, error) {
 	return &contentController{controllerConfig: cfg, contents: shared, classes: classes.Lister()}, nil
 }
 
-// contentRules: the being-created annotation and the status are the sidecar's.
+// contentRules: the being-created annotation and the status are the sidecar's, except
+// that the snapshot-controller writes a group member's status (its handle and readiness as
+// the group snapshot's member list says, again whenever it syncs the group): a member
+// whose status it left not ready is checked then, not at the next resync (upstream waits
+// for that, 15 minutes by default).
 func contentRules() kindRules[*snapv1.VolumeSnapshotContent] {
 	return kindRules[*snapv1.VolumeSnapshotContent]{creating: annBeingCreated, ready: isReady,
-		dropState: func(c *snapv1.VolumeSnapshotContent) { c.Status = nil }}
+		dropState: func(c *snapv1.VolumeSnapshotContent) { c.Status = nil },
+		wake: func(old, obj *snapv1.VolumeSnapshotContent) bool {
+			return isGroupMember(obj) && hasHandle(obj) && !isReady(obj) && !equality.Semantic.DeepEqual(old.Status, obj.Status)
+		}}
+}
+
+func hasHandle(c *snapv1.VolumeSnapshotContent) bool {
+	return c.Status != nil && c.Status.SnapshotHandle != nil
 }
 
 func (c *contentController) run(intake, ops context.Context, workers int) {

@@ -386,3 +386,37 @@ func listAndWatch(factory snapinformers.SharedInformerFactory, client *snapfake.
 		return cache.NewSharedIndexInformer(lw, &snapv1.VolumeSnapshotClass{}, 0, cache.Indexers{})
 	})
 }
+
+// A group member's status comes from the snapshot-controller, first and whenever it syncs
+// the group: a member it leaves not ready is checked then, not at the next resync. Other
+// status changes are the sidecar's own and need no sync.
+func TestAGroupMembersFirstStatusWakesIt(t *testing.T) {
+	member := dynamicContent("m")
+	member.ResourceVersion = "1"
+	member.Annotations[annGroupMember] = "group-1"
+	recorded := member.DeepCopy()
+	recorded.ResourceVersion = "2"
+	handle, ready := "snap-1", false
+	recorded.Status = &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: &handle, ReadyToUse: &ready}
+	if !changed(member, recorded, contentRules()) {
+		t.Error("a group member's first status does not wake it")
+	}
+	// The sidecar found it ready; the snapshot-controller wrote the group's stale answer.
+	readyNow, stale := recorded.DeepCopy(), recorded.DeepCopy()
+	readyNow.ResourceVersion, stale.ResourceVersion = "3", "4"
+	readyNow.Status.ReadyToUse = new(true)
+	if !changed(readyNow, stale, contentRules()) {
+		t.Error("a group member set back to not ready does not wake it")
+	}
+	if changed(recorded, readyNow, contentRules()) != true {
+		t.Error("turning ready must wake a content (upstream's issue 1388)")
+	}
+	plain := dynamicContent("p")
+	plain.ResourceVersion = "1"
+	withStatus := plain.DeepCopy()
+	withStatus.ResourceVersion = "2"
+	withStatus.Status = recorded.Status
+	if changed(plain, withStatus, contentRules()) {
+		t.Error("the sidecar's own status write wakes a content that is no group member")
+	}
+}

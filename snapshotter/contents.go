@@ -81,6 +81,9 @@ type kindRules[T object] struct {
 	creating  string       // the kind's being-created annotation
 	ready     func(T) bool // whether the object's snapshot is ready to use
 	dropState func(T)      // clears the object's status
+	// wake, if set, names further updates that need work although they change only what
+	// is otherwise the sidecar's own.
+	wake func(old, obj T) bool
 }
 
 func newContents[T object](cfg contentsConfig[T], informer cache.SharedIndexInformer, classSynced cache.InformerSynced) (*contents[T], error) {
@@ -127,6 +130,9 @@ func (c *contents[T]) enqueue(obj any) {
 // 1388).
 func changed[T object](old, obj T, cfg kindRules[T]) bool {
 	if old.GetResourceVersion() == obj.GetResourceVersion() || (!cfg.ready(old) && cfg.ready(obj)) {
+		return true
+	}
+	if cfg.wake != nil && cfg.wake(old, obj) {
 		return true
 	}
 	a, b := old.DeepCopyObject().(T), obj.DeepCopyObject().(T)

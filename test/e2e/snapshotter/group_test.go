@@ -196,15 +196,15 @@ func TestVolumeGroupSnapshotIsTakenRecordedAndDeleted(t *testing.T) {
 
 // A group snapshot the driver reports not ready at first is asked again with
 // CreateVolumeGroupSnapshot (upstream's rule; the same name gets the same group snapshot)
-// until it is ready; its members, recorded not ready, are checked with ListSnapshots. A
-// member content's status-only change does not queue it (as upstream), so the members are
-// checked at the next resync: a short --resync-period here.
+// until it is ready; its members, recorded not ready, are checked with ListSnapshots as
+// soon as the snapshot-controller has written their first status (upstream waits for the
+// next resync, 15 minutes by default; the default is kept here).
 func TestVolumeGroupSnapshotNotReadyAtFirstIsPolledUntilReady(t *testing.T) {
 	s := newGroupScenario(t, testdriver.Config{SnapshotReadyAfterPolls: 1})
 	claims := s.claims(2)
 	s.labelClaims("db", claims...)
 	class := s.groupClass(nil)
-	r := s.start("replica-a", "--resync-period=2s")
+	r := s.start("replica-a")
 	s.volumeGroupSnapshot("db", class, "db")
 	s.waitGroupReady("db")
 	creates := e2e.CallsOn(s.Driver.Journal(), r, testdriver.MethodCreateVolumeGroupSnapshot)
