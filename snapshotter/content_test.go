@@ -271,6 +271,11 @@ func TestDeletionWaitsForTheRecordThenDeletes(t *testing.T) {
 	if deletes != 1 {
 		t.Errorf("%d DeleteSnapshot calls, want 1", deletes)
 	}
+	// One write per deletion: the finalizer (upstream also clears the status first).
+	after := w.log[slices.IndexFunc(w.log, func(l string) bool { return strings.HasPrefix(l, "DeleteSnapshot") })+1:]
+	if len(after) != 1 || !strings.Contains(after[0], `"op":"remove","path":"/metadata/finalizers/0"`) {
+		t.Errorf("writes after DeleteSnapshot: %q, want the finalizer's removal only", after)
+	}
 }
 
 // A content being deleted without the snapshot-controller's agreement keeps its snapshot.
