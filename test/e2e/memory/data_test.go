@@ -55,6 +55,8 @@ type dataset struct {
 	class  string
 	nodes  []string
 	pairs  int // claims created so far; each has a PV, a VolumeAttachment and two Pods
+	// handles are the claims' volume handles in the driver, by claim (maxPairs of them).
+	handles []string
 }
 
 // newDataset creates the StorageClass, the nodes (with their CSINodes) and the namespace's
@@ -78,7 +80,8 @@ func newDataset(ctx context.Context, s *e2e.Scenario, maxPairs int) (*dataset, e
 		return nil, err
 	}
 	s.T.Cleanup(func() { conn.Close() })
-	d := &dataset{s: s, kube: kube, csi: csi.NewControllerClient(conn), driver: s.Driver.DriverName(), class: s.Namespace}
+	d := &dataset{s: s, kube: kube, csi: csi.NewControllerClient(conn), driver: s.Driver.DriverName(), class: s.Namespace,
+		handles: make([]string, maxPairs)}
 	s.T.Cleanup(func() { d.cleanUp() })
 
 	labels := map[string]string{runLabel: s.Namespace}
@@ -220,6 +223,7 @@ func (d *dataset) pair(ctx context.Context, i int) error {
 		return fmt.Errorf("CreateVolume: %w", err)
 	}
 	handle := vol.GetVolume().GetVolumeId()
+	d.handles[i] = handle // each worker writes its own claims' entries
 	pub, err := d.csi.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: handle, NodeId: nodeID(node), VolumeCapability: capability})
 	if err != nil {
 		return fmt.Errorf("ControllerPublishVolume: %w", err)

@@ -5,17 +5,24 @@
 // BenchmarkMemory (make bench) compares each with upstream's release on the same data, and
 // prints per sidecar the peak RSS (VmHWM) after the caches are synced and one resync has
 // passed, ours vs upstream, the combined process vs the sum of upstream's three, and the
-// growth per 1,000 objects. Figures are printed, never asserted. The test checks, on a
-// small data set, that each of our processes gets ready and leads and leaves the steady
-// data alone.
+// growth per 1,000 objects. BenchmarkMemorySnapshots adds ready VolumeSnapshotContents and
+// their classes (the snapshot CRDs of v8.7.0) and compares our snapshotter with upstream's
+// csi-snapshotter (peak and anonymous RSS, growth per 1,000 contents), then each of the
+// four sidecars and the combined process of the four vs the sum of upstream's four on the
+// whole data set. Figures are printed, never asserted. The tests check, on a small data
+// set, that each of our processes gets ready and leads and leaves the steady data alone.
 //
 // Upstream's binaries are built by TestMain from their repositories' tags (git mirrors,
-// -memory.mirrors) and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; without a
-// mirror, or when a build fails, the benchmark says so and reports ours only.
+// -memory.mirrors; csi-snapshotter without a mirror of its tag from hack/snapshot-controller)
+// and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; without a mirror, or when a
+// build fails, the benchmark says so and reports ours only.
 //
-// The benchmark takes 7-8 minutes on 2 cores with the defaults (two sizes, four rounds of
-// one resync plus a margin each), close to go test's default -timeout of 10 minutes:
-// make bench passes -timeout 60m. A quick look: -args -memory.pairs=200 -memory.resync=5s.
+// BenchmarkMemory takes 7-8 minutes on 2 cores with the defaults (two sizes, four rounds of
+// one resync plus a margin each), BenchmarkMemorySnapshots about 7 (six rounds) and 1-2 more
+// for the clean-up of its data, close to go test's default -timeout of 10 minutes: make
+// bench passes -timeout 60m; pass -timeout 30m to run one alone. A quick look: -args
+// -memory.pairs=200 -memory.snapshots=400 -memory.resync=5s, or -memory.only=snapshotter
+// (a hundred claims only, as the contents' source volumes).
 package memory
 
 import (
@@ -39,7 +46,8 @@ var (
 	flagMargin       = flag.Duration("memory.margin", 10*time.Second, "wait after the resync period before reading the memory")
 	flagUpstream     = flag.Bool("memory.upstream", true, "build and measure upstream's sidecars too (benchmark only)")
 	flagMirrors      = flag.String("memory.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
-	flagOnly         = flag.String("memory.only", "", "measure only these of attacher, provisioner, resizer, combined (comma-separated; default all)")
+	flagSnapshots    = flag.Int("memory.snapshots", 5000, "BenchmarkMemorySnapshots: ready VolumeSnapshotContents (two per claim with the default -memory.pairs); the snapshotters are also measured on half of it for the growth per 1,000 contents")
+	flagOnly         = flag.String("memory.only", "", "measure only these of attacher, provisioner, resizer, snapshotter, combined (comma-separated; default all; in BenchmarkMemory combined is the three, in BenchmarkMemorySnapshots the four)")
 	flagOurEnv       = flag.String("memory.our-env", "", "extra environment of our processes, comma-separated NAME=value (for experiments, e.g. GOGC=50)")
 	flagHeapProfiles = flag.String("memory.heap-profiles", "", "a folder: write a heap profile of each of our processes there before it is stopped (runs them with --enable-pprof)")
 )
@@ -57,7 +65,7 @@ func TestMain(m *testing.M) {
 	// start, so it does not count against -timeout, and only when benchmarks run.
 	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" && *flagUpstream && !testing.Short() &&
 		os.Getenv(controlplane.SkipEnv) != "1" {
-		upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
+		upstreamBinaries = upstream.BuildReleases(upstream.AllReleases(), *flagMirrors, os.Stderr)
 	}
 	os.Exit(e2e.Main(m, "../../..", &kube, &binDir))
 }

@@ -125,21 +125,7 @@ func benchmarkMemory(b *testing.B) {
 	sizes := []int{full / 2, full}
 	resync, margin := *flagResync, *flagMargin
 
-	upstreamBins := map[string]string{}
-	switch {
-	case !*flagUpstream:
-		say("upstream: not measured (-memory.upstream=false)")
-	case upstreamBinaries == nil:
-		say("upstream: not measured: %v", errNotPrepared)
-	default:
-		for _, u := range upstream.Releases() {
-			if ub := upstreamBinaries[u.Sidecar]; ub.Err != nil {
-				say("upstream %s: not measured: %v", u.Sidecar, ub.Err)
-			} else {
-				upstreamBins[u.Sidecar] = ub.Path
-			}
-		}
-	}
+	upstreamBins := upstreamPaths(upstream.Releases())
 
 	s := e2e.NewScenario(b, kube.Get(b), binDir, testdriver.Config{})
 	d, err := newDataset(ctx, s, full)
@@ -183,6 +169,30 @@ func benchmarkMemory(b *testing.B) {
 		say("one Pod of the data set: %d bytes as JSON", size)
 	}
 	report(b, sizes, results, setup, resync, margin)
+}
+
+// upstreamPaths are the binaries of releases TestMain built, by sidecar; a line says why
+// for each that is missing.
+func upstreamPaths(releases []upstream.Release) map[string]string {
+	out := map[string]string{}
+	switch {
+	case !*flagUpstream:
+		say("upstream: not measured (-memory.upstream=false)")
+	case upstreamBinaries == nil:
+		say("upstream: not measured: %v", errNotPrepared)
+	default:
+		for _, u := range releases {
+			switch ub, ok := upstreamBinaries[u.Sidecar]; {
+			case !ok:
+				say("upstream %s: not measured: TestMain did not build %s", u.Sidecar, u)
+			case ub.Err != nil:
+				say("upstream %s: not measured: %v", u.Sidecar, ub.Err)
+			default:
+				out[u.Sidecar] = ub.Path
+			}
+		}
+	}
+	return out
 }
 
 // selected says whether -memory.only names sidecar (or is empty).

@@ -48,14 +48,24 @@ func ourSidecars(resync time.Duration) []sidecar {
 	}
 }
 
+// ourSnapshotterSidecars are csi-sidecars' snapshotter subcommand and the combined process
+// of all four sidecars, their resyncs set to resync. They need the snapshot CRDs and a
+// driver that takes snapshots (snapshotCaps).
+func ourSnapshotterSidecars(resync time.Duration) (snapshotter, combined sidecar) {
+	r := resync.String()
+	return sidecar{name: "snapshotter", ours: true, command: []string{"csi-sidecars", "snapshotter"}, flags: []string{"--resync-period=" + r}, leases: 1},
+		sidecar{name: "combined", ours: true, command: []string{"csi-sidecars"}, flags: []string{"--controllers=attacher,provisioner,resizer,snapshotter",
+			"--attacher-resync=" + r, "--resizer-resync-period=" + r, "--snapshotter-resync-period=" + r}, leases: 4}
+}
+
 // upstreamSidecar is upstream's binary for sidecar name, with its resync flag (attacher
-// --resync, resizer --resync-period; the provisioner has none).
+// --resync, resizer and snapshotter --resync-period; the provisioner has none).
 func upstreamSidecar(name, bin string, resync time.Duration) sidecar {
 	s := sidecar{name: name, command: []string{bin}, leases: 1}
 	switch name {
 	case "attacher":
 		s.flags = []string{"--resync=" + resync.String()}
-	case "resizer":
+	case "resizer", "snapshotter":
 		s.flags = []string{"--resync-period=" + resync.String()}
 	}
 	return s
@@ -245,8 +255,8 @@ func (p *process) memory() memory {
 	return m
 }
 
-// workCalls counts the calls on the process's socket that change a volume: on the steady
-// data set a sidecar has nothing to do, so there should be none.
+// workCalls counts the calls on the process's socket that change a volume or a snapshot: on
+// the steady data set a sidecar has nothing to do, so there should be none.
 func (p *process) workCalls(calls []testdriver.Call) int {
 	n := 0
 	for _, c := range calls {
@@ -256,7 +266,9 @@ func (p *process) workCalls(calls []testdriver.Call) int {
 		switch c.Method {
 		case testdriver.MethodCreateVolume, testdriver.MethodDeleteVolume,
 			testdriver.MethodControllerPublishVolume, testdriver.MethodControllerUnpublishVolume,
-			testdriver.MethodControllerExpandVolume, testdriver.MethodControllerModifyVolume:
+			testdriver.MethodControllerExpandVolume, testdriver.MethodControllerModifyVolume,
+			testdriver.MethodCreateSnapshot, testdriver.MethodDeleteSnapshot,
+			testdriver.MethodCreateVolumeGroupSnapshot, testdriver.MethodDeleteVolumeGroupSnapshot:
 			n++
 		}
 	}
