@@ -654,6 +654,21 @@ type process struct {
 	termErr  error
 }
 
+// withoutMutationDetector is env without client-go's cache mutation detector, which `make
+// test` turns on to check our sidecars: the control plane's processes are upstream's, whose
+// caches are not under test (upstream's snapshot-controller v8.7.0 writes into its cached
+// VolumeGroupSnapshotContent when a group snapshot is deleted, and the detector would make
+// it panic).
+func withoutMutationDetector(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "KUBE_CACHE_MUTATION_DETECTOR=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 func startProcess(path, logPath string, args ...string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -674,6 +689,7 @@ func startProcess(path, logPath string, args ...string) (*process, error) {
 		defer logFile.Close()
 
 		cmd := exec.Command(path, args...)
+		cmd.Env = withoutMutationDetector(os.Environ())
 		// A file (not a pipe) as output means Wait needs no copying goroutine
 		// and the log survives us.
 		cmd.Stdout = logFile

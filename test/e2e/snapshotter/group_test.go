@@ -23,34 +23,6 @@ import (
 // The label the group tests select their claims by.
 const groupLabel = "csi-sidecars.test/group"
 
-// mutationDetectorEnv turns client-go's cache mutation detector on in a process
-// (`make test-e2e` exports it as true).
-const mutationDetectorEnv = "KUBE_CACHE_MUTATION_DETECTOR"
-
-// newGroupScenario is newScenario for tests that delete a VolumeGroupSnapshot: the real
-// snapshot-controller runs without client-go's cache mutation detector, which the sidecars
-// started afterwards keep as set. Upstream's snapshot-controller v8.7.0 writes the
-// being-deleted annotation into its cached VolumeGroupSnapshotContent
-// (setAnnVolumeGroupSnapshotBeingDeleted in pkg/common-controller/
-// groupsnapshot_controller_helper.go calls metav1.SetMetaDataAnnotation on the object from
-// its store, the informer's, before patching), so with the detector on it panics once a
-// VolumeGroupSnapshot is deleted, and the members are left behind.
-func newGroupScenario(t testing.TB, cfg testdriver.Config) *scenario {
-	t.Helper()
-	old, had := os.LookupEnv(mutationDetectorEnv)
-	if err := os.Setenv(mutationDetectorEnv, "false"); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if had {
-			_ = os.Setenv(mutationDetectorEnv, old)
-		} else {
-			_ = os.Unsetenv(mutationDetectorEnv)
-		}
-	}()
-	return newScenario(t, cfg)
-}
-
 // A VolumeGroupSnapshot v1 under the real snapshot-controller: it selects two of three
 // claims by label; the snapshot-controller makes the VolumeGroupSnapshotContent of the
 // group class's driver, the sidecar takes the group snapshot with
@@ -60,7 +32,7 @@ func newGroupScenario(t testing.TB, cfg testdriver.Config) *scenario {
 // own. Deleting the VolumeGroupSnapshot deletes the group snapshot in the backend with
 // DeleteVolumeGroupSnapshot naming its members, and every object with it: nothing is left.
 func TestVolumeGroupSnapshotIsTakenRecordedAndDeleted(t *testing.T) {
-	s := newGroupScenario(t, testdriver.Config{})
+	s := newScenario(t, testdriver.Config{})
 	claims := s.claims(3)
 	s.labelClaims("db", claims[:2]...)
 	class := s.groupClass(nil)
@@ -189,8 +161,8 @@ func TestVolumeGroupSnapshotIsTakenRecordedAndDeleted(t *testing.T) {
 	}
 	e2e.NoForbidden(t, r)
 	// The sidecar itself ran under the cache mutation detector when the run asked for it.
-	if os.Getenv(mutationDetectorEnv) == "true" && !strings.Contains(r.Stderr(), "Mutation detector is enabled") {
-		t.Errorf("%s=true, but the sidecar ran without the cache mutation detector", mutationDetectorEnv)
+	if os.Getenv("KUBE_CACHE_MUTATION_DETECTOR") == "true" && !strings.Contains(r.Stderr(), "Mutation detector is enabled") {
+		t.Error("KUBE_CACHE_MUTATION_DETECTOR=true, but the sidecar ran without the cache mutation detector")
 	}
 }
 
@@ -200,7 +172,7 @@ func TestVolumeGroupSnapshotIsTakenRecordedAndDeleted(t *testing.T) {
 // soon as the snapshot-controller has written their first status (upstream waits for the
 // next resync, 15 minutes by default; the default is kept here).
 func TestVolumeGroupSnapshotNotReadyAtFirstIsPolledUntilReady(t *testing.T) {
-	s := newGroupScenario(t, testdriver.Config{SnapshotReadyAfterPolls: 1})
+	s := newScenario(t, testdriver.Config{SnapshotReadyAfterPolls: 1})
 	claims := s.claims(2)
 	s.labelClaims("db", claims...)
 	class := s.groupClass(nil)

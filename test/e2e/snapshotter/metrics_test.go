@@ -45,7 +45,7 @@ const (
 // and client-go's workqueue metrics of upstream's queue names, the group one only when
 // group snapshots are on (a standby with the gate off has none).
 func TestMetricsAreCSISnapshotters(t *testing.T) {
-	s := newGroupScenario(t, testdriver.Config{})
+	s := newScenario(t, testdriver.Config{})
 	claims := s.claims(3)
 	s.labelClaims("db", claims[1:]...)
 	groupClass := s.groupClass(nil)
