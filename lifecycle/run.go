@@ -160,7 +160,8 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	csiMetrics.Store(&drv.metrics)
 	logger.Info("CSI driver ready", "driver", drv.name)
 
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, informerResync, informers.WithTransform(NewCacheTransform()))
+	transform := NewCacheTransform()
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, informerResync, informers.WithTransform(transform))
 	// Informers, the shared ones and those a sidecar runs itself (Env.Done), live as long
 	// as the process.
 	stopInformers := make(chan struct{})
@@ -168,6 +169,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	shared := Env{
 		RestConfig:             cfg,
 		Informers:              factory,
+		CacheTransform:         transform,
 		DriverName:             drv.name,
 		PluginCapabilities:     drv.pluginCapabilities,
 		ControllerCapabilities: drv.controllerCapabilities,

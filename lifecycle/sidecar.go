@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/featuregate"
 )
@@ -58,6 +59,10 @@ type Env struct {
 	// Informers is the process's shared informer factory; the core starts it on every
 	// replica after every Setup, and waits for its caches before leading.
 	Informers informers.SharedInformerFactory
+	// CacheTransform is the transform of Informers' caches (NewCacheTransform): informers
+	// a sidecar runs itself (a CRD's) use it too, so their objects share the process's
+	// table of repeated maps and strings.
+	CacheTransform cache.TransformFunc
 	// Events is the sidecar's event broadcaster, writing through Kube (its budget); a
 	// sidecar makes its own recorder from it.
 	Events record.EventBroadcaster

@@ -35,8 +35,13 @@ func newClients(env *lifecycle.Env, resync time.Duration, nodeName string) (*cli
 	if err != nil {
 		return nil, fmt.Errorf("building the snapshot clientset: %w", err)
 	}
-	// Trimmed as the core's shared caches are: a standby keeps every content in memory.
-	trim := snapinformers.WithTransform(lifecycle.TrimForCache)
+	// Trimmed as the core's shared caches are, sharing their table of repeated maps: a
+	// standby keeps every content in memory.
+	transform := env.CacheTransform
+	if transform == nil {
+		transform = lifecycle.TrimForCache
+	}
+	trim := snapinformers.WithTransform(transform)
 	c := &clients{snap: snap, kube: env.Kube, classFactory: snapinformers.NewSharedInformerFactoryWithOptions(snap, resync, trim)}
 	c.contentFactory = c.classFactory
 	if nodeName != "" {
