@@ -192,7 +192,7 @@ func TestUpstreamRBACCopyIsVerbatim(t *testing.T) {
 // deletes snapshots and a group snapshot, records a failure as an event, takes and releases
 // its Lease, and no request of it is refused.
 func TestUpstreamRBACIsEnoughToSnapshotAndDelete(t *testing.T) {
-	s := newGroupScenario(t, testdriver.Config{})
+	s := newScenario(t, testdriver.Config{})
 	claims := s.claims(4)
 	s.labelClaims("db", claims[2:]...)
 	groupClass := s.groupClass(nil)
