@@ -81,15 +81,13 @@ func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 }
 
 // ValidateFlags implements lifecycle.FlagValidator: it refuses what upstream refuses at
-// start (an empty name prefix, --node-deployment without $NODE_NAME) and warns of values
-// upstream accepts.
+// start (an empty snapshot name prefix, --node-deployment without $NODE_NAME) and warns of
+// values upstream accepts. An empty group snapshot prefix is refused in Setup, only where
+// group snapshots are on, as upstream.
 func (s *Sidecar) ValidateFlags() error {
 	o := s.opts
 	if o.snapshotNamePrefix == "" {
 		return errors.New("--snapshot-name-prefix must not be empty")
-	}
-	if o.groupNamePrefix == "" {
-		return errors.New("--groupsnapshot-name-prefix must not be empty")
 	}
 	if o.nodeDeployment {
 		s.nodeName = os.Getenv(nodeNameEnv)
@@ -173,6 +171,10 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		} else {
 			if !groupSnapshotsSupported(env, s.opts.timeout) {
 				logger.Info("Warning: the CSI driver does not support CreateVolumeGroupSnapshot; group snapshot contents of this driver will fail", "driver", env.DriverName)
+			}
+			if s.opts.groupNamePrefix == "" {
+				// Refused only where group snapshots are on, as upstream.
+				return lifecycle.UsageError{Err: errors.New("--groupsnapshot-name-prefix must not be empty")}
 			}
 			cfg.namePrefix, cfg.nameUUIDSize = s.opts.groupNamePrefix, s.opts.groupNameUUIDLength
 			s.groups, err = newGroupController(cfg)

@@ -263,6 +263,8 @@ func TestCombinedModeFlags(t *testing.T) {
 		{[]string{"--controllers=attacher,cloner"}, "--controllers"},
 		{[]string{"--controllers=snapshotter", "--snapshotter-snapshot-name-prefix="}, "--snapshot-name-prefix"},
 		{[]string{"--controllers=snapshotter", "--snapshotter-node-deployment", "--leader-election"}, "--node-deployment"},
+		// Upstream checks the group prefix only where group snapshots are on (at start).
+		{[]string{"--controllers=snapshotter", "--snapshotter-groupsnapshot-name-prefix=", "--feature-gates=CSIVolumeGroupSnapshot=false"}, ""},
 		{[]string{"--controllers=attacher", "--attacher-worker-threads=0"}, "--worker-threads"},
 		{[]string{"--controllers=attacher", "--worker-threads=5"}, "unknown flag"},
 	} {
