@@ -101,7 +101,6 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 		ops: context.Background(), recorder: w.recorder, metrics: m,
 		pluginCaps: plugin, controllerCaps: controllerCaps,
 		topology: plugin[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS], vac: true,
-		cacheTransform: cachetest.Transform(),
 	}
 	if change != nil {
 		change(&cfg)
