@@ -88,7 +88,6 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		ops:            env.Ops(),
 		recorder:       env.Events.NewRecorder(scheme.Scheme, source),
 		eventSource:    source,
-		cacheTransform: env.CacheTransform,
 		metrics:        m,
 		pluginCaps:     env.PluginCapabilities,
 		controllerCaps: env.ControllerCapabilities,
