@@ -52,10 +52,7 @@ type config struct {
 	ops      context.Context // parent of every CSI call and the writes recording it (P1)
 	recorder record.EventRecorder
 	// eventSource is the recorder's source, also that of the record's events.
-	eventSource v1.EventSource
-	// cacheTransform trims the objects of the informers the provisioner runs itself
-	// (records, snapshots): the core's (Env.CacheTransform); nil is lifecycle.TrimForCache.
-	cacheTransform cache.TransformFunc
+	eventSource    v1.EventSource
 	metrics        *controllerMetrics
 	pluginCaps     rpc.PluginCapabilitySet
 	controllerCaps rpc.ControllerCapabilitySet
@@ -179,7 +176,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
-	if c.records, err = newRecordStore(cfg.kube, cfg.driver, cfg.eventSource, cfg.cacheTransform); err != nil {
+	if c.records, err = newRecordStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
 		return nil, err
 	}
 	if _, err := c.records.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {

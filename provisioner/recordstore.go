@@ -69,17 +69,14 @@ type recordStore struct {
 	now func() time.Time
 }
 
-func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSource, transform cache.TransformFunc) (*recordStore, error) {
+func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*recordStore, error) {
 	s := &recordStore{driverLabel: recordDriverLabel(driver), source: source, kube: kube, now: time.Now}
 	selector := labelRecord + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
 		recordClaimIndex:     func(obj any) ([]string, error) { return recordClaimKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	if transform == nil {
-		transform = lifecycle.TrimForCache
-	}
-	if err := s.informer.SetTransform(transform); err != nil {
+	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
 	own, err := lifecycle.NewOwnCreations[*v1.Event](klog.Background(), s.informer)

@@ -98,11 +98,7 @@ func (c *controller) watchSnapshots(client snapclientset.Interface) error {
 	c.snapshots.own = own
 	// Trimmed as the core's shared caches are (managedFields dropped): a standby keeps every
 	// snapshot of the cluster in memory (P7).
-	transform := c.cacheTransform
-	if transform == nil {
-		transform = lifecycle.TrimForCache
-	}
-	if err := informer.SetTransform(transform); err != nil {
+	if err := informer.SetTransform(lifecycle.TrimForCache); err != nil {
 		return fmt.Errorf("setting the snapshot informer's transform: %w", err)
 	}
 	if err := informer.SetWatchErrorHandlerWithContext(c.snapshots.watchForbidden.watchErrorHandler); err != nil {
