@@ -1,9 +1,13 @@
 package lifecycle
 
 import (
+	"slices"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -15,8 +19,9 @@ import (
 //   - Every object loses its managedFields (server-side apply bookkeeping, often the
 //     larger part of an object). An update sent from a cached copy leaves them to the
 //     API server, which keeps them.
-//   - A Pod keeps only what the resizer's in-use check reads (which claims it mounts, and
-//     whether it has ended) and its identity. No sidecar writes Pods.
+//   - A Pod becomes a CachedPod: its identity, the claims it mounts and whether it has
+//     ended, which is all the resizer's in-use check reads. No sidecar writes Pods; readers
+//     of a process's Pod informer get *CachedPod, never *v1.Pod.
 func TrimForCache(obj any) (any, error) {
 	return trimForCache(obj, nil)
 }
@@ -40,9 +45,30 @@ func trimForCache(obj any, maps *sharedMaps) (any, error) {
 	return obj, nil
 }
 
-func trimPod(pod *v1.Pod) *v1.Pod {
-	out := &v1.Pod{
-		TypeMeta: pod.TypeMeta,
+// CachedPod is what a process's informer caches keep of a Pod: a v1.Pod is over a
+// kilobyte before its first field is set, and clusters run many more Pods than volumes.
+type CachedPod struct {
+	// ObjectMeta holds the Pod's name, namespace, UID, resourceVersion and deletion
+	// timestamp only.
+	metav1.ObjectMeta
+	// Claims are the names of the PersistentVolumeClaims its volumes mount, in order.
+	Claims []string
+	// Ended is true once the Pod's phase is Succeeded or Failed.
+	Ended bool
+}
+
+// GetObjectKind is that of an object with no kind: a CachedPod is never sent anywhere.
+func (p *CachedPod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject copies the Pod, as client-go's cache mutation detector does.
+func (p *CachedPod) DeepCopyObject() runtime.Object {
+	out := &CachedPod{Claims: slices.Clone(p.Claims), Ended: p.Ended}
+	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	return out
+}
+
+func trimPod(pod *v1.Pod) *CachedPod {
+	out := &CachedPod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:              pod.Name,
 			Namespace:         pod.Namespace,
@@ -50,11 +76,11 @@ func trimPod(pod *v1.Pod) *v1.Pod {
 			ResourceVersion:   pod.ResourceVersion,
 			DeletionTimestamp: pod.DeletionTimestamp,
 		},
-		Status: v1.PodStatus{Phase: pod.Status.Phase},
+		Ended: pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed,
 	}
 	for _, vol := range pod.Spec.Volumes {
 		if vol.PersistentVolumeClaim != nil {
-			out.Spec.Volumes = append(out.Spec.Volumes, v1.Volume{Name: vol.Name, VolumeSource: v1.VolumeSource{PersistentVolumeClaim: vol.PersistentVolumeClaim}})
+			out.Claims = append(out.Claims, vol.PersistentVolumeClaim.ClaimName)
 		}
 	}
 	return out

@@ -50,15 +50,24 @@ func TestTrimForCacheKeepsWhatThePodInUseCheckReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := got.(*v1.Pod)
-	if p.Name != "p" || p.Namespace != "ns" || p.UID != "u" || p.ResourceVersion != "7" || p.Status.Phase != v1.PodRunning {
+	p := got.(*CachedPod)
+	if p.Name != "p" || p.Namespace != "ns" || p.UID != "u" || p.ResourceVersion != "7" || p.Ended {
 		t.Errorf("identity or phase lost: %+v", p)
 	}
-	if len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].PersistentVolumeClaim.ClaimName != "claim" {
-		t.Errorf("volumes %+v, want only the claim", p.Spec.Volumes)
+	if !reflect.DeepEqual(p.Claims, []string{"claim"}) {
+		t.Errorf("claims %q, want only the claim", p.Claims)
 	}
-	if len(p.Spec.Containers) != 0 || len(p.Labels) != 0 || len(p.Status.Conditions) != 0 {
-		t.Errorf("fields no sidecar reads were kept: %+v", p)
+	if len(p.Labels) != 0 {
+		t.Errorf("labels kept: %+v", p)
+	}
+	if cp := p.DeepCopyObject().(*CachedPod); !reflect.DeepEqual(cp, p) {
+		t.Errorf("copy %+v differs from %+v", cp, p)
+	}
+	for _, phase := range []v1.PodPhase{v1.PodSucceeded, v1.PodFailed} {
+		pod.Status.Phase = phase
+		if got, _ := TrimForCache(pod); !got.(*CachedPod).Ended {
+			t.Errorf("a Pod in phase %s is not ended", phase)
+		}
 	}
 }
 

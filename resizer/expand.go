@@ -71,7 +71,7 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 	}
 	if cfg.handleInUse {
 		pods := cfg.informers.Core().V1().Pods()
-		c.inUse = newInUseTracker(pods.Lister(), c.queue.Add)
+		c.inUse = newInUseTracker(pods.Informer().GetIndexer(), c.queue.Add)
 		if _, err := pods.Informer().AddEventHandler(c.inUse.handler()); err != nil {
 			return nil, fmt.Errorf("registering the Pod handler: %w", err)
 		}

@@ -1,20 +1,21 @@
 package resizer
 
 import (
+	"slices"
 	"sync"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 )
 
 // inUseTracker serves drivers that expand only offline: when the driver refuses a PVC with
 // FailedPrecondition, the PVC is not tried again while a Pod uses it, and is enqueued as
 // soon as the last such Pod ends or goes away (--handle-volume-inuse-error). Only then is
-// the Pod informer registered, as upstream does.
+// the Pod informer registered, as upstream does. The Pod cache holds
+// *lifecycle.CachedPod (lifecycle.TrimForCache), not *v1.Pod.
 type inUseTracker struct {
-	pods    corelisters.PodLister
+	pods    cache.Indexer
 	enqueue func(key string)
 
 	mu sync.Mutex
@@ -23,7 +24,7 @@ type inUseTracker struct {
 	failed map[string]string
 }
 
-func newInUseTracker(pods corelisters.PodLister, enqueue func(string)) *inUseTracker {
+func newInUseTracker(pods cache.Indexer, enqueue func(string)) *inUseTracker {
 	return &inUseTracker{pods: pods, enqueue: enqueue, failed: map[string]string{}}
 }
 
@@ -31,7 +32,7 @@ func newInUseTracker(pods corelisters.PodLister, enqueue func(string)) *inUseTra
 func (t *inUseTracker) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
-			if pod, ok := obj.(*v1.Pod); ok && podEnded(pod) {
+			if pod, ok := obj.(*lifecycle.CachedPod); ok && pod.Ended {
 				t.podGone(pod)
 			}
 		},
@@ -39,15 +40,15 @@ func (t *inUseTracker) handler() cache.ResourceEventHandler {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
 			}
-			if pod, ok := obj.(*v1.Pod); ok {
+			if pod, ok := obj.(*lifecycle.CachedPod); ok {
 				t.podGone(pod)
 			}
 		},
 	}
 }
 
-func (t *inUseTracker) podGone(pod *v1.Pod) {
-	for _, claim := range claimsOf(pod) {
+func (t *inUseTracker) podGone(pod *lifecycle.CachedPod) {
+	for _, claim := range pod.Claims {
 		key := pod.Namespace + "/" + claim
 		t.mu.Lock()
 		_, failed := t.failed[key]
@@ -81,18 +82,13 @@ func (t *inUseTracker) blocked(pvc *v1.PersistentVolumeClaim) bool {
 	if !failed {
 		return false
 	}
-	pods, err := t.pods.Pods(pvc.Namespace).List(labels.Everything())
+	pods, err := t.pods.ByIndex(cache.NamespaceIndex, pvc.Namespace)
 	if err != nil {
 		return true
 	}
-	for _, pod := range pods {
-		if podEnded(pod) {
-			continue
-		}
-		for _, claim := range claimsOf(pod) {
-			if claim == pvc.Name {
-				return true
-			}
+	for _, obj := range pods {
+		if pod, ok := obj.(*lifecycle.CachedPod); ok && !pod.Ended && slices.Contains(pod.Claims, pvc.Name) {
+			return true
 		}
 	}
 	return false
@@ -109,18 +105,4 @@ func (t *inUseTracker) news(pvc *v1.PersistentVolumeClaim) bool {
 	}
 	t.failed[key] = pvc.ResourceVersion
 	return true
-}
-
-func claimsOf(pod *v1.Pod) []string {
-	var out []string
-	for _, vol := range pod.Spec.Volumes {
-		if vol.PersistentVolumeClaim != nil {
-			out = append(out, vol.PersistentVolumeClaim.ClaimName)
-		}
-	}
-	return out
-}
-
-func podEnded(pod *v1.Pod) bool {
-	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 }

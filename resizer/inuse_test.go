@@ -55,10 +55,10 @@ func TestInUseExpansionWaitsForThePod(t *testing.T) {
 	if err := f.kube.CoreV1().Pods("ns").Delete(context.Background(), "app", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pods := f.factory.Core().V1().Pods().Lister()
+	pods := f.factory.Core().V1().Pods().Informer().GetIndexer()
 	err := wait.PollUntilContextTimeout(context.Background(), 5e6, 5e9, true, func(context.Context) (bool, error) {
-		_, err := pods.Pods("ns").Get("app")
-		return err != nil && c.queue.Len() > 0, nil
+		_, exists, err := pods.GetByKey("ns/app")
+		return err == nil && !exists && c.queue.Len() > 0, nil
 	})
 	if err != nil {
 		t.Fatal("deleting the Pod did not enqueue the PVC")
