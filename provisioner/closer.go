@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"fmt"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -26,45 +27,59 @@ type closing struct {
 	volume string
 }
 
-// closeLater queues the closing of the claim's record.
-func (c *controller) closeLater(uid string, claim v1.ObjectReference, volume string) {
-	c.mu.Lock()
-	c.toClose[uid] = closing{claim: claim, volume: volume}
-	c.mu.Unlock()
-	c.closeQueue.Add(uid)
+// closer holds the records to close: its queue, by claim UID, and what to write for each.
+type closer struct {
+	queue *lifecycle.Queue[string]
+
+	mu   sync.Mutex
+	todo map[string]closing
 }
 
-// closingPending tells whether the claim's record waits for its closing event here.
-func (c *controller) closingPending(uid string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.toClose[uid]
+// later queues the closing of the claim's record.
+func (q *closer) later(uid string, claim v1.ObjectReference, volume string) {
+	q.mu.Lock()
+	if q.todo == nil {
+		q.todo = map[string]closing{}
+	}
+	q.todo[uid] = closing{claim: claim, volume: volume}
+	q.mu.Unlock()
+	q.queue.Add(uid)
+}
+
+// pending tells whether the claim's record waits for its closing event here.
+func (q *closer) pending(uid string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, ok := q.todo[uid]
 	return ok
+}
+
+func (q *closer) next(uid string) (closing, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	todo, ok := q.todo[uid]
+	return todo, ok
+}
+
+func (q *closer) done(uid string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.todo, uid)
 }
 
 // syncClose writes the event that closes the claim's record, if it is still open.
 func (c *controller) syncClose(uid string) error {
-	c.mu.Lock()
-	todo, ok := c.toClose[uid]
-	intake := c.intake
-	c.mu.Unlock()
+	todo, ok := c.closer.next(uid)
 	if !ok {
 		return nil
 	}
-	done := func() {
-		c.mu.Lock()
-		delete(c.toClose, uid)
-		c.mu.Unlock()
-	}
+	done := func() { c.closer.done(uid) }
 	if !c.records.isOpen(uid) {
 		// Closed meanwhile (an undo, or a sync that found it closed by another leader).
 		done()
 		return nil
 	}
-	if intake == nil {
-		intake = c.ops
-	}
-	ctx, cancel := lifecycle.Deferrable(klog.NewContext(c.ops, klog.Background().WithValues("claimUID", uid)), intake)
+	ctx, cancel := lifecycle.Deferrable(klog.NewContext(c.ops, klog.Background().WithValues("claimUID", uid)), c.intakeOr(c.ops))
 	defer cancel()
 	err := lifecycle.IfNotStarted(ctx, c.records.close(ctx, uid, todo.claim, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", todo.volume)))
 	switch {

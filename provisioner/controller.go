@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -107,24 +108,18 @@ type controller struct {
 	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
 	// keyed by sourceRef.key().
 	sourceQueue *lifecycle.Queue[string]
-	// closeQueue holds, by claim UID, the records whose closing event is to be written
-	// (closer.go); toClose (under mu) what to write.
-	closeQueue *lifecycle.Queue[string]
-	toClose    map[string]closing
+	// closer writes the events that close records, off the provisioning's path.
+	closer closer
 	// snapshots is nil without snapshot support.
 	snapshots *snapshotWatch
 	// records keeps the provisioning records (events on the claims).
 	records *recordStore
 
 	// intake is Run's: set before the workers start, it ends waits that start no work.
-	intake context.Context
+	intake atomic.Pointer[context.Context]
 
-	mu sync.Mutex
-	// inProgress holds, by claim UID, the plan of every CreateVolume that is about to run
-	// or may still be running in the driver: it is retried as it is, claim or no claim,
-	// until the driver answers for good. It is also what keeps the plan's source protected
-	// while the claim may be gone (sourceUser).
-	inProgress map[string]*plan
+	// inFlight holds the plan of every CreateVolume about to run or maybe still running.
+	inFlight inFlight
 	// ownClaims reads the claim cache through this process's own writes of claims
 	// (record, reschedule, node selection): a sync that comes before the informer shows
 	// one decides on what was written, not on the copy it replaced.
@@ -134,10 +129,9 @@ type controller struct {
 	absent absentVolumes
 	// slow holds the claims whose CreateVolume was infeasible, to be retried slowly.
 	slow slowRetries
-	// deletedVolumes holds how far this process got with deleting each PersistentVolume
-	// (its volume deleted; the PersistentVolume deleted and let go), until the informer
-	// sees it go: no sync repeats a DeleteVolume or the writes after it (delete.go).
-	deletedVolumes map[deletedKey]struct{}
+	// deletions holds how far this process got with deleting each PersistentVolume, until
+	// the informer sees it go: no sync repeats a DeleteVolume or the writes after it.
+	deletions deletions
 	// ownPVs reads the PersistentVolume cache through the PersistentVolumes this process
 	// saved: a sync of the claim can come before the informer shows one, and a claim that
 	// looks unprovisioned would be planned, recorded and created again.
@@ -147,7 +141,7 @@ type controller struct {
 // newController wires the listers, handlers and queues on factory. It must run before the
 // factory starts.
 func newController(cfg config, factory informers.SharedInformerFactory) (*controller, error) {
-	c := &controller{config: cfg, inProgress: map[string]*plan{}, deletedVolumes: map[deletedKey]struct{}{}, toClose: map[string]closing{}}
+	c := &controller{config: cfg}
 	queue := func(name string) *lifecycle.Queue[string] {
 		return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: name, RetryStart: cfg.opts.retryIntervalStart, RetryMax: cfg.opts.retryIntervalMax,
 			Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
@@ -158,7 +152,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	c.claimQueue = queue(claimQueueName)
 	c.volumeQueue = queue(volumeQueueName)
 	c.sourceQueue = queue(sourceQueueName)
-	c.closeQueue = queue(closeQueueName)
+	c.closer.queue = queue(closeQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -294,9 +288,7 @@ func (c *controller) enqueueAttachedVolume(obj any) {
 // run works both queues until intake ends, then returns when every worker has finished
 // the operation it holds (on Ops(), P1).
 func (c *controller) run(intake context.Context) {
-	c.mu.Lock()
-	c.intake = intake
-	c.mu.Unlock()
+	c.intake.Store(&intake)
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
 	synced := []cache.InformerSynced{c.records.informer.HasSynced}
@@ -307,7 +299,7 @@ func (c *controller) run(intake context.Context) {
 		c.claimQueue.ShutDown()
 		c.volumeQueue.ShutDown()
 		c.sourceQueue.ShutDown()
-		c.closeQueue.ShutDown()
+		c.closer.queue.ShutDown()
 		return
 	}
 	var wg sync.WaitGroup
@@ -317,7 +309,7 @@ func (c *controller) run(intake context.Context) {
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sourceQueue, int(c.opts.cloningProtectionThreads), c.syncSourceProtection)
 	})
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.closeQueue, 1, c.syncClose) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.queue, 1, c.syncClose) })
 	wg.Go(func() { c.sweepSnapshots(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
@@ -347,20 +339,16 @@ func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
 	return claim
 }
 
-func (c *controller) pending(uid string) *plan {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.inProgress[uid]
-}
+func (c *controller) pending(uid string) *plan { return c.inFlight.get(uid) }
 
-func (c *controller) setPending(uid string, p *plan) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if p == nil {
-		delete(c.inProgress, uid)
-		return
+func (c *controller) setPending(uid string, p *plan) { c.inFlight.set(uid, p) }
+
+// intakeOr is Run's intake context, or def before Run (tests that sync without it).
+func (c *controller) intakeOr(def context.Context) context.Context {
+	if p := c.intake.Load(); p != nil {
+		return *p
 	}
-	c.inProgress[uid] = p
+	return def
 }
 
 // finish ends a plan: it is no longer pending, and its source, if it has one, may be free.
@@ -382,14 +370,7 @@ func (c *controller) pvExists(name string) bool {
 // reads, the record, taking a claim for a node): they end with intake and wait behind the
 // requests that finish work (lifecycle.StartingWork, P14).
 func (c *controller) startingWork(ctx context.Context) (context.Context, context.CancelFunc) {
-	c.mu.Lock()
-	intake := c.intake
-	c.mu.Unlock()
-	if intake == nil {
-		// Tests that sync without Run.
-		intake = context.Background()
-	}
-	return lifecycle.StartingWork(ctx, intake)
+	return lifecycle.StartingWork(ctx, c.intakeOr(context.Background()))
 }
 
 // syncClaim is what happens to one claim: a volume that may exist is finished or undone
@@ -459,7 +440,7 @@ func (c *controller) syncClaim(uid string) error {
 		return nil
 	}
 	if c.node != nil {
-		if owned, err := c.node.owns(c.intake, c, claim, class); err != nil || !owned {
+		if owned, err := c.node.owns(c.intakeOr(context.Background()), c, claim, class); err != nil || !owned {
 			return err
 		}
 	}
@@ -668,4 +649,45 @@ func (c *controller) deleteBackendVolume(ctx context.Context, id string, secrets
 	defer cancel()
 	_, err := c.csi.DeleteVolume(callCtx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})
 	return err
+}
+
+// inFlight holds, by claim UID, the plan of every CreateVolume that is about to run or may
+// still be running in the driver: it is retried as it is, claim or no claim, until the
+// driver answers for good. It is also what keeps the plan's source protected while the
+// claim may be gone (sourceUser).
+type inFlight struct {
+	mu    sync.Mutex
+	plans map[string]*plan
+}
+
+func (f *inFlight) get(uid string) *plan {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.plans[uid]
+}
+
+// set makes p the claim's plan in flight; nil: none.
+func (f *inFlight) set(uid string, p *plan) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p == nil {
+		delete(f.plans, uid)
+		return
+	}
+	if f.plans == nil {
+		f.plans = map[string]*plan{}
+	}
+	f.plans[uid] = p
+}
+
+// using names the claim of a plan in flight made from ref, "" for none.
+func (f *inFlight) using(ref sourceRef) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.plans {
+		if p.source == ref {
+			return klog.KObj(p.claim).String()
+		}
+	}
+	return ""
 }

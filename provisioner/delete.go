@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -220,12 +221,19 @@ func (c *controller) volumeAndDeletion(name string) (*v1.PersistentVolume, delet
 	return nil, 0, err
 }
 
+// deletions holds the deletion steps this process took, per PersistentVolume.
+type deletions struct {
+	mu   sync.Mutex
+	done map[deletedKey]struct{}
+}
+
 // deletionStep is how far this process got with deleting pv: its last step that succeeded.
 func (c *controller) deletionStep(pv *v1.PersistentVolume) deletionStep {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	d := &c.deletions
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for _, step := range []deletionStep{pvLetGo, volumeGone} {
-		if _, ok := c.deletedVolumes[deletedKey{pv.Name, pv.UID, step}]; ok {
+		if _, ok := d.done[deletedKey{pv.Name, pv.UID, step}]; ok {
 			return step
 		}
 	}
@@ -234,9 +242,13 @@ func (c *controller) deletionStep(pv *v1.PersistentVolume) deletionStep {
 
 // rememberDeletion records that step of pv's deletion succeeded.
 func (c *controller) rememberDeletion(pv *v1.PersistentVolume, step deletionStep) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.deletedVolumes[deletedKey{pv.Name, pv.UID, step}] = struct{}{}
+	d := &c.deletions
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done == nil {
+		d.done = map[deletedKey]struct{}{}
+	}
+	d.done[deletedKey{pv.Name, pv.UID, step}] = struct{}{}
 }
 
 // forgetDeletedVolume drops the memory of a PersistentVolume once the informer saw it go.
@@ -245,11 +257,12 @@ func (c *controller) forgetDeletedVolume(obj any) {
 		obj = tomb.Obj
 	}
 	if pv, ok := obj.(*v1.PersistentVolume); ok {
-		c.mu.Lock()
+		d := &c.deletions
+		d.mu.Lock()
 		for _, step := range []deletionStep{volumeGone, pvLetGo} {
-			delete(c.deletedVolumes, deletedKey{pv.Name, pv.UID, step})
+			delete(d.done, deletedKey{pv.Name, pv.UID, step})
 		}
-		c.mu.Unlock()
+		d.mu.Unlock()
 	}
 }
 

@@ -614,7 +614,7 @@ func TestARecordWaitingForItsClosingEventIsNeverUndone(t *testing.T) {
 	w.create(deadLeaderRecord(t, claim, rec))
 	w.waitFor("the record in the cache", func() bool { return w.ctrl.records.isOpen("uid-1") })
 	// Saved here, closing owed; the claim and the PersistentVolume gone since.
-	w.ctrl.closeLater("uid-1", claimReference(claim), rec.Volume)
+	w.ctrl.closer.later("uid-1", claimReference(claim), rec.Volume)
 	if err := w.ctrl.syncClaim("uid-1"); err != nil {
 		t.Fatal(err)
 	}

@@ -314,14 +314,9 @@ func (c *controller) releasableSnapshot(ctx context.Context, snap *snapshotv1.Vo
 // operation in flight, a claim carrying a provisioning record, or a claim that names it,
 // is not deleted and has no PersistentVolume yet; "" for none.
 func (c *controller) sourceUser(ref sourceRef) string {
-	c.mu.Lock()
-	for _, p := range c.inProgress {
-		if p.source == ref {
-			c.mu.Unlock()
-			return klog.KObj(p.claim).String()
-		}
+	if who := c.inFlight.using(ref); who != "" {
+		return who
 	}
-	c.mu.Unlock()
 	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
 	// may have a volume in creation from the source, whatever else it says.
 	if who, err := c.records.usesSource(ref); err != nil || who != "" {

@@ -82,7 +82,7 @@ func (c *controller) recordFacts(uid string, claim *v1.PersistentVolumeClaim, p 
 		// A record whose closing event this process has yet to write was superseded by a
 		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
 		// deleted, the volume deleted): never undo it.
-		f.pvExists = c.pvExists(f.rec.Volume) || c.closingPending(uid)
+		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.pending(uid)
 	}
 	return f
 }
@@ -160,7 +160,7 @@ func (c *controller) recorded(ctx context.Context, uid string, claim *v1.Persist
 	if p != nil {
 		c.finish(uid, p)
 	}
-	c.closeLater(uid, c.claimRef(claim, rec), rec.Volume)
+	c.closer.later(uid, c.claimRef(claim, rec), rec.Volume)
 	return nil
 }
 
