@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -25,6 +27,9 @@ import (
 // the event handlers must see the write's own event as the update it is. An object missing
 // from the informer is missing (a write never brings back one the informer saw deleted);
 // an entry goes as soon as the informer shows its version or a newer one.
+//
+// Echo tells an informer event of the sidecar's own write from a change by someone else,
+// and Gone records an object that a write found deleted.
 type OwnWrites[T runtime.Object] struct {
 	cache cache.MutationCache
 	// indexer is the informer's, for ByIndex and creations (NewOwnCreations); nil otherwise.
@@ -38,6 +43,17 @@ type OwnWrites[T runtime.Object] struct {
 	// (NewOwnCreations only), with when. (client-go's mutation cache can hold additions,
 	// but its first read of one drops it: it compares the addition with itself.)
 	created map[string]created[T]
+	// versions maps the key of every object this sidecar wrote to the UID and
+	// resourceVersion its last write returned (Echo), for ownWritesTTL, least recently
+	// used first out. Unlike the mutation cache's entries it outlives the informer's
+	// catching up: the event of the write comes after that.
+	versions *utilcache.LRUExpireCache
+}
+
+// version is an object's UID and resourceVersion as the last write of it returned.
+type version struct {
+	uid             types.UID
+	resourceVersion string
 }
 
 type created[T runtime.Object] struct {
@@ -59,11 +75,13 @@ func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInf
 	return ownWritesOver[T](logger, informer, nil)
 }
 
-// NewOwnCreations is OwnWrites for a kind the sidecar creates and never updates nor
-// deletes (records kept as Events): Get and ByIndex also return an object this sidecar
-// created (Wrote) that the informer does not show yet. Such an entry stays until the
-// informer shows the object or ownWritesTTL passes; an object deleted by someone else in
-// that time may still be returned, which only a kind with those rules can live with.
+// NewOwnCreations is OwnWrites for a kind the sidecar creates: Get and ByIndex also return
+// an object this sidecar created (Wrote) that the informer does not show yet, and its
+// updates of it. Such an entry stays until the informer shows the object, a write of this
+// sidecar finds it gone (Gone), or ownWritesTTL passes; an object deleted by someone else
+// before the informer showed it (a relist in between) is returned until then, which a kind
+// can live with when every write of it reports a NotFound to Gone (the capacity objects)
+// or when nobody else deletes it (records kept as Events).
 func NewOwnCreations[T runtime.Object](logger klog.Logger, informer cache.SharedIndexInformer) (*OwnWrites[T], error) {
 	return ownWritesOver[T](logger, informer, informer.GetIndexer())
 }
@@ -71,10 +89,11 @@ func NewOwnCreations[T runtime.Object](logger klog.Logger, informer cache.Shared
 func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedInformer, indexer cache.Indexer) (*OwnWrites[T], error) {
 	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax, Indexer: indexer}
 	w := &OwnWrites[T]{
-		cache:   cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts),
-		indexer: indexer,
-		deleted: map[string]types.UID{},
-		created: map[string]created[T]{},
+		cache:    cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts),
+		indexer:  indexer,
+		deleted:  map[string]types.UID{},
+		created:  map[string]created[T]{},
+		versions: utilcache.NewLRUExpireCache(ownWritesMax),
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.seen,
@@ -104,15 +123,28 @@ func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	if !ok {
 		return zero, false, nil
 	}
-	if m, err := meta.Accessor(t); err == nil {
-		w.mu.Lock()
-		uid, gone := w.deleted[key]
-		w.mu.Unlock()
-		if gone && uid == m.GetUID() {
-			return zero, false, nil
-		}
+	w.mu.Lock()
+	gone := w.deletedLocked(t)
+	w.mu.Unlock()
+	if gone {
+		return zero, false, nil
 	}
 	return t, true, nil
+}
+
+// deletedLocked tells whether obj, as the informer shows it, is one a write of this
+// sidecar deleted or found gone. w.mu is held.
+func (w *OwnWrites[T]) deletedLocked(obj T) bool {
+	m, err := meta.Accessor(obj)
+	if err != nil || len(w.deleted) == 0 {
+		return false
+	}
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return false
+	}
+	uid, gone := w.deleted[key]
+	return gone && uid == m.GetUID()
 }
 
 // ByIndex is the objects of an index key of the informer (NewOwnCreations only: it needs
@@ -125,15 +157,15 @@ func (w *OwnWrites[T]) ByIndex(index, key string) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	out := make([]T, 0, len(objs))
 	for _, obj := range objs {
-		if t, ok := obj.(T); ok {
+		if t, ok := obj.(T); ok && !w.deletedLocked(t) {
 			out = append(out, t)
 		}
 	}
 	fn := w.indexer.GetIndexers()[index]
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for k, c := range w.created {
 		if time.Since(c.at) > ownWritesTTL {
 			delete(w.created, k)
@@ -181,7 +213,13 @@ func (w *OwnWrites[T]) seen(obj any) {
 // object of that name). (The kinds the sidecars write have no graceful deletion, which
 // keeps an object without finalizers for a while.)
 func (w *OwnWrites[T]) Wrote(obj T) {
-	if m, err := meta.Accessor(obj); err == nil && m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
+	m, err := meta.Accessor(obj)
+	if err == nil {
+		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			w.versions.Add(key, version{uid: m.GetUID(), resourceVersion: m.GetResourceVersion()}, ownWritesTTL)
+		}
+	}
+	if err == nil && m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
 		w.deletedBy(obj, m.GetUID())
 		return
 	}
@@ -201,6 +239,55 @@ func (w *OwnWrites[T]) Wrote(obj T) {
 	w.cache.Mutation(obj)
 }
 
+// Gone records that obj no longer exists, as a write of this sidecar found: its deletion
+// succeeded, or a write of it was answered NotFound. Get and ByIndex report the object
+// missing from then on, until the informer shows the deletion (or holds another object of
+// that name); an object this sidecar created that the informer never showed is forgotten.
+// Without it a creation deleted before the informer showed it would be returned for
+// ownWritesTTL.
+func (w *OwnWrites[T]) Gone(obj T) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	w.deletedBy(obj, m.GetUID())
+}
+
+// Echo tells whether obj, an object as an informer event brings it, is the echo of this
+// sidecar's own write: the version that its last write of the object returned (Wrote), or
+// an older one still on its way. It is false for a newer version, which someone else
+// wrote, for another object of the name, for versions that do not compare as the API
+// server's numbers, and for an object this sidecar has not written within ownWritesTTL.
+// An event handler that acts on others' changes but not on the events of its own writes
+// asks this. Unlike Get, it does not depend on whether the informer has shown the write
+// yet, so it answers alike in every handler of the event and at any time after it. An
+// event that comes before the write's answer reached Wrote is not known as its echo yet:
+// a handler that may see one (its own worker writes while events arrive) asks again once
+// the write is recorded.
+func (w *OwnWrites[T]) Echo(obj T) bool {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return false
+	}
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return false
+	}
+	v, ok := w.versions.Get(key)
+	if !ok {
+		return false
+	}
+	last := v.(version)
+	if last.uid != m.GetUID() {
+		return false
+	}
+	if m.GetResourceVersion() == last.resourceVersion {
+		return true
+	}
+	cmp, err := resourceversion.CompareResourceVersion(m.GetResourceVersion(), last.resourceVersion)
+	return err == nil && cmp < 0
+}
+
 func (w *OwnWrites[T]) deletedBy(obj T, uid types.UID) {
 	key, err := cache.MetaNamespaceKeyFunc(obj)
 	if err != nil {
@@ -212,6 +299,7 @@ func (w *OwnWrites[T]) deletedBy(obj T, uid types.UID) {
 		clear(w.deleted) // bounded as the mutation cache is; the informer catches up anyway
 	}
 	w.deleted[key] = uid
+	delete(w.created, key)
 }
 
 // seenDeleted drops the record of an object the informer saw deleted.
@@ -220,6 +308,7 @@ func (w *OwnWrites[T]) seenDeleted(obj any) {
 	if err != nil {
 		return
 	}
+	w.versions.Remove(key)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.deleted, key)

@@ -149,3 +149,92 @@ func TestOwnCreationsShowWhatTheSidecarCreatedBeforeTheInformerDoes(t *testing.T
 		t.Errorf("informer caught up: Get %s, ByIndex %v; want the informer's copy, once", got, idx)
 	}
 }
+
+// Echo tells the events of the sidecar's own writes from others' changes: the version its
+// last write returned and older ones are its own, a newer one or another object of the
+// name is not; it keeps answering after the informer has caught up (when Get no longer
+// knows the write).
+func TestOwnWritesEchoTellsTheEventsOfItsOwnWritesFromOthersChanges(t *testing.T) {
+	w, inf := newOwnWrites(t)
+	if err := inf.store.Add(pvAt("5", "Pending")); err != nil {
+		t.Fatal(err)
+	}
+	if w.Echo(pvAt("5", "Pending")) {
+		t.Errorf("an object never written is an echo")
+	}
+	w.Wrote(pvAt("9", "Bound"))
+	for _, tc := range []struct {
+		rv   string
+		want bool
+	}{{"9", true}, {"7", true}, {"11", false}, {"not-a-number", false}} {
+		if got := w.Echo(pvAt(tc.rv, "Bound")); got != tc.want {
+			t.Errorf("Echo of version %s after a write at 9: %v, want %v", tc.rv, got, tc.want)
+		}
+	}
+	other := pvAt("9", "Bound")
+	other.UID = "uid-2"
+	if w.Echo(other) {
+		t.Errorf("another object of the name, at the written version, is an echo")
+	}
+	// The informer shows the write: Get drops its entry, Echo still knows the write.
+	if err := inf.store.Update(pvAt("9", "Bound")); err != nil {
+		t.Fatal(err)
+	}
+	if got := getPV(t, w); got != "9 Bound" {
+		t.Fatalf("informer caught up: %s", got)
+	}
+	if !w.Echo(pvAt("9", "Bound")) {
+		t.Errorf("the write's event after the informer caught up is not an echo")
+	}
+	// Deleted: nothing of it is an echo any more.
+	inf.handler.OnDelete(pvAt("9", "Bound"))
+	if w.Echo(pvAt("9", "Bound")) {
+		t.Errorf("an echo after the informer saw the object deleted")
+	}
+}
+
+// Gone: an object a write found deleted is missing from Get and ByIndex, whether the
+// informer shows it or only this sidecar's creation does, until the informer shows the
+// deletion; a new object of the name is not.
+func TestOwnCreationsGoneIsMissingUntilTheInformerShowsTheDeletion(t *testing.T) {
+	byPhase := func(obj any) ([]string, error) { return []string{string(obj.(*v1.PersistentVolume).Status.Phase)}, nil }
+	inf := cache.NewSharedIndexInformer(&cache.ListWatch{}, &v1.PersistentVolume{}, 0, cache.Indexers{"phase": byPhase})
+	w, err := NewOwnCreations[*v1.PersistentVolume](klog.Background(), inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIndex := func() int {
+		objs, err := w.ByIndex("phase", "Available")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(objs)
+	}
+	// Created, never shown by the informer (a relist in between), then found gone.
+	w.Wrote(pvAt("5", "Available"))
+	w.Gone(pvAt("5", "Available"))
+	if got, n := getPV(t, w), byIndex(); got != "missing" || n != 0 {
+		t.Errorf("a creation found gone: Get %s, ByIndex %d objects; want missing, none", got, n)
+	}
+	// Shown by the informer, then deleted by this sidecar: missing before the informer
+	// shows the deletion.
+	if err := inf.GetIndexer().Add(pvAt("7", "Available")); err != nil {
+		t.Fatal(err)
+	}
+	w.Gone(pvAt("7", "Available"))
+	if got, n := getPV(t, w), byIndex(); got != "missing" || n != 0 {
+		t.Errorf("deleted, informer behind: Get %s, ByIndex %d objects; want missing, none", got, n)
+	}
+	// A new object of the name is not the one gone.
+	if err := inf.GetIndexer().Delete(pvAt("7", "Available")); err != nil {
+		t.Fatal(err)
+	}
+	recreated := pvAt("9", "Available")
+	recreated.UID = "uid-2"
+	if err := inf.GetIndexer().Add(recreated); err != nil {
+		t.Fatal(err)
+	}
+	if got, n := getPV(t, w), byIndex(); got != "9 Available" || n != 1 {
+		t.Errorf("a new object of the name: Get %s, ByIndex %d objects; want 9 Available, one", got, n)
+	}
+}
