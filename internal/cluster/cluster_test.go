@@ -74,6 +74,10 @@ func TestWorkloadRecordsEachStageFromTheObjects(t *testing.T) {
 		*sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer || !*sc.AllowVolumeExpansion || sc.Provisioner != driver {
 		t.Fatalf("StorageClass: %+v, %v", sc, err)
 	}
+	if vac, err := kube.StorageV1().VolumeAttributesClasses().Get(ctx, w.AttributesClass(), metav1.GetOptions{}); err != nil ||
+		vac.DriverName != driver || vac.Parameters["iops"] != "5000" {
+		t.Fatalf("VolumeAttributesClass: %+v, %v", vac, err)
+	}
 	if err := w.CreatePod(ctx, "app"); err != nil {
 		t.Fatal(err)
 	}
@@ -142,6 +146,31 @@ func TestWorkloadRecordsEachStageFromTheObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(Grown)
+
+	if err := w.Modify(ctx, "app", w.AttributesClass()); err != nil {
+		t.Fatal(err)
+	}
+	if claim, err = claims.Get(ctx, "app", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := claim.Spec.VolumeAttributesClassName; c == nil || *c != w.AttributesClass() {
+		t.Fatalf("claim's attributes class %v, want %s", c, w.AttributesClass())
+	}
+	// Another class is not the one asked for.
+	claim.Status.CurrentVolumeAttributesClassName = ptr.To("other")
+	if claim, err = claims.Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	if err := w.Wait(short, Modified); err == nil {
+		t.Error("modified with another class current")
+	}
+	cancel()
+	claim.Status.CurrentVolumeAttributesClassName = ptr.To(w.AttributesClass())
+	if _, err := claims.Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait(Modified)
 
 	if err := w.DeletePod(ctx, "app"); err != nil {
 		t.Fatal(err)
@@ -391,7 +420,8 @@ func newTestWorkload(t *testing.T, ns, driver string) (context.Context, *fake.Cl
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	kube := fake.NewClientset()
-	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver})
+	w, err := NewWorkload(ctx, kube, WorkloadOptions{Namespace: ns, Driver: driver,
+		AttributesClass: ns + "-fast", AttributesParameters: map[string]string{"iops": "5000"}})
 	if err != nil {
 		t.Fatal(err)
 	}

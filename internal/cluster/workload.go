@@ -25,8 +25,8 @@ import (
 )
 
 // Stage is a step in the life of a Pod with its own claim. The workload's own actions
-// (PodCreated, GrowRequested, PodDeleted, ClaimDeleted) are recorded when the API call
-// returned; the others when the workload's informers first showed them.
+// (PodCreated, GrowRequested, ModifyRequested, PodDeleted, ClaimDeleted) are recorded when
+// the API call returned; the others when the workload's informers first showed them.
 type Stage string
 
 // The stages in the order a Pod normally goes through them.
@@ -49,6 +49,11 @@ const (
 	GrowRequested Stage = "grow-requested"
 	// Grown: the claim's status capacity reached the request (the resizer).
 	Grown Stage = "grown"
+	// ModifyRequested: the claim's spec.volumeAttributesClassName was changed.
+	ModifyRequested Stage = "modify-requested"
+	// Modified: the claim's status.currentVolumeAttributesClassName is the class asked
+	// for (the resizer's ControllerModifyVolume).
+	Modified Stage = "modified"
 	// PodDeleted: the Pod was deleted with grace period 0 (gone at once: no kubelet, no
 	// finalizers).
 	PodDeleted Stage = "pod-deleted"
@@ -67,7 +72,7 @@ const (
 // Stages lists every stage in order.
 func Stages() []Stage {
 	return []Stage{PodCreated, NodeSelected, Provisioned, Bound, Scheduled, Attached, GrowRequested, Grown,
-		PodDeleted, Detached, ClaimDeleted, ClaimGone, VolumeDeleted}
+		ModifyRequested, Modified, PodDeleted, Detached, ClaimDeleted, ClaimGone, VolumeDeleted}
 }
 
 // implied are the stages a stage cannot be reached without. Informers of different kinds
@@ -99,6 +104,7 @@ func DefaultSpans() []Span {
 		{"attach", []Stage{Scheduled, Bound}, Attached},
 		{"create to attached", []Stage{PodCreated}, Attached},
 		{"grow", []Stage{GrowRequested}, Grown},
+		{"modify", []Stage{ModifyRequested}, Modified},
 		{"detach", []Stage{PodDeleted}, Detached},
 		{"delete claim", []Stage{ClaimDeleted}, ClaimGone},
 		{"delete volume", []Stage{ClaimGone}, VolumeDeleted},
@@ -121,10 +127,16 @@ type WorkloadOptions struct {
 	Size string
 	// Image of the Pods' container; it never runs. Default: registry.k8s.io/pause:3.10.
 	Image string
+	// AttributesClass names a VolumeAttributesClass (storage.k8s.io/v1) of the driver that
+	// NewWorkload creates with AttributesParameters, for Modify; Close deletes it. Default:
+	// none is created.
+	AttributesClass      string
+	AttributesParameters map[string]string
 }
 
 // Workload creates Pods, each with a new claim of its own of one WaitForFirstConsumer
-// StorageClass, deletes and recreates the Pods, grows and deletes the claims, and records
+// StorageClass, deletes and recreates the Pods, grows, modifies (a new
+// VolumeAttributesClass) and deletes the claims, and records
 // when each Pod reached each Stage. A Pod and its claim have the same name. Its methods are
 // safe for concurrent use.
 type Workload struct {
@@ -157,6 +169,7 @@ type item struct {
 	node     string // the Pod's node, once scheduled
 	va       string // the VolumeAttachment of the volume to the node, once seen
 	grownTo  *resource.Quantity
+	modifyTo string // the VolumeAttributesClass asked for, once Modify was called
 	times    map[Stage]time.Time
 }
 
@@ -212,6 +225,17 @@ func NewWorkload(ctx context.Context, kube kubernetes.Interface, opts WorkloadOp
 	if _, err := kube.StorageV1().StorageClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("cluster: create StorageClass %s: %w", opts.Class, err)
 	}
+	if opts.AttributesClass != "" {
+		vac := &storagev1.VolumeAttributesClass{
+			ObjectMeta: metav1.ObjectMeta{Name: opts.AttributesClass},
+			DriverName: opts.Driver,
+			Parameters: opts.AttributesParameters,
+		}
+		if _, err := kube.StorageV1().VolumeAttributesClasses().Create(ctx, vac, metav1.CreateOptions{}); err != nil {
+			_ = kube.StorageV1().StorageClasses().Delete(ctx, opts.Class, metav1.DeleteOptions{})
+			return nil, fmt.Errorf("cluster: create VolumeAttributesClass %s: %w", opts.AttributesClass, err)
+		}
+	}
 
 	w := &Workload{kube: kube, opts: opts, size: size, stop: make(chan struct{}), items: map[string]*item{}, changed: make(chan struct{})}
 	w.factory = informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(opts.Namespace))
@@ -262,7 +286,8 @@ func NewWorkload(ctx context.Context, kube kubernetes.Interface, opts WorkloadOp
 	return w, nil
 }
 
-// Close stops the informers and deletes the StorageClass. Pods and claims stay.
+// Close stops the informers and deletes the StorageClass and the VolumeAttributesClass.
+// Pods and claims stay.
 func (w *Workload) Close() {
 	w.closeOnce.Do(func() {
 		close(w.stop)
@@ -270,11 +295,17 @@ func (w *Workload) Close() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		_ = w.kube.StorageV1().StorageClasses().Delete(ctx, w.opts.Class, metav1.DeleteOptions{})
+		if w.opts.AttributesClass != "" {
+			_ = w.kube.StorageV1().VolumeAttributesClasses().Delete(ctx, w.opts.AttributesClass, metav1.DeleteOptions{})
+		}
 	})
 }
 
 // Class is the StorageClass of the claims.
 func (w *Workload) Class() string { return w.opts.Class }
+
+// AttributesClass is the VolumeAttributesClass NewWorkload created, "" if none.
+func (w *Workload) AttributesClass() string { return w.opts.AttributesClass }
 
 // CreatePod creates a claim named name of the class and a Pod of the same name using it.
 func (w *Workload) CreatePod(ctx context.Context, name string) error {
@@ -394,6 +425,38 @@ func (w *Workload) Grow(ctx context.Context, name, size string) error {
 	it.grownTo = &q
 	delete(it.times, Grown) // a second growth is waited for anew
 	w.recordLocked(it, GrowRequested, time.Now())
+	w.evaluateLocked(it, time.Now())
+	return nil
+}
+
+// Modify sets the claim's spec.volumeAttributesClassName to class (a claim in use may
+// change it; the resizer applies it with ControllerModifyVolume). Modified is reached
+// when the claim's status.currentVolumeAttributesClassName is class.
+func (w *Workload) Modify(ctx context.Context, name, class string) error {
+	it, err := w.item(name)
+	if err != nil {
+		return err
+	}
+	claims := w.kube.CoreV1().PersistentVolumeClaims(w.opts.Namespace)
+	// The provisioner, the PV controller and the resizer write the claim too: read again
+	// on conflict.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		claim, err := claims.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		claim.Spec.VolumeAttributesClassName = ptr.To(class)
+		_, err = claims.Update(ctx, claim, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: modify claim %s to class %s: %w", name, class, err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	it.modifyTo = class
+	delete(it.times, Modified) // a second modification is waited for anew
+	w.recordLocked(it, ModifyRequested, time.Now())
 	w.evaluateLocked(it, time.Now())
 	return nil
 }
@@ -529,6 +592,10 @@ func (w *Workload) describe(names []string) string {
 		if claim, err := w.claims.PersistentVolumeClaims(w.opts.Namespace).Get(name); err == nil {
 			fmt.Fprintf(&b, "; claim %s, volumeName %q, selected-node %q, capacity %s, finalizers %v", claim.Status.Phase, claim.Spec.VolumeName,
 				claim.Annotations["volume.kubernetes.io/selected-node"], quantityString(claim.Status.Capacity), claim.Finalizers)
+			if c := claim.Spec.VolumeAttributesClassName; c != nil {
+				fmt.Fprintf(&b, ", attributes class %q (current %q, modify status %+v)", *c,
+					ptr.Deref(claim.Status.CurrentVolumeAttributesClassName, ""), claim.Status.ModifyVolumeStatus)
+			}
 		} else {
 			b.WriteString("; no claim")
 		}
@@ -603,6 +670,11 @@ func (w *Workload) evaluateLocked(it *item, now time.Time) {
 		if it.grownTo != nil {
 			if c, ok := claim.Status.Capacity[corev1.ResourceStorage]; ok && c.Cmp(*it.grownTo) >= 0 {
 				w.recordLocked(it, Grown, now)
+			}
+		}
+		if it.modifyTo != "" {
+			if c := claim.Status.CurrentVolumeAttributesClassName; c != nil && *c == it.modifyTo {
+				w.recordLocked(it, Modified, now)
 			}
 		}
 	case claimDeleted && (apierrors.IsNotFound(err) || err == nil):
