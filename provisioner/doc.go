@@ -23,6 +23,26 @@
 // k8s.io/component-helpers (annotations, finalizer name, storage class and node-affinity
 // helpers) and csi-lib-utils (access modes, sanitised logging of requests).
 //
+// Reading order: a claim's way from the informer to its PersistentVolume is in files named
+// by stage, in order, each holding its stage's state:
+//
+//   - claim_1_sync.go: the handlers that queue a claim by UID, and syncClaim, which runs
+//     the stages below in order;
+//   - claim_2_decide.go: whether the claim wants a volume, and what an open record asks
+//     for (decideRecord: finish, drop, undo);
+//   - claim_3_plan.go: the plan: name, size, parameters, secrets, topology, data source
+//     (claim_3_plan_request.go: the request's parts);
+//   - claim_4_record.go: the record, opened before the driver is asked for anything
+//     (claim_4_record_store.go: the record events every replica watches);
+//   - claim_5_create.go: CreateVolume and what its answer means; the plans in flight;
+//   - claim_6_save.go: the PersistentVolume, built from the answer and saved;
+//   - claim_7_close.go: the record closed by ProvisioningSucceeded, off the path;
+//   - claim_8_undo.go: a volume the claim no longer wants, deleted, and its record closed.
+//
+// A released PersistentVolume's way is volume_delete.go; a data source is checked in
+// source_check.go and protected in source_protect.go; capacity*.go is capacity tracking;
+// controller.go wires the informers, queues and workers.
+//
 // No leaked volumes (upstream's issue 486): a provisioning that was started is always
 // finished or undone, even after SIGKILL, because a durable record says it was started.
 //
@@ -31,7 +51,7 @@
 //     provisioner.csi-sidecars.io/record=<driver> and .../claim-uid=<UID>, opens the
 //     record; its annotation provisioner.csi-sidecars.io/provisioning holds it: driver,
 //     volume name, the selected node, the provisioner secret's reference, the data source,
-//     and the CreateVolume request without its secrets (record.go, recordstore.go).
+//     and the CreateVolume request without its secrets (claim_4_record.go, claim_4_record_store.go).
 //   - Order of writes: record opened, then the source's protection finalizer, then
 //     CreateVolume, then the PersistentVolume, then upstream's "ProvisioningSucceeded"
 //     event, which closes the record (its annotation names the events it closes). Three
@@ -88,8 +108,8 @@
 // undo's first step.
 //
 // Data sources: a claim cloning a claim or restoring a VolumeSnapshot gets its source
-// checked as upstream checks it (datasource.go, pure) and protected by upstream's finalizer
-// from before CreateVolume until no claim still needs it (sources.go: a third queue, and
+// checked as upstream checks it (source_check.go, pure) and protected by upstream's finalizer
+// from before CreateVolume until no claim still needs it (source_protect.go: a third queue, and
 // a periodic sweep for snapshot finalizers left behind). The plan is pending from before
 // the finalizer goes on, so a claim deleted while its CreateVolume runs does not free the
 // source mid-copy. A snapshot without a content (never bound, or the content gone) loses

@@ -1,3 +1,6 @@
+// Stage 8 of a claim, when it no longer wants the volume a record says may exist: the
+// volume is deleted in the driver and the record closed (ProvisioningUndone).
+
 package provisioner
 
 import (
@@ -6,163 +9,15 @@ import (
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
-
-// Event reasons of the record's undo (ours: upstream never undoes a provisioning).
-const (
-	reasonUndone     = "ProvisioningUndone"
-	reasonUndoFailed = "ProvisioningUndoFailed"
-	reasonUntrusted  = "ProvisioningRecordUntrusted"
-)
-
-// absentVolumes remembers, by claim UID, a recorded volume the driver gave a final answer
-// about (it does not have it, or it was deleted): an undo of it needs no CSI call. Memory
-// only: a new leader replays the CreateVolume, which is what CSI's idempotency is for.
-type absentVolumes struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func (a *absentVolumes) mark(uid, volume string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m == nil {
-		a.m = map[string]string{}
-	}
-	a.m[uid] = volume
-}
-
-func (a *absentVolumes) forget(uid string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.m, uid)
-}
-
-func (a *absentVolumes) is(uid, volume string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	v, ok := a.m[uid]
-	return ok && v == volume
-}
-
-// recordFacts gathers what decideRecord needs about the claim of uid (nil: gone) and the
-// plan pending in this process (nil: none).
-func (c *controller) recordFacts(uid string, claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
-	f := recordFacts{claim: claim, uid: types.UID(uid), driver: c.driver, inTree: c.inTree, minCut: c.opts.volumeNameUUIDLength}
-	if c.node != nil {
-		f.node = c.node.name
-	}
-	if p != nil && p.rec != nil {
-		// This process wrote it: the cache may not show it yet.
-		f.rec, f.fromMemory = p.rec, true
-	} else if open, err := c.records.open(uid); open != nil || err != nil {
-		f.recErr = err
-		if open != nil {
-			f.rec = open.rec
-		}
-	} else {
-		// A record of an earlier version, on the claim.
-		f.rec, f.recErr = recordOf(claim)
-	}
-	if claim != nil {
-		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
-	}
-	if f.rec != nil {
-		// A record whose closing event this process has yet to write was superseded by a
-		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
-		// deleted, the volume deleted): never undo it.
-		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.pending(uid)
-	}
-	return f
-}
-
-// writeRecord opens the claim's record (its "Provisioning" event), before the CreateVolume
-// it describes. It starts work, so it ends with intake and waits behind the writes that
-// finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
-// errRecordChanged: it goes back to the queue and is decided again.
-func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
-	switch {
-	case claim.DeletionTimestamp != nil:
-		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
-	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
-		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
-	}
-	ctx, cancel := c.startingWork(ctx)
-	defer cancel()
-	if err := c.records.write(ctx, claim, rec); err != nil {
-		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
-	}
-	return nil
-}
-
-// closeRecord ends the claim's record once the volume is known (recorded by a
-// PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
-// earlier version leaves the claim too (one update of the freshest copy this process
-// knows; a conflict goes back to the queue, never to a fresh read, P14).
-func (c *controller) closeRecord(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
-	if err := c.dropLegacyRecord(ctx, claim); err != nil {
-		return err
-	}
-	return c.records.close(ctx, uid, c.claimRef(claim, rec), eventType, reason, message)
-}
-
-// dropLegacyRecord removes a record of an earlier version from the claim, if it has one.
-func (c *controller) dropLegacyRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
-	if claim == nil || !hasRecord(claim) {
-		return nil
-	}
-	update, _ := withoutRecord(claim)
-	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
-	switch {
-	case err == nil:
-		c.ownClaims.Wrote(out)
-	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
-	}
-	return nil
-}
-
-// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
-// one its record's event holds.
-func (c *controller) claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
-	if claim != nil {
-		return claimReference(claim)
-	}
-	if rec != nil {
-		return rec.claim
-	}
-	return v1.ObjectReference{}
-}
-
-// recorded ends a record whose volume a PersistentVolume records, with upstream's
-// ProvisioningSucceeded event, and the plan, if any, is done.
-//
-// The event is written later, by the record closer (closer.go): a PersistentVolume
-// supersedes the record, so nothing waits for it, and a provisioning costs two writes on
-// its way to a bound claim (the record and the PersistentVolume), not three (P14).
-func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
-	if err := c.dropLegacyRecord(ctx, claim); err != nil {
-		klog.FromContext(ctx).V(2).Info("Cannot remove the provisioning record from the claim, retrying", "err", err.Error())
-		return err
-	}
-	c.absent.forget(uid)
-	if p != nil {
-		c.finish(uid, p)
-	}
-	c.closer.later(uid, c.claimRef(claim, rec), rec.Volume)
-	return nil
-}
 
 // undo deletes the volume a claim no longer wants, then closes the record, all on ctx
 // (Ops(), P1). The volume's ID is learned by sending the recorded CreateVolume again: CSI
@@ -209,6 +64,63 @@ func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentV
 		what = fmt.Sprintf("volume %s deleted", rec.Volume)
 	}
 	return c.undone(ctx, uid, claim, p, rec, why, what)
+}
+
+// discard deletes a volume just created for a claim that no longer wants it, then closes
+// the record; a failure leaves the plan pending, and the retry undoes it.
+func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
+	claim := c.claimByUID(uid)
+	if err := c.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
+		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
+	}
+	c.absent.mark(uid, p.pvName)
+	c.capacityChanged(p.class.Name, nil)
+	return c.undone(ctx, uid, claim, p, p.rec, why, fmt.Sprintf("volume %s deleted", p.pvName))
+}
+
+// deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).
+func (c *controller) deleteBackendVolume(ctx context.Context, id string, secrets map[string]string) error {
+	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+	defer cancel()
+	_, err := c.csi.DeleteVolume(callCtx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})
+	return err
+}
+
+// Event reasons of the record's undo (ours: upstream never undoes a provisioning).
+const (
+	reasonUndone     = "ProvisioningUndone"
+	reasonUndoFailed = "ProvisioningUndoFailed"
+	reasonUntrusted  = "ProvisioningRecordUntrusted"
+)
+
+// absentVolumes remembers, by claim UID, a recorded volume the driver gave a final answer
+// about (it does not have it, or it was deleted): an undo of it needs no CSI call. Memory
+// only: a new leader replays the CreateVolume, which is what CSI's idempotency is for.
+type absentVolumes struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (a *absentVolumes) mark(uid, volume string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]string{}
+	}
+	a.m[uid] = volume
+}
+
+func (a *absentVolumes) forget(uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m, uid)
+}
+
+func (a *absentVolumes) is(uid, volume string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.m[uid]
+	return ok && v == volume
 }
 
 // undone closes the record of a volume known absent with a ProvisioningUndone event; the

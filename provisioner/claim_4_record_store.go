@@ -1,3 +1,6 @@
+// Stage 4 of a claim, where records live: upstream's Provisioning events, labelled, which
+// every replica watches.
+
 package provisioner
 
 import (
@@ -9,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -16,8 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Where the provisioning record is kept: Events on the claim (P14). Upstream records a

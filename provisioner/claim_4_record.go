@@ -1,23 +1,84 @@
+// Stage 4 of a claim: the provisioning record, written before the driver is asked for
+// anything, so that whoever leads next finishes or undoes what was started.
+
 package provisioner
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
+
+	"encoding/json"
 	"slices"
-	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 )
 
+// recordPlan makes sure the plan's record is open before its CreateVolume. A record of
+// the same request (a retry, or a previous leader's) stays as it is, unless it is old
+// enough for its event to expire soon (recordRefresh). A record of another request stays
+// open while what it asked for is unknown: the volume it may have made is undone first
+// (errRecordChanged sends the claim back to be decided again).
+func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
+	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
+	if err != nil {
+		return err
+	}
+	rec.claim = claimReference(p.claim)
+	if p.source.kind != sourceNone {
+		rec.Source = p.source.key()
+	}
+	if existing != nil && existing.sameAs(rec) && !c.recordAging(uid) {
+		p.rec = existing
+		return nil
+	}
+	if existing != nil && !c.absent.is(uid, existing.Volume) {
+		if err := c.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
+	}
+	if err := c.writeRecord(ctx, p.claim, rec); err != nil {
+		return err
+	}
+	p.rec = rec
+	return nil
+}
+
+// recordAging tells whether the claim's open record was written long enough ago to be
+// written again (recordRefresh).
+func (c *controller) recordAging(uid string) bool {
+	open, err := c.records.open(uid)
+	return err == nil && open != nil && c.records.now().Sub(open.written) > recordRefresh
+}
+
+// writeRecord opens the claim's record (its "Provisioning" event), before the CreateVolume
+// it describes. It starts work, so it ends with intake and waits behind the writes that
+// finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
+// errRecordChanged: it goes back to the queue and is decided again.
+func (c *controller) writeRecord(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
+	switch {
+	case claim.DeletionTimestamp != nil:
+		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
+		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
+	}
+	ctx, cancel := c.startingWork(ctx)
+	defer cancel()
+	if err := c.records.write(ctx, claim, rec); err != nil {
+		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
+	}
+	return nil
+}
+
 // The provisioning record: what says that a volume may exist in the driver without a
 // PersistentVolume to say so (the package doc tells the whole story). It is kept in events
-// on the claim (recordstore.go). Records of earlier csi-sidecars versions were kept on the
+// on the claim (claim_4_record_store.go). Records of earlier csi-sidecars versions were kept on the
 // claim itself, with a finalizer holding it: such a record is still read, and dropped from
 // the claim when it ends, so that an upgrade leaves no claim held.
 //
@@ -193,135 +254,6 @@ func withoutRecord(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, 
 	delete(out.Annotations, annProvisioning)
 	out.Finalizers, _ = withFinalizer(out.Finalizers, provisioningFinalizer, false)
 	return out, true
-}
-
-// volumeOfClaim tells whether a recorded volume name can be the claim's: <prefix>-<UID>,
-// or <prefix>-<the UID without dashes, cut>, as volumeName makes them under any flags. The
-// claim's owner can edit its annotations; this keeps an edited record from making the
-// provisioner undo, that is delete, the volume of another claim. A cut UID must keep at
-// least minCut characters (the configured length when shorter than 8: its names collide
-// anyway).
-func volumeOfClaim(name string, uid types.UID, minCut int) bool {
-	if uid == "" {
-		return false
-	}
-	if prefix, ok := strings.CutSuffix(name, "-"+string(uid)); ok && prefix != "" {
-		return true
-	}
-	i := strings.LastIndexByte(name, '-')
-	if i < 1 {
-		return false
-	}
-	cut := name[i+1:]
-	compact := strings.ReplaceAll(string(uid), "-", "")
-	return len(cut) >= max(1, min(minCut, 8)) && strings.HasPrefix(compact, cut)
-}
-
-// recordAction is what to do about a claim's record.
-type recordAction int
-
-const (
-	// recordNone: no record of a volume that may exist; provision as usual.
-	recordNone recordAction = iota
-	// recordFinish: the claim still wants the volume: CreateVolume (idempotent by name),
-	// then the PersistentVolume, then the record goes.
-	recordFinish
-	// recordDrop: a PersistentVolume records the volume; the record goes.
-	recordDrop
-	// recordUndo: the claim no longer wants the volume: learn its ID (CreateVolume with
-	// the recorded request), DeleteVolume, then the record goes.
-	recordUndo
-	// recordSkip: another driver's record, or another node's in a node deployment.
-	recordSkip
-	// recordUntrusted: a record this provisioner must not act on; it is reported and left
-	// for an administrator.
-	recordUntrusted
-)
-
-func (a recordAction) String() string {
-	return [...]string{"none", "finish", "drop", "undo", "skip", "untrusted"}[a]
-}
-
-// recordFacts is what decideRecord decides from.
-type recordFacts struct {
-	// claim is nil when it is gone.
-	claim *v1.PersistentVolumeClaim
-	// rec is the record: this process's own when it has one, else the claim's; recErr
-	// when the claim's cannot be read.
-	rec    *claimRecord
-	recErr error
-	// fromMemory: rec is this process's own, not read from an event or the claim.
-	fromMemory bool
-	// uid is the claim's UID (the queue's key), whether or not the claim is still there.
-	uid    types.UID
-	driver string
-	// inTree is the in-tree plugin the driver replaces, "" for none.
-	inTree string
-	// node is the node of a node deployment, "" otherwise.
-	node string
-	// wantName is the claim's volume name under the current flags, "" if none can be made.
-	wantName string
-	// minCut is --volume-name-uuid-length (-1: the whole UID).
-	minCut int
-	// pvExists: a PersistentVolume of the recorded volume's name exists.
-	pvExists bool
-}
-
-// decideRecord decides what a record asks for, and why (for events and the log).
-func decideRecord(f recordFacts) (recordAction, string) {
-	if f.recErr != nil {
-		return recordUntrusted, f.recErr.Error()
-	}
-	r, claim := f.rec, f.claim
-	switch {
-	case r == nil:
-		return recordNone, ""
-	case r.Driver != f.driver:
-		return recordSkip, fmt.Sprintf("the record is driver %s's", r.Driver)
-	case f.node != "" && r.Node != f.node:
-		return recordSkip, fmt.Sprintf("the record is node %s's", r.Node)
-	case !f.fromMemory && !volumeOfClaim(r.Volume, f.claimUID(), cutLength(f.minCut)):
-		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", annProvisioning, r.Volume, f.claimUID())
-	case f.pvExists:
-		// Whoever's it is (a cut UID can collide), the name is recorded: never delete it.
-		return recordDrop, fmt.Sprintf("PersistentVolume %s records the volume", r.Volume)
-	case claim == nil:
-		return recordUndo, "the claim is gone"
-	case claim.DeletionTimestamp != nil:
-		return recordUndo, "the claim is being deleted"
-	case !(driverNames{driver: f.driver, inTree: f.inTree}).claimNamesDriver(claim):
-		return recordUndo, fmt.Sprintf("the claim names provisioner %q now", claimProvisioner(claim))
-	case claim.Spec.VolumeName != "" && claim.Spec.VolumeName != r.Volume:
-		return recordUndo, fmt.Sprintf("the claim is bound to PersistentVolume %s", claim.Spec.VolumeName)
-	}
-	if node := claim.Annotations[volumehelpers.AnnSelectedNode]; node != r.Node {
-		switch {
-		case r.Node == "":
-			return recordUndo, fmt.Sprintf("the claim selects node %s since", node)
-		case node == "":
-			return recordUndo, fmt.Sprintf("the claim was rescheduled away from node %s", r.Node)
-		}
-		return recordUndo, fmt.Sprintf("the claim was rescheduled from node %s to %s", r.Node, node)
-	}
-	if f.wantName != "" && f.wantName != r.Volume {
-		return recordUndo, fmt.Sprintf("the claim's volume is named %s under the current flags", f.wantName)
-	}
-	return recordFinish, ""
-}
-
-// claimUID is the UID the record is about.
-func (f recordFacts) claimUID() types.UID {
-	if f.uid == "" && f.claim != nil {
-		return f.claim.UID
-	}
-	return f.uid
-}
-
-func cutLength(uuidLength int) int {
-	if uuidLength < 0 {
-		return 8
-	}
-	return uuidLength
 }
 
 // errRecordChanged: the claim changed under a record write in a way that needs a new

@@ -1,18 +1,22 @@
+// A released PersistentVolume's way: DeleteVolume, then the PersistentVolume and its
+// finalizer, each step at most once per process.
+
 package provisioner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
+	"encoding/json"
+	"slices"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
-
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -21,6 +25,82 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
+
+func (c *controller) enqueueVolume(obj any) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.names()) {
+		c.volumeQueue.Add(pv.Name)
+	}
+}
+
+// enqueueAttachedVolume wakes a deletion that waits for this attachment to go.
+func (c *controller) enqueueAttachedVolume(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Source.PersistentVolumeName != nil {
+		c.volumeQueue.Add(*va.Spec.Source.PersistentVolumeName)
+	}
+}
+
+// isDriverVolume tells whether the driver is responsible for the PersistentVolume: it is
+// a CSI volume and the driver provisioned it, or, for a volume without that annotation
+// (static), it is the volume's CSI driver.
+//
+// An in-tree volume (CSI migration) is the driver's when its source is of the in-tree
+// plugin the driver replaces, and it was provisioned by either name or is migrated to the
+// driver (pv.kubernetes.io/migrated-to, which kube-controller-manager sets). Upstream does
+// not look at the source; a volume of another plugin could not be translated for this
+// driver, and a finalizer put on it would never go.
+func isDriverVolume(pv *v1.PersistentVolume, names driverNames) bool {
+	if pv.Spec.CSI == nil {
+		if !names.inTreeOfDriver(pv) {
+			return false
+		}
+		by := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]
+		return by == names.driver || names.isInTree(by) || pv.Annotations[volumehelpers.AnnMigratedTo] == names.driver
+	}
+	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
+		return by == names.driver
+	}
+	return pv.Spec.CSI.Driver == names.driver
+}
+
+// desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
+// provisioner's finalizer on bound volumes with reclaim policy Delete (so the volume is
+// deleted before its PersistentVolume goes), none with Retain or Recycle. changed tells
+// whether they differ from the current ones. Only the driver's volumes (isDriverVolume)
+// get here: each can be deleted, so the finalizer always goes again.
+func desiredFinalizers(pv *v1.PersistentVolume) (finalizers []string, changed bool) {
+	has := slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
+	switch pv.Spec.PersistentVolumeReclaimPolicy {
+	case v1.PersistentVolumeReclaimDelete:
+		if !has && pv.DeletionTimestamp == nil && pv.Status.Phase == v1.VolumeBound {
+			return append(slices.Clone(pv.Finalizers), volumehelpers.PVDeletionProtectionFinalizer), true
+		}
+	case v1.PersistentVolumeReclaimRetain, v1.PersistentVolumeReclaimRecycle:
+		if has {
+			return withoutFinalizer(pv.Finalizers), true
+		}
+	}
+	return pv.Finalizers, false
+}
+
+func withoutFinalizer(finalizers []string) []string {
+	return slices.DeleteFunc(slices.Clone(finalizers), func(f string) bool { return f == volumehelpers.PVDeletionProtectionFinalizer })
+}
+
+// shouldDelete tells whether the volume behind a PersistentVolume should be deleted now:
+// released, reclaim policy Delete, and not already deleted (a PersistentVolume being
+// deleted without the provisioner's finalizer was done with).
+func shouldDelete(pv *v1.PersistentVolume) bool {
+	switch {
+	case pv.DeletionTimestamp != nil && !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer):
+		return false
+	case pv.Status.Phase != v1.VolumeReleased:
+		return false
+	}
+	return pv.Spec.PersistentVolumeReclaimPolicy == v1.PersistentVolumeReclaimDelete
+}
 
 // syncVolume is what happens to one PersistentVolume of the driver: keep its finalizer
 // right, and when it is released with reclaim policy Delete, delete the volume and then the

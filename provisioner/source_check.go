@@ -1,9 +1,13 @@
+// A claim's data source, checked as upstream checks it (pure functions): which kind, and
+// the CreateVolume content source it gives.
+
 package provisioner
 
 import (
 	"errors"
 	"fmt"
 	"slices"
+
 	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -12,6 +16,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 )
+
+// errExternalPopulator marks a claim whose data source another controller fills: the
+// provisioner leaves it alone, as upstream.
+var errExternalPopulator = errors.New("data source is not handled by the provisioner, assuming an external populator will provision it")
 
 // Data source kinds, finalizers and annotations, with upstream's names (P9).
 const (

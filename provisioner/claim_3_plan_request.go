@@ -1,3 +1,6 @@
+// Stage 3 of a claim, the parts of its CreateVolume request: the volume's name, size,
+// capabilities and parameters.
+
 package provisioner
 
 import (

@@ -1,3 +1,6 @@
+// A data source's protection: upstream's finalizer on the source claim or snapshot while a
+// volume may be made from it (its own queue, and a sweep for snapshots).
+
 package provisioner
 
 import (
@@ -8,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	snaplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumesnapshot/v1"
@@ -21,8 +25,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Data sources: a clone or a restore protects its source with a finalizer from before

@@ -1,17 +1,21 @@
+// Stage 3 of a claim: the plan, everything CreateVolume and the PersistentVolume need,
+// read from the claim, its class, secrets, topology and data source.
+
 package provisioner
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // plan is one claim's CreateVolume, made once and retried as it is: the same name and
@@ -40,10 +44,6 @@ type rescheduleError struct{ err error }
 
 func (e rescheduleError) Error() string { return e.err.Error() }
 func (e rescheduleError) Unwrap() error { return e.err }
-
-func storageClassName(claim *v1.PersistentVolumeClaim) string {
-	return volumehelpers.GetPersistentVolumeClaimClass(claim)
-}
 
 // plan reads what CreateVolume needs (listers, the provisioner secret, the
 // VolumeAttributesClass) and builds the request. It returns no plan with an error the user
@@ -192,4 +192,34 @@ func (c *controller) requirements(claim *v1.PersistentVolumeClaim, class *storag
 		return nil, fmt.Errorf("error generating accessibility requirements: %w", err)
 	}
 	return req, nil
+}
+
+// checkCapabilities says why the driver cannot provision this claim, as upstream words it.
+func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.ControllerCapabilitySet, needsModify bool) error {
+	switch {
+	case !plugin[csi.PluginCapability_Service_CONTROLLER_SERVICE]:
+		return errors.New("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported")
+	case !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME]:
+		return errors.New("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported")
+	case needsModify && !controller[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME]:
+		return errors.New("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported")
+	}
+	return nil
+}
+
+// planFailed reports a claim that cannot be provisioned yet and decides how to go on.
+func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) error {
+	if lifecycle.NotStarted(err) {
+		// The plan's reads were cut short by intake's end: nothing to report.
+		return err
+	}
+	if errors.Is(err, errExternalPopulator) {
+		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
+		return nil
+	}
+	c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+	if errors.As(err, new(rescheduleError)) {
+		return c.reschedule(c.ops, claim, err)
+	}
+	return err
 }

@@ -1,0 +1,190 @@
+// Stage 1 of a claim: the informer handlers queue it by UID, and syncClaim takes it
+// through the stages of the files that follow, in their order.
+
+package provisioner
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+func (c *controller) enqueueClaim(obj any) {
+	// A claim with a record may be bound, deleted or another provisioner's by now: its
+	// volume must still be finished or undone.
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim) || c.records.isOpen(string(claim.UID))) {
+		c.claimQueue.Add(string(claim.UID))
+	}
+}
+
+// enqueueRecorded queues the claim of a record event whose record is open: whoever leads
+// finishes or undoes it, whether the claim is still there or not.
+func (c *controller) enqueueRecorded(obj any) {
+	if ev, ok := obj.(*v1.Event); ok {
+		if uid := ev.Labels[labelRecordClaim]; uid != "" && c.records.isOpen(uid) {
+			c.claimQueue.Add(uid)
+		}
+	}
+}
+
+// forgetClaim drops what this process remembers about a claim that is gone, and queues it
+// if its record is open: its volume is undone.
+func (c *controller) forgetClaim(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
+		if c.records.isOpen(string(claim.UID)) {
+			c.claimQueue.Add(string(claim.UID))
+		}
+		c.absent.forget(string(claim.UID))
+		c.slow.forget(string(claim.UID))
+		if c.node != nil {
+			// Its lost races no longer delay anything (upstream forgets them too).
+			c.node.forget(string(claim.UID))
+		}
+	}
+}
+
+// claimByUID returns the claim from the cache, nil when it is gone.
+func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
+	objs, err := c.claims.ByIndex(claimUIDIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	claim, _ := objs[0].(*v1.PersistentVolumeClaim)
+	if claim == nil {
+		return nil
+	}
+	// The newer of the cached copy and this process's last write of the claim; none when
+	// that write let the API server delete it (the informer may not show it yet).
+	newer, ok, err := c.ownClaims.Get(claim.Namespace + "/" + claim.Name)
+	switch {
+	case err != nil:
+		return claim
+	case !ok:
+		return nil
+	case newer.UID == claim.UID:
+		return newer
+	}
+	return claim
+}
+
+// syncClaim is what happens to one claim: a volume that may exist is finished or undone
+// first; otherwise decide, plan, record, create the volume, record it as a
+// PersistentVolume.
+func (c *controller) syncClaim(uid string) error {
+	logger := klog.Background().WithValues("claimUID", uid)
+	claim := c.claimByUID(uid)
+	if claim != nil {
+		logger = logger.WithValues("claim", klog.KObj(claim))
+	}
+	ctx := klog.NewContext(c.ops, logger)
+	// Stage 2 (claim_2_decide.go): a volume that may exist already, by an open record or a
+	// plan in flight, is finished, dropped or undone (claim_8_undo.go) before anything new.
+	p := c.pending(uid)
+	facts := c.recordFacts(uid, claim, p)
+	action, why := decideRecord(facts)
+	if action != recordNone {
+		logger.V(4).Info("Provisioning record", "action", action.String(), "reason", why)
+	}
+	switch action {
+	case recordDrop:
+		return c.recorded(ctx, uid, claim, p, facts.rec)
+	case recordUndo:
+		return c.undo(ctx, uid, claim, p, facts.rec, why)
+	case recordSkip:
+		return nil
+	case recordUntrusted:
+		// Acting on it could delete a volume that is not the claim's; keeping it blocks
+		// only the deletion of this claim, which the event explains.
+		logger.Info("Warning: leaving a provisioning record alone", "reason", why)
+		if claim != nil && hasRecord(claim) {
+			c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
+		} else if about := c.eventObject(claim, facts.rec); about != nil {
+			c.recorder.Eventf(about, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume", why)
+		}
+		return nil
+	case recordFinish:
+		if p != nil {
+			// Retried as it is, with the same name: the driver may still be making it.
+			start := time.Now()
+			err := c.provision(ctx, uid, p)
+			c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
+			return err
+		}
+	}
+	if claim == nil {
+		return nil
+	}
+	// Stage 2: does the claim want a volume of this driver now?
+	class, err := c.classFor(claim)
+	if err != nil {
+		return err
+	}
+	if ok, why := wantsVolume(claim, class, c.names()); !ok {
+		logger.V(4).Info("Not provisioning", "reason", why)
+		return nil
+	}
+	// A claim provisioned already but not bound yet comes back on every update and
+	// resync: it must not cost API reads nor report a plan's error (a VAC or secret
+	// deleted since) about a volume that exists. (A bad name is the plan's to report.)
+	if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+		logger.V(4).Info("PersistentVolume exists already", "pv", name)
+		return nil
+	}
+	if d := c.slow.remaining(uid, class.UID, c.opts.retryIntervalMax, time.Now()); d > 0 {
+		// Before a node deployment takes it, as upstream: the request is wrong anyway.
+		logger.V(4).Info("CreateVolume was infeasible; retrying later", "after", d)
+		c.claimQueue.AddAfter(uid, d)
+		return nil
+	}
+	if c.node != nil {
+		if owned, err := c.node.owns(c.intakeOr(context.Background()), c, claim, class); err != nil || !owned {
+			return err
+		}
+	}
+	// Stage 3 (claim_3_plan.go): the plan.
+	start := time.Now()
+	p, err = c.plan(claim, class)
+	if p == nil {
+		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
+		return c.planFailed(claim, err)
+	}
+	// Stage 4 (claim_4_record.go): the record is written before anything is asked of the
+	// driver (the source's finalizer, CreateVolume): from then on whoever leads finds the
+	// volume, finishes it or undoes it.
+	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
+		if errors.Is(err, errRecordChanged) {
+			logger.V(2).Info("Claim changed while being recorded; deciding again", "err", err.Error())
+			return err
+		}
+		if lifecycle.NotStarted(err) {
+			// Intake ended first: nothing was started; the next leader provisions.
+			return err
+		}
+		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
+		return err
+	}
+	// The source must stay until CreateVolume is done with it (the finalizer is part
+	// of the operation, on Ops(), P1). The plan is pending from before the finalizer
+	// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
+	// (and the claim's record) is then the sign that the source is still in use.
+	c.setPending(uid, p)
+	if err := c.protectSource(ctx, p.source); err != nil {
+		c.finish(uid, p)
+		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+		return err
+	}
+	// Stages 5 to 7 (claim_5_create.go, claim_6_save.go, claim_7_close.go): CreateVolume,
+	// the PersistentVolume, the record's closing.
+	err = c.provision(ctx, uid, p)
+	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
+	return err
+}
