@@ -36,9 +36,10 @@ const (
 //
 //   - life: -realloop.life-pods Pods, one every -realloop.life-interval, each with a new
 //     WaitForFirstConsumer claim: the scheduler picks a node, the provisioner provisions,
-//     kube-controller-manager binds and attaches; every third claim is grown; each Pod is
-//     deleted -realloop.in-use after its volume is attached and then its claim. Per stage
-//     p50/p99 latency and throughput.
+//     kube-controller-manager binds and attaches; every third claim is grown and every
+//     third (others) given a new VolumeAttributesClass; each Pod is deleted
+//     -realloop.in-use after its volume is attached and then its claim. Per stage p50/p99
+//     latency and throughput.
 //   - goodput: for -realloop.stream, a new Pod with a new claim every interval of
 //     -realloop.intervals (by default 1200, 600 and 300 ms: half, about all and twice the
 //     provisionings QPS 5 allows at upstream's 3 writes each); the claims bound per second
@@ -48,8 +49,9 @@ const (
 //     claims, PersistentVolumes, VolumeAttachments and driver volumes left.
 //   - API writes per operation, from the API server's audit log over all runs: per sidecar
 //     (told apart by the request's user agent) and operation (provision, delete, attach,
-//     detach, expand: by the object written and whether the claim or Pod was deleted
-//     then), events included, Lease renewals not; failed writes (409, 404, 429) too.
+//     detach, expand, modify: by the object written and whether the claim or Pod was
+//     deleted, grown or modified then), events included, Lease renewals not; failed writes
+//     (409, 404, 429) too.
 //
 // Figures are printed (stdout), never asserted. It takes about 17 minutes on a shared 2-core
 // machine.
@@ -214,12 +216,14 @@ func (m *measurement) report(b *testing.B) {
 	}
 }
 
-// newWorkload is a workload of the world's namespace with a StorageClass of its own.
+// newWorkload is a workload of the world's namespace with a StorageClass and a
+// VolumeAttributesClass of its own.
 func (w *world) newWorkload(name string) *cluster.Workload {
 	w.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	work, err := cluster.NewWorkload(ctx, w.Client, cluster.WorkloadOptions{Namespace: w.Namespace, Driver: w.Driver.DriverName(), Class: w.Namespace + "-" + name})
+	work, err := cluster.NewWorkload(ctx, w.Client, cluster.WorkloadOptions{Namespace: w.Namespace, Driver: w.Driver.DriverName(), Class: w.Namespace + "-" + name,
+		AttributesClass: w.Namespace + "-" + name + "-fast", AttributesParameters: fastParameters()})
 	if err != nil {
 		w.T.Fatal(err)
 	}
@@ -242,22 +246,45 @@ func pace(n int, every time.Duration, create func(i int)) {
 }
 
 // lifeRun takes n Pods through their life, a new one every `every`: created with a new
-// claim, its volume attached, every third claim grown, the Pod deleted inUse after its
-// volume was attached (and grown), then the claim. A Pod stuck at a stage is deleted
-// anyway, with its claim, and counted in the leftovers.
+// claim, its volume attached, every third claim grown and every third given a new
+// VolumeAttributesClass (lifeChangeOf), the Pod deleted inUse after its volume was
+// attached (and changed), then the claim. A Pod stuck at a stage is deleted anyway, with
+// its claim, and counted in the leftovers.
 func (w *world) lifeRun(name string, n int, every, inUse time.Duration) runResult {
 	began := time.Now()
 	work := w.newWorkload(name)
 	names := podNames(name, n)
-	pace(n, every, func(i int) { w.life(work, names[i], i%3 == 0, inUse) })
+	pace(n, every, func(i int) { w.life(work, names[i], lifeChangeOf(i), inUse) })
 	r := w.settle(work, name, names)
 	r.interval, r.took = every, time.Since(began)
 	return r
 }
 
+// lifeChange is what a Pod's life changes of its claim while the Pod uses it.
+type lifeChange int
+
+const (
+	keep   lifeChange = iota
+	grow              // its request raised to 2Gi: ControllerExpandVolume
+	modify            // its VolumeAttributesClass set to the workload's: ControllerModifyVolume
+)
+
+// lifeChangeOf is the change of the i-th Pod's claim: every third grown, the next one
+// modified, the third kept. No claim is both, so that the resizer's writes of each tell
+// which operation they are.
+func lifeChangeOf(i int) lifeChange {
+	switch i % 3 {
+	case 0:
+		return grow
+	case 1:
+		return modify
+	}
+	return keep
+}
+
 // life is one Pod's life in lifeRun; a stage not reached in lifeStageTimeout ends it
 // early (the Pod and claim are still deleted).
-func (w *world) life(work *cluster.Workload, name string, grow bool, inUse time.Duration) {
+func (w *world) life(work *cluster.Workload, name string, change lifeChange, inUse time.Duration) {
 	ctx := context.Background()
 	waitFor := func(stage cluster.Stage) bool {
 		wctx, cancel := context.WithTimeout(ctx, lifeStageTimeout)
@@ -272,11 +299,18 @@ func (w *world) life(work *cluster.Workload, name string, grow bool, inUse time.
 	if attached {
 		it, _ := work.Item(name)
 		at := it.Times[cluster.Attached]
-		if grow {
+		switch change {
+		case grow:
 			if err := work.Grow(ctx, name, "2Gi"); err != nil {
 				w.T.Errorf("life of %s: %v", name, err)
 			} else {
 				waitFor(cluster.Grown)
+			}
+		case modify:
+			if err := work.Modify(ctx, name, work.AttributesClass()); err != nil {
+				w.T.Errorf("life of %s: %v", name, err)
+			} else {
+				waitFor(cluster.Modified)
 			}
 		}
 		// The Pod uses its volume for inUse: the workload's think time.
@@ -487,7 +521,7 @@ func formatResults(impls []implementation, results map[string]*measurement, inte
 	fmt.Fprintf(&b, "\nREAL CONTROL LOOP, %s, default flags (--kube-api-qps=5 --kube-api-burst=10), %d fake nodes, driver calls of 20 ms\n",
 		strings.Join(names, " vs "), benchNodes)
 
-	fmt.Fprintf(&b, "\nlife: %d Pods, one every %v, each with a new WaitForFirstConsumer claim, deleted %v after its volume is attached (every third claim grown first), then the claim\n",
+	fmt.Fprintf(&b, "\nlife: %d Pods, one every %v, each with a new WaitForFirstConsumer claim, deleted %v after its volume is attached (every third claim grown first, every third modified), then the claim\n",
 		*flagLifePods, *flagLifeInterval, *flagInUse)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	head := "span\tfrom -> to"

@@ -3,6 +3,7 @@ package realloop
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -18,6 +19,11 @@ import (
 
 // stageTimeout bounds each wait for a stage of every Pod.
 const stageTimeout = 60 * time.Second
+
+// fastParameters are the mutable parameters of every workload's VolumeAttributesClass,
+// which claims are modified to while in use: keys the test driver accepts in
+// ControllerModifyVolume.
+func fastParameters() map[string]string { return map[string]string{"iops": "5000"} }
 
 // world is one test's cluster: its scenario (namespace, test CSI driver), the real control
 // loop with its fake nodes, one replica of each sidecar and the workload.
@@ -107,7 +113,8 @@ func newLoop(t testing.TB, nodes int, impl implementation, startSidecars func(*w
 		}
 	})
 	t.Logf("kube-controller-manager and kube-scheduler serving, %d nodes schedulable, after %v", nodes, time.Since(began).Round(time.Millisecond))
-	w.work, err = cluster.NewWorkload(ctx, s.Client, cluster.WorkloadOptions{Namespace: s.Namespace, Driver: s.Driver.DriverName()})
+	w.work, err = cluster.NewWorkload(ctx, s.Client, cluster.WorkloadOptions{Namespace: s.Namespace, Driver: s.Driver.DriverName(),
+		AttributesClass: s.Namespace + "-fast", AttributesParameters: fastParameters()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,9 +247,9 @@ func (w *world) checkNodesAlive() {
 // Ten Pods, each with a new WaitForFirstConsumer claim, go through their whole life under a
 // real kube-controller-manager and kube-scheduler with three nodes: scheduled, their
 // volumes provisioned on the chosen node, bound, attached to that node, half of them grown
-// while in use, the Pods deleted and the volumes detached, the claims deleted and the
-// volumes deleted. Every driver call of the three sidecars succeeds exactly once per
-// volume (or volume and node).
+// and the other half given a new VolumeAttributesClass while in use, the Pods deleted and
+// the volumes detached, the claims deleted and the volumes deleted. Every driver call of
+// the three sidecars succeeds exactly once per volume (or volume and node).
 func TestPodsWithClaimsLiveTheirWholeLifeUnderTheRealControlLoop(t *testing.T) {
 	began := time.Now()
 	w := runLife(t, 10, 3, ours)
@@ -345,6 +352,48 @@ func runLife(t testing.TB, pods, nodes int, impl implementation) *world {
 			t.Errorf("claim %s: PV capacity %s, claim status capacity %s, driver %d bytes; want %s", it.Name, pvSize.String(), claimSize.String(), v.CapacityBytes, want.String())
 		}
 	}
+	// The other half are modified while in use: a new VolumeAttributesClass, which the
+	// resizer applies with ControllerModifyVolume and records as the claim's current class
+	// and the PV's.
+	class := w.work.AttributesClass()
+	var modified, modifiedHandles []string
+	for i, it := range items {
+		if i%2 == 1 {
+			modified, modifiedHandles = append(modified, it.Name), append(modifiedHandles, it.VolumeHandle)
+			if err := w.work.Modify(ctx, it.Name, class); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	w.wait(cluster.Modified, modified...)
+	modifyCalls := w.calls(w.resizer, testdriver.MethodControllerModifyVolume, byVolume)
+	w.exactlyOnce("ControllerModifyVolume", modifyCalls, modifiedHandles)
+	for i, it := range items {
+		pv, err := w.Client.CoreV1().PersistentVolumes().Get(ctx, it.PersistentVolume, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim, err := w.Client.CoreV1().PersistentVolumeClaims(w.Namespace).Get(ctx, it.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := w.Driver.Volume(it.VolumeHandle)
+		if i%2 == 0 {
+			if modifyCalls[it.VolumeHandle] != 0 || claim.Status.CurrentVolumeAttributesClassName != nil || len(v.MutableParameters) != 0 {
+				t.Errorf("claim %s, not modified: %d ControllerModifyVolume calls, current class %v, driver's parameters %v; want none",
+					it.Name, modifyCalls[it.VolumeHandle], claim.Status.CurrentVolumeAttributesClassName, v.MutableParameters)
+			}
+			continue
+		}
+		current := claim.Status.CurrentVolumeAttributesClassName
+		if current == nil || *current != class || claim.Status.ModifyVolumeStatus != nil ||
+			pv.Spec.VolumeAttributesClassName == nil || *pv.Spec.VolumeAttributesClassName != class ||
+			!maps.Equal(v.MutableParameters, fastParameters()) {
+			t.Errorf("claim %s modified to %s: current class %v, modify status %+v, PV's class %v, driver's parameters %v; want %s everywhere, parameters %v",
+				it.Name, class, current, claim.Status.ModifyVolumeStatus, pv.Spec.VolumeAttributesClassName, v.MutableParameters, class, fastParameters())
+		}
+	}
+
 	// Seconds of heartbeats later, the nodes' status still lists every attachment.
 	reported := w.reportedAttached()
 	for _, it := range items {
@@ -403,6 +452,7 @@ func runLife(t testing.TB, pods, nodes int, impl implementation) *world {
 	// a write that failed to record it, a sync from a cache that did not show it yet)
 	// fails the test too. The expansions were counted seconds ago.
 	w.exactlyOnce("ControllerExpandVolume", w.calls(w.resizer, testdriver.MethodControllerExpandVolume, byVolume), grownHandles)
+	w.exactlyOnce("ControllerModifyVolume", w.calls(w.resizer, testdriver.MethodControllerModifyVolume, byVolume), modifiedHandles)
 	w.exactlyOnce("DeleteVolume", w.calls(w.provisioner, testdriver.MethodDeleteVolume, byVolume), handles)
 	return w
 }

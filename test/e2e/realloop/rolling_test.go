@@ -436,8 +436,11 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	// Every claim went through its whole life, and nothing was left.
 	for _, it := range r.run.items {
 		want := []cluster.Stage{cluster.Bound, cluster.Attached, cluster.Detached, cluster.ClaimGone, cluster.VolumeDeleted}
-		if s.grown(it.Name) {
+		switch s.change(it.Name) {
+		case grow:
 			want = append(want, cluster.Grown)
+		case modify:
+			want = append(want, cluster.Modified)
 		}
 		for _, stage := range want {
 			if it.Times[stage].IsZero() {
@@ -554,34 +557,34 @@ type podStream struct {
 	lives sync.WaitGroup
 	once  sync.Once
 
-	mu    sync.Mutex
-	names []string
-	grow  map[string]bool // the claims grown during their life
+	mu      sync.Mutex
+	names   []string
+	changes map[string]lifeChange // what each claim's life changes of it
 }
 
-// grown tells whether the Pod's claim was to be grown.
-func (s *podStream) grown(name string) bool {
+// change is what the Pod's life was to change of its claim.
+func (s *podStream) change(name string) lifeChange {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.grow[name]
+	return s.changes[name]
 }
 
 // startStream starts offering Pods named <prefix>-NNN of the world's workload, the first at
-// once, a new one every `every`; each is deleted inUse after its volume is attached, and
-// every third claim is grown first.
+// once, a new one every `every`; each is deleted inUse after its volume is attached, every
+// third claim grown first and every third given a new VolumeAttributesClass (lifeChangeOf).
 func (w *world) startStream(prefix string, every, inUse time.Duration) *podStream {
-	s := &podStream{began: time.Now(), quit: make(chan struct{}), done: make(chan struct{}), grow: map[string]bool{}}
+	s := &podStream{began: time.Now(), quit: make(chan struct{}), done: make(chan struct{}), changes: map[string]lifeChange{}}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for i := 0; ; i++ {
-			name, grow := fmt.Sprintf("%s-%03d", prefix, i), i%3 == 0
+			name, change := fmt.Sprintf("%s-%03d", prefix, i), lifeChangeOf(i)
 			s.mu.Lock()
 			s.names = append(s.names, name)
-			s.grow[name] = grow
+			s.changes[name] = change
 			s.mu.Unlock()
-			s.lives.Go(func() { w.life(w.work, name, grow, inUse) })
+			s.lives.Go(func() { w.life(w.work, name, change, inUse) })
 			select {
 			case <-s.quit:
 				return
@@ -620,11 +623,12 @@ type wait struct {
 
 // sidecarWaits are the times Pods waited for a sidecar's driver call: from its node's
 // selection to the CreateVolume of its volume, from its scheduling to the
-// ControllerPublishVolume, from a growth's request to the ControllerExpandVolume, from its
+// ControllerPublishVolume, from a growth's request to the ControllerExpandVolume, from a
+// new VolumeAttributesClass to the ControllerModifyVolume, from its
 // deletion to the ControllerUnpublishVolume, and from its claim's deletion to the
 // DeleteVolume (the first successful one that was still running when the wait began, from
 // the journal). Without such a call a wait ends when the workload saw its stage reached
-// (provisioned, attached, grown, detached, volume deleted), and a wait not over by then is
+// (provisioned, attached, grown, modified, detached, volume deleted), and a wait not over by then is
 // counted until end. The API writes that record a call's result are not waited for: they
 // are not driver calls. A wait includes kube-controller-manager's part before a sidecar
 // can act (creating and deleting VolumeAttachments, handing claims over), which takes the
@@ -638,6 +642,7 @@ func sidecarWaits(items []cluster.Item, calls []testdriver.Call, end time.Time) 
 		{"provision", cluster.NodeSelected, cluster.Provisioned, testdriver.MethodCreateVolume},
 		{"attach", cluster.Scheduled, cluster.Attached, testdriver.MethodControllerPublishVolume},
 		{"grow", cluster.GrowRequested, cluster.Grown, testdriver.MethodControllerExpandVolume},
+		{"modify", cluster.ModifyRequested, cluster.Modified, testdriver.MethodControllerModifyVolume},
 		{"detach", cluster.PodDeleted, cluster.Detached, testdriver.MethodControllerUnpublishVolume},
 		{"delete", cluster.ClaimGone, cluster.VolumeDeleted, testdriver.MethodDeleteVolume},
 	}

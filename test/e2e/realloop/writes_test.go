@@ -24,6 +24,7 @@ var opOrder = []opKey{
 	{"attacher", "attach"},
 	{"attacher", "detach"},
 	{"resizer", "expand"},
+	{"resizer", "modify"},
 }
 
 // failedCodes are the answers counted as failed writes.
@@ -187,7 +188,9 @@ func (a attribution) sidecarOf(e audit.Event, body *eventBody) string {
 // operation is the sidecar's for the item at that time: the provisioner's writes before
 // the claim's deletion was requested provision, after it delete; the attacher's before the
 // Pod was deleted attach, after it detach (its PersistentVolume finalizer's removal among
-// them); the resizer's expand a claim that was grown. Lease writes are left out.
+// them); the resizer's expand a claim that was grown and modify one given a new
+// VolumeAttributesClass (whichever was asked last before the write). Lease writes are left
+// out.
 func countWrites(events []audit.Event, from, to time.Time, a attribution) writeCounts {
 	byClaim, byPV, byVA := map[string]*cluster.Item{}, map[string]*cluster.Item{}, map[string]*cluster.Item{}
 	for i := range a.items {
@@ -271,6 +274,7 @@ func countWrites(events []audit.Event, from, to time.Time, a attribution) writeC
 			cluster.Attached:      {"attacher", "attach"},
 			cluster.Detached:      {"attacher", "detach"},
 			cluster.Grown:         {"resizer", "expand"},
+			cluster.Modified:      {"resizer", "modify"},
 		} {
 			if it.Times[stage].IsZero() {
 				continue
@@ -305,8 +309,23 @@ func operation(sidecar string, it *cluster.Item, at time.Time) string {
 		}
 		return "attach"
 	case "resizer":
-		if !it.Times[cluster.GrowRequested].IsZero() {
+		// The change asked last before the write; a write before either (none is
+		// expected) is the first one's.
+		grow, modify := it.Times[cluster.GrowRequested], it.Times[cluster.ModifyRequested]
+		switch {
+		case grow.IsZero() && modify.IsZero():
+		case modify.IsZero():
 			return "expand"
+		case grow.IsZero():
+			return "modify"
+		case after(cluster.ModifyRequested) && (modify.After(grow) || !after(cluster.GrowRequested)):
+			return "modify"
+		case after(cluster.GrowRequested):
+			return "expand"
+		case grow.Before(modify):
+			return "expand"
+		default:
+			return "modify"
 		}
 	}
 	return "other"

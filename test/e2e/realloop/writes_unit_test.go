@@ -41,10 +41,16 @@ func TestCountWritesSplitsBySidecarAndOperation(t *testing.T) {
 			cluster.PodDeleted: at(10), cluster.Detached: at(11), cluster.ClaimDeleted: at(12), cluster.VolumeDeleted: at(14)}},
 		{Name: "b", PersistentVolume: "pvc-b", VolumeAttachment: "csi-b", Times: map[cluster.Stage]time.Time{
 			cluster.Provisioned: at(2), cluster.Attached: at(4)}},
+		// Given a new VolumeAttributesClass at 5, grown after its modification at 8.
+		{Name: "c", PersistentVolume: "pvc-c", Times: map[cluster.Stage]time.Time{
+			cluster.Provisioned: at(2), cluster.Attached: at(4), cluster.ModifyRequested: at(5), cluster.Modified: at(6),
+			cluster.GrowRequested: at(8), cluster.Grown: at(9)}},
 	}
 	claimEvent := map[string]any{"involvedObject": map[string]string{"kind": "PersistentVolumeClaim", "namespace": ns, "name": "a"},
 		"source": map[string]string{"component": driver + "_provisioner"}}
 	resizeEvent := map[string]any{"involvedObject": map[string]string{"kind": "PersistentVolumeClaim", "namespace": ns, "name": "a"},
+		"source": map[string]string{"component": "external-resizer " + driver}}
+	modifyEvent := map[string]any{"involvedObject": map[string]string{"kind": "PersistentVolumeClaim", "namespace": ns, "name": "c"},
 		"source": map[string]string{"component": "external-resizer " + driver}}
 	events := []audit.Event{
 		write(t, at(-5), "csi-sidecars/provisioner", "update", "persistentvolumeclaims", ns, "a", 200, nil), // before the window
@@ -58,6 +64,11 @@ func TestCountWritesSplitsBySidecarAndOperation(t *testing.T) {
 		write(t, at(3), "csi-sidecars/attacher", "patch", "persistentvolumes", "", "pvc-a", 200, nil),
 		write(t, at(5), "csi-sidecars/resizer", "patch", "persistentvolumeclaims/status", ns, "a", 200, nil),
 		write(t, at(5), "csi-sidecars", "create", "events", ns, "a.2", 201, resizeEvent),
+		write(t, at(5), "csi-sidecars/resizer", "patch", "persistentvolumeclaims/status", ns, "c", 409, nil),
+		write(t, at(5), "csi-sidecars/resizer", "patch", "persistentvolumeclaims/status", ns, "c", 200, nil),
+		write(t, at(5), "csi-sidecars", "create", "events", ns, "c.1", 201, modifyEvent),
+		write(t, at(6), "csi-sidecars/resizer", "patch", "persistentvolumes", "", "pvc-c", 200, nil),
+		write(t, at(8), "csi-sidecars/resizer", "patch", "persistentvolumeclaims/status", ns, "c", 200, nil),
 		write(t, at(10), "csi-sidecars/attacher", "patch", "volumeattachments", "", "csi-a", 404, nil),
 		write(t, at(13), "csi-sidecars/provisioner", "delete", "persistentvolumes", "", "pvc-a", 200, nil),
 		write(t, at(13), "csi-sidecars/provisioner", "update", "leases", ns, "x", 200, nil),
@@ -67,11 +78,12 @@ func TestCountWritesSplitsBySidecarAndOperation(t *testing.T) {
 	}
 	got := countWrites(events, at(0), at(20), attribution{impl: ours, namespace: ns, driver: driver, items: items})
 	want := map[opKey]struct{ ops, writes, conflicts, notFound int }{
-		{"provisioner", "provision"}: {2, 6, 1, 0},
+		{"provisioner", "provision"}: {3, 6, 1, 0},
 		{"provisioner", "delete"}:    {1, 1, 0, 0},
-		{"attacher", "attach"}:       {2, 2, 0, 0},
+		{"attacher", "attach"}:       {3, 2, 0, 0},
 		{"attacher", "detach"}:       {1, 1, 0, 1},
-		{"resizer", "expand"}:        {1, 2, 0, 0},
+		{"resizer", "expand"}:        {2, 3, 0, 0},
+		{"resizer", "modify"}:        {1, 4, 1, 0},
 		{"provisioner", "other"}:     {0, 1, 0, 0},
 	}
 	for k, w := range want {
