@@ -26,8 +26,10 @@ func (c *controller) enqueueClaim(obj any) {
 // finishes or undoes it, whether the claim is still there or not.
 func (c *controller) enqueueRecorded(obj any) {
 	if ev, ok := obj.(*v1.Event); ok {
-		if uid := ev.Labels[labelRecordClaim]; uid != "" && c.records.isOpen(uid) {
-			c.claimQueue.Add(uid)
+		for _, uid := range recordClaimKeys(ev) {
+			if c.records.isOpen(uid) {
+				c.claimQueue.Add(uid)
+			}
 		}
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -39,12 +41,20 @@ const (
 	// annRecordCloses, on an event that closes a record, lists the names of the events
 	// that opened it (comma-separated).
 	annRecordCloses = "provisioner.csi-sidecars.io/closes"
-	// recordClaimIndex indexes the record events by labelRecordClaim.
+	// annRecordAlso, on an event that opens records, holds the records of further claims
+	// of the event's namespace written with the first (recordBatches): a JSON list.
+	annRecordAlso = "provisioner.csi-sidecars.io/provisioning-also"
+	// recordClaimIndex indexes the record events by the claims they are about
+	// (recordClaimKeys).
 	recordClaimIndex = "csi-sidecars-provisioner-record-claim"
 
 	reasonProvisioning = "Provisioning"
 	reasonSucceeded    = "ProvisioningSucceeded"
 )
+
+// maxRecordBatch is how many records one event carries at most: a few hundred bytes each,
+// far below the API server's limit on an object's annotations (256 KiB).
+const maxRecordBatch = 32
 
 // recordRefresh is how old the newest event of an open record may get before a retry of
 // its CreateVolume writes it again: well inside the API server's default event TTL (1 h).
@@ -69,6 +79,8 @@ type recordStore struct {
 	// own shows the record events this process created before the informer does.
 	own *lifecycle.OwnWrites[*v1.Event]
 	now func() time.Time
+	// batches holds the records waiting for their event.
+	batches recordBatches
 }
 
 func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*recordStore, error) {
@@ -89,11 +101,53 @@ func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSou
 	return s, nil
 }
 
+// recordClaimKeys are the UIDs of the claims a record event is about: its label's, and
+// those of the further records it carries.
 func recordClaimKeys(obj any) []string {
-	if ev, ok := obj.(*v1.Event); ok && ev.Labels[labelRecordClaim] != "" {
-		return []string{ev.Labels[labelRecordClaim]}
+	ev, ok := obj.(*v1.Event)
+	if !ok {
+		return nil
 	}
-	return nil
+	var out []string
+	if uid := ev.Labels[labelRecordClaim]; uid != "" {
+		out = append(out, uid)
+	}
+	for _, r := range alsoRecorded(ev) {
+		if !slices.Contains(out, string(r.Claim.UID)) {
+			out = append(out, string(r.Claim.UID))
+		}
+	}
+	return out
+}
+
+// carriedRecord is one record an event carries: the claim it is about, and the record
+// (annProvisioning's value).
+type carriedRecord struct {
+	Claim  v1.ObjectReference `json:"claim"`
+	Record string             `json:"record"`
+}
+
+// recordsIn lists the records an event carries: that of the claim it is about, if it
+// opens one, then the further ones. A further record about a claim of another namespace
+// is no record: only who may write events in a claim's namespace may record for it.
+func recordsIn(ev *v1.Event) []carriedRecord {
+	var out []carriedRecord
+	if value, ok := ev.Annotations[annProvisioning]; ok {
+		out = append(out, carriedRecord{Claim: ev.InvolvedObject, Record: value})
+	}
+	return append(out, alsoRecorded(ev)...)
+}
+
+func alsoRecorded(ev *v1.Event) []carriedRecord {
+	value, ok := ev.Annotations[annRecordAlso]
+	if !ok {
+		return nil
+	}
+	var also []carriedRecord
+	if err := json.Unmarshal([]byte(value), &also); err != nil {
+		return nil
+	}
+	return slices.DeleteFunc(also, func(r carriedRecord) bool { return r.Claim.Namespace != ev.Namespace || r.Claim.UID == "" })
 }
 
 // start runs the informer until stop closes (every replica, P7).
@@ -127,33 +181,43 @@ func openAmong(events []*v1.Event, uid string) (*openRecord, error) {
 			closed[name] = true
 		}
 	}
-	var opening []*v1.Event
+	type opened struct {
+		ev  *v1.Event
+		rec carriedRecord
+	}
+	var opening []opened
 	for _, ev := range events {
-		if _, ok := ev.Annotations[annProvisioning]; ok && !closed[ev.Name] && string(ev.InvolvedObject.UID) == uid {
-			opening = append(opening, ev)
+		if closed[ev.Name] {
+			continue
+		}
+		for _, r := range recordsIn(ev) {
+			if string(r.Claim.UID) == uid {
+				opening = append(opening, opened{ev, r})
+				break
+			}
 		}
 	}
 	if len(opening) == 0 {
 		return nil, nil
 	}
-	slices.SortFunc(opening, func(a, b *v1.Event) int {
-		if c := a.FirstTimestamp.Compare(b.FirstTimestamp.Time); c != 0 {
+	slices.SortFunc(opening, func(a, b opened) int {
+		if c := a.ev.FirstTimestamp.Compare(b.ev.FirstTimestamp.Time); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(a.ev.Name, b.ev.Name)
 	})
 	// The oldest open event is the record: a later one is the same request written again
 	// (recordRefresh), or, if a leader wrote another before seeing it, one whose volume has
 	// the same name; the undo of the oldest finds that volume by its name and closes all.
 	oldest, newest := opening[0], opening[len(opening)-1]
-	rec, err := decodeRecord(oldest.Annotations[annProvisioning])
+	rec, err := decodeRecord(oldest.rec.Record)
 	if err != nil {
-		return nil, fmt.Errorf("event %s/%s: %w", oldest.Namespace, oldest.Name, err)
+		return nil, fmt.Errorf("event %s/%s: %w", oldest.ev.Namespace, oldest.ev.Name, err)
 	}
-	rec.claim = oldest.InvolvedObject
-	out := &openRecord{rec: rec, written: newest.FirstTimestamp.Time}
-	for _, ev := range opening {
-		out.events = append(out.events, ev.Name)
+	rec.claim = oldest.rec.Claim
+	out := &openRecord{rec: rec, written: newest.ev.FirstTimestamp.Time}
+	for _, o := range opening {
+		out.events = append(out.events, o.ev.Name)
 	}
 	return out, nil
 }
@@ -173,28 +237,124 @@ func (s *recordStore) usesSource(ref sourceRef) (string, error) {
 	}
 	seen := map[string]bool{}
 	for _, ev := range events {
-		uid := ev.Labels[labelRecordClaim]
-		if uid == "" || seen[uid] {
-			continue
-		}
-		seen[uid] = true
-		if r, err := s.open(uid); err == nil && r != nil && r.rec.Source == ref.key() {
-			return r.rec.claim.Namespace + "/" + r.rec.claim.Name, nil
+		for _, uid := range recordClaimKeys(ev) {
+			if seen[uid] {
+				continue
+			}
+			seen[uid] = true
+			if r, err := s.open(uid); err == nil && r != nil && r.rec.Source == ref.key() {
+				return r.rec.claim.Namespace + "/" + r.rec.claim.Name, nil
+			}
 		}
 	}
 	return "", nil
 }
 
-// write opens (or renews) the claim's record: the "Provisioning" event, carrying it.
+// write opens (or renews) the claim's record: the "Provisioning" event, carrying it. It
+// returns once the event that carries it is written, or failed to be.
+//
+// Records are written as a group commit (recordBatches): while the event of one claim
+// waits for the client's rate limiter or the API server, the records of other claims of
+// its namespace gather, and the next event carries all of them (up to maxRecordBatch). A
+// record costs a write of its own only where the budget is not short; under a backlog one
+// write records many, and each claim's PersistentVolume comes sooner. The event is about
+// the first claim, with upstream's message; the other claims of the batch show no
+// Provisioning event of their own.
 func (s *recordStore) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
 	value, err := rec.encode()
 	if err != nil {
 		return err
 	}
-	ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonProvisioning,
-		fmt.Sprintf("External provisioner is provisioning volume for claim %q", claim.Namespace+"/"+claim.Name))
-	ev.Annotations = map[string]string{annProvisioning: value}
-	return s.create(ctx, ev)
+	w := &waitingRecord{ctx: ctx, rec: carriedRecord{Claim: claimReference(claim), Record: value}, done: make(chan error, 1)}
+	if s.batches.add(w) {
+		go s.flush(claim.Namespace)
+	}
+	return <-w.done
+}
+
+// waitingRecord is a record waiting for its event; done receives the outcome.
+type waitingRecord struct {
+	ctx  context.Context
+	rec  carriedRecord
+	done chan error
+}
+
+// recordBatches holds, per namespace, the records waiting for their event, and whether
+// a flush writes them.
+type recordBatches struct {
+	mu       sync.Mutex
+	waiting  map[string][]*waitingRecord
+	flushing map[string]bool
+}
+
+// add queues w, and tells whether the caller must start the namespace's flush.
+func (b *recordBatches) add(w *waitingRecord) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.waiting == nil {
+		b.waiting, b.flushing = map[string][]*waitingRecord{}, map[string]bool{}
+	}
+	ns := w.rec.Claim.Namespace
+	b.waiting[ns] = append(b.waiting[ns], w)
+	if b.flushing[ns] {
+		return false
+	}
+	b.flushing[ns] = true
+	return true
+}
+
+// next takes the namespace's next batch; none ends the flush. A record whose context
+// ended while it waited is answered with that and left out.
+func (b *recordBatches) next(ns string) []*waitingRecord {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var batch []*waitingRecord
+	rest := b.waiting[ns][:0]
+	for _, w := range b.waiting[ns] {
+		switch {
+		case w.ctx.Err() != nil:
+			w.done <- w.ctx.Err()
+		case len(batch) < maxRecordBatch:
+			batch = append(batch, w)
+		default:
+			rest = append(rest, w)
+		}
+	}
+	b.waiting[ns] = rest
+	if len(batch) == 0 {
+		delete(b.waiting, ns)
+		delete(b.flushing, ns)
+	}
+	return batch
+}
+
+// flush writes the namespace's waiting records, one event per batch, until none wait.
+// The event is written on the first record's context: all are the starting work of one
+// process, which ends for all at once.
+func (s *recordStore) flush(ns string) {
+	for batch := s.batches.next(ns); len(batch) > 0; batch = s.batches.next(ns) {
+		first := batch[0].rec
+		ev := s.event(first.Claim, v1.EventTypeNormal, reasonProvisioning,
+			fmt.Sprintf("External provisioner is provisioning volume for claim %q", first.Claim.Namespace+"/"+first.Claim.Name))
+		ev.Annotations = map[string]string{annProvisioning: first.Record}
+		var err error
+		if len(batch) > 1 {
+			also := make([]carriedRecord, 0, len(batch)-1)
+			for _, w := range batch[1:] {
+				also = append(also, w.rec)
+			}
+			var value []byte
+			if value, err = json.Marshal(also); err == nil {
+				ev.Annotations[annRecordAlso] = string(value)
+			}
+		}
+		if err == nil {
+			err = s.create(batch[0].ctx, ev)
+		}
+		for _, w := range batch {
+			w.done <- err
+		}
+	}
 }
 
 // close writes the event that says how the record ended (upstream's event at that point,

@@ -1,9 +1,13 @@
 package provisioner
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 )
@@ -334,5 +342,128 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 				t.Errorf("record of node %q about %v, want node %q about claim data", r.rec.Node, r.rec.claim, tc.wantNode)
 			}
 		})
+	}
+}
+
+// An event may carry the records of further claims of its namespace (a batch): each is
+// open until an event about its own claim closes it; one about a claim of another
+// namespace is no record.
+func TestAnEventCarriesTheRecordsOfABatchEachClosedOnItsOwn(t *testing.T) {
+	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
+	s := &recordStore{driverLabel: recordDriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	first, member := claimFor("a", "uid-a", "fast"), claimFor("data", recordUID, "fast")
+	stranger := claimFor("b", "uid-b", "fast")
+	stranger.Namespace = "elsewhere"
+	value := func(c *v1.PersistentVolumeClaim) string {
+		rec, err := newRecord(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := rec.encode()
+		return v
+	}
+	batch := s.event(claimReference(first), v1.EventTypeNormal, reasonProvisioning, "")
+	also, _ := json.Marshal([]carriedRecord{
+		{Claim: claimReference(member), Record: value(member)},
+		{Claim: claimReference(stranger), Record: value(stranger)},
+	})
+	batch.Annotations = map[string]string{annProvisioning: value(first), annRecordAlso: string(also)}
+
+	if got := recordClaimKeys(batch); !slices.Equal(got, []string{"uid-a", recordUID}) {
+		t.Errorf("indexed under %q, want the first claim's UID and the member's of its namespace", got)
+	}
+	r, err := openAmong([]*v1.Event{batch}, recordUID)
+	if err != nil || r == nil {
+		t.Fatalf("the member's record: %+v, %v; want it open", r, err)
+	}
+	if r.rec.claim.Name != "data" || r.rec.Volume != "pvc-"+recordUID || !slices.Equal(r.events, []string{batch.Name}) {
+		t.Errorf("the member's record is about %v, volume %q, events %q", r.rec.claim, r.rec.Volume, r.events)
+	}
+	if r, _ := openAmong([]*v1.Event{batch}, "uid-b"); r != nil {
+		t.Errorf("a record about a claim of another namespace is open: %+v", r.rec)
+	}
+	// The first claim's closing event closes its record, not the member's (the index
+	// gives each claim only the closing events about it).
+	closeFirst := s.event(claimReference(first), v1.EventTypeNormal, reasonSucceeded, "")
+	closeFirst.Annotations = map[string]string{annRecordCloses: batch.Name}
+	if r, _ := openAmong([]*v1.Event{batch, closeFirst}, "uid-a"); r != nil {
+		t.Errorf("the first claim's record is open after its closing event")
+	}
+	if r, _ := openAmong([]*v1.Event{batch}, recordUID); r == nil {
+		t.Errorf("the member's record is closed by the first claim's closing event")
+	}
+	closeMember := s.event(claimReference(member), v1.EventTypeNormal, reasonSucceeded, "")
+	closeMember.Annotations = map[string]string{annRecordCloses: batch.Name}
+	if r, _ := openAmong([]*v1.Event{batch, closeMember}, recordUID); r != nil {
+		t.Errorf("the member's record is open after its closing event")
+	}
+}
+
+// Records written while the event of another waits for the API server go in one event
+// (group commit): one write records them all, and each is open at once.
+func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
+	kube := fake.NewClientset()
+	release := make(chan struct{})
+	var creates atomic.Int32
+	kube.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if creates.Add(1) == 1 {
+			<-release // the first event is slow to write
+		}
+		return false, nil, nil
+	})
+	s, err := newRecordStore(kube, drv, v1.EventSource{Component: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := []*v1.PersistentVolumeClaim{claimFor("c0", "uid-0", "fast"), claimFor("c1", "uid-1", "fast"), claimFor("c2", "uid-2", "fast"), claimFor("c3", "uid-3", "fast")}
+	errs := make(chan error, len(claims))
+	write := func(c *v1.PersistentVolumeClaim) {
+		rec, err := newRecord(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		if err != nil {
+			errs <- err
+			return
+		}
+		errs <- s.write(context.Background(), c, rec)
+	}
+	go write(claims[0])
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return creates.Load() == 1, nil
+	}); err != nil {
+		t.Fatal("the first record's event was not written")
+	}
+	for _, c := range claims[1:] {
+		go write(c)
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		s.batches.mu.Lock()
+		defer s.batches.mu.Unlock()
+		return len(s.batches.waiting["ns"]) == 3, nil
+	}); err != nil {
+		t.Fatal("the other records did not wait for the first event")
+	}
+	close(release)
+	for range claims {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := creates.Load(); n != 2 {
+		t.Errorf("%d events written for 4 records, want 2 (one, then the three that waited)", n)
+	}
+	for _, c := range claims {
+		if r, err := s.open(string(c.UID)); err != nil || r == nil || r.rec.claim.Name != c.Name {
+			t.Errorf("claim %s: open record %+v, %v", c.Name, r, err)
+		}
+	}
+	events, _ := kube.CoreV1().Events("ns").List(context.Background(), metav1.ListOptions{})
+	for _, ev := range events.Items {
+		if ev.InvolvedObject.Name == "c1" && len(alsoRecorded(&ev)) != 2 {
+			t.Errorf("the second event carries %d further records, want 2", len(alsoRecorded(&ev)))
+		}
+	}
+	s.batches.mu.Lock()
+	defer s.batches.mu.Unlock()
+	if len(s.batches.flushing) != 0 || len(s.batches.waiting) != 0 {
+		t.Errorf("batches left: flushing %v, waiting %v", s.batches.flushing, s.batches.waiting)
 	}
 }
