@@ -43,6 +43,10 @@ type OwnWrites[T runtime.Object] struct {
 	// (NewOwnCreations only), with when. (client-go's mutation cache can hold additions,
 	// but its first read of one drops it: it compares the addition with itself.)
 	created map[string]created[T]
+	// seenDeleted maps the key of an object the informer showed deleted to its UID, for
+	// ownWritesTTL (NewOwnCreations only): the answer of a creation that comes after the
+	// informer showed the object added and deleted again is not recorded as created.
+	seenDeleted *utilcache.LRUExpireCache
 	// versions maps the key of every object this sidecar wrote to the UID and
 	// resourceVersion its last write returned (Echo), for ownWritesTTL, least recently
 	// used first out. Unlike the mutation cache's entries it outlives the informer's
@@ -70,9 +74,12 @@ const (
 	ownWritesTTL = 5 * time.Minute
 )
 
-// NewOwnWrites reads informer's store through the writes given to Wrote.
-func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer) (*OwnWrites[T], error) {
-	return ownWritesOver[T](logger, informer, nil)
+// NewOwnWrites reads informer's store through the writes given to Wrote. handlers get the
+// informer's events once OwnWrites has taken each into account: a read that an event
+// leads to sees OwnWrites as the event left it, which handlers registered on the informer
+// itself, run in their own order, are not promised.
+func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInformer, handlers ...cache.ResourceEventHandler) (*OwnWrites[T], error) {
+	return ownWritesOver[T](logger, informer, nil, handlers)
 }
 
 // NewOwnCreations is OwnWrites for a kind the sidecar creates: Get and ByIndex also return
@@ -82,11 +89,16 @@ func NewOwnWrites[T runtime.Object](logger klog.Logger, informer cache.SharedInf
 // before the informer showed it (a relist in between) is returned until then, which a kind
 // can live with when every write of it reports a NotFound to Gone (the capacity objects)
 // or when nobody else deletes it (records kept as Events).
-func NewOwnCreations[T runtime.Object](logger klog.Logger, informer cache.SharedIndexInformer) (*OwnWrites[T], error) {
-	return ownWritesOver[T](logger, informer, informer.GetIndexer())
+//
+// handlers get the informer's events as NewOwnWrites says. A handler that starts a read of
+// creations on an event needs that: registered on the informer itself, it may see a
+// creation added and deleted again before OwnWrites saw it added, and a read it starts
+// then would still return the creation.
+func NewOwnCreations[T runtime.Object](logger klog.Logger, informer cache.SharedIndexInformer, handlers ...cache.ResourceEventHandler) (*OwnWrites[T], error) {
+	return ownWritesOver[T](logger, informer, informer.GetIndexer(), handlers)
 }
 
-func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedInformer, indexer cache.Indexer) (*OwnWrites[T], error) {
+func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedInformer, indexer cache.Indexer, handlers []cache.ResourceEventHandler) (*OwnWrites[T], error) {
 	opts := cache.MutationCacheOptions{TTL: ownWritesTTL, MaxCacheSize: ownWritesMax, Indexer: indexer}
 	w := &OwnWrites[T]{
 		cache:    cache.NewIntegerResourceVersionMutationCacheWithOptions(logger, informer.GetStore(), opts),
@@ -95,10 +107,28 @@ func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedIn
 		created:  map[string]created[T]{},
 		versions: utilcache.NewLRUExpireCache(ownWritesMax),
 	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    w.seen,
-		UpdateFunc: func(_, obj any) { w.seen(obj) },
-		DeleteFunc: w.seenDeleted,
+	if indexer != nil {
+		w.seenDeleted = utilcache.NewLRUExpireCache(ownWritesMax)
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			w.seen(obj)
+			for _, h := range handlers {
+				h.OnAdd(obj, initial)
+			}
+		},
+		UpdateFunc: func(old, obj any) {
+			w.seen(obj)
+			for _, h := range handlers {
+				h.OnUpdate(old, obj)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			w.sawDeleted(obj)
+			for _, h := range handlers {
+				h.OnDelete(obj)
+			}
+		},
 	}); err != nil {
 		return nil, fmt.Errorf("watching the informer: %w", err)
 	}
@@ -214,26 +244,32 @@ func (w *OwnWrites[T]) seen(obj any) {
 // keeps an object without finalizers for a while.)
 func (w *OwnWrites[T]) Wrote(obj T) {
 	m, err := meta.Accessor(obj)
-	if err == nil {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			w.versions.Add(key, version{uid: m.GetUID(), resourceVersion: m.GetResourceVersion()}, ownWritesTTL)
-		}
+	if err != nil {
+		w.cache.Mutation(obj) // no key either: what the mutation cache makes of it
+		return
 	}
-	if err == nil && m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		w.cache.Mutation(obj)
+		return
+	}
+	w.versions.Add(key, version{uid: m.GetUID(), resourceVersion: m.GetResourceVersion()}, ownWritesTTL)
+	if m.GetDeletionTimestamp() != nil && len(m.GetFinalizers()) == 0 {
 		w.deletedBy(obj, m.GetUID())
 		return
 	}
 	if w.indexer != nil {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			if _, inInformer, _ := w.indexer.GetByKey(key); !inInformer {
-				w.mu.Lock()
-				if len(w.created) >= ownWritesMax {
-					clear(w.created) // bounded as the mutation cache is
-				}
-				w.created[key] = created[T]{obj: obj, at: time.Now()}
-				w.mu.Unlock()
-				return
+		if _, inInformer, _ := w.indexer.GetByKey(key); !inInformer {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if uid, gone := w.seenDeleted.Get(key); gone && uid == m.GetUID() {
+				return // the informer showed it added and deleted again before this answer
 			}
+			if len(w.created) >= ownWritesMax {
+				clear(w.created) // bounded as the mutation cache is
+			}
+			w.created[key] = created[T]{obj: obj, at: time.Now()}
+			return
 		}
 	}
 	w.cache.Mutation(obj)
@@ -302,8 +338,9 @@ func (w *OwnWrites[T]) deletedBy(obj T, uid types.UID) {
 	delete(w.created, key)
 }
 
-// seenDeleted drops the record of an object the informer saw deleted.
-func (w *OwnWrites[T]) seenDeleted(obj any) {
+// sawDeleted drops the records of an object the informer saw deleted, and for creations
+// remembers the deletion (seenDeleted).
+func (w *OwnWrites[T]) sawDeleted(obj any) {
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
 		return
@@ -312,4 +349,20 @@ func (w *OwnWrites[T]) seenDeleted(obj any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.deleted, key)
+	if w.seenDeleted == nil {
+		return
+	}
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	w.seenDeleted.Add(key, m.GetUID(), ownWritesTTL)
+	if c, ok := w.created[key]; ok {
+		if cm, err := meta.Accessor(c.obj); err == nil && cm.GetUID() == m.GetUID() {
+			delete(w.created, key)
+		}
+	}
 }

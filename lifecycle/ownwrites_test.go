@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"slices"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -236,5 +237,67 @@ func TestOwnCreationsGoneIsMissingUntilTheInformerShowsTheDeletion(t *testing.T)
 	}
 	if got, n := getPV(t, w), byIndex(); got != "9 Available" || n != 1 {
 		t.Errorf("a new object of the name: Get %s, ByIndex %d objects; want 9 Available, one", got, n)
+	}
+}
+
+// indexInformer is an informer that is never started: the test changes its indexer and
+// calls the one event handler itself.
+type indexInformer struct {
+	cache.SharedIndexInformer
+	handler cache.ResourceEventHandler
+}
+
+func (s *indexInformer) AddEventHandler(h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
+	s.handler = h
+	return nil, nil
+}
+
+// A creation that someone deletes at once may be shown added and deleted by the informer
+// before the creation's answer reaches Wrote, or its deletion may reach OwnWrites after
+// Wrote: either way it is missing, also for the handlers given to NewOwnCreations, which
+// get each event after OwnWrites took it into account. A new object of the name is not.
+func TestOwnCreationsACreationTheInformerShowedDeletedIsMissing(t *testing.T) {
+	inf := &indexInformer{SharedIndexInformer: cache.NewSharedIndexInformer(&cache.ListWatch{}, &v1.PersistentVolume{}, 0, cache.Indexers{})}
+	var w *OwnWrites[*v1.PersistentVolume]
+	var onDelete []string
+	w, err := NewOwnCreations[*v1.PersistentVolume](klog.Background(), inf, cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(any) { onDelete = append(onDelete, getPV(t, w)) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := func(obj *v1.PersistentVolume) { // added to and deleted from the informer's store
+		if err := inf.GetIndexer().Add(obj); err != nil {
+			t.Fatal(err)
+		}
+		if err := inf.GetIndexer().Delete(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Added and deleted before the answer.
+	shown(pvAt("5", "Available"))
+	inf.handler.OnAdd(pvAt("5", "Available"), false)
+	inf.handler.OnDelete(pvAt("5", "Available"))
+	w.Wrote(pvAt("5", "Available"))
+	if got := getPV(t, w); got != "missing" {
+		t.Errorf("answer after the informer showed the deletion: %s, want missing", got)
+	}
+
+	// The deletion's event reaches OwnWrites after the answer.
+	second := pvAt("7", "Available")
+	second.UID = "uid-2"
+	shown(second)
+	inf.handler.OnAdd(second, false)
+	w.Wrote(second)
+	if got := getPV(t, w); got != "7 Available" {
+		t.Errorf("a new object of the name, created: %s, want 7 Available", got)
+	}
+	inf.handler.OnDelete(second)
+	if got := getPV(t, w); got != "missing" {
+		t.Errorf("after the informer's deletion event: %s, want missing", got)
+	}
+	if want := []string{"missing", "missing"}; !slices.Equal(onDelete, want) {
+		t.Errorf("the handler read %v in its deletion events, want %v", onDelete, want)
 	}
 }
