@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,7 +23,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -41,6 +40,12 @@ import (
 // key each --capacity-poll-interval. Objects are recognised by upstream's labels (driver
 // name, managed-by), so a new leader, or upstream's external-provisioner before it, keeps
 // the objects it finds and deletes those nobody wants any more.
+//
+// Objects are read and written as every sidecar does (lifecycle's one way to write): from
+// the cache read through this replica's own writes and creations (lifecycle.OwnWrites), an
+// update carrying the copy's resourceVersion; a conflict goes back to the queue, whose
+// backoff lets the cache catch up. OwnWrites also tells the events of its own writes from
+// changes by someone else (Echo): only the latter ask for a sync.
 
 // Labels of the CSIStorageCapacity objects, with upstream's names and values (P9).
 const (
@@ -49,6 +54,8 @@ const (
 	capacityManagedBy      = "external-provisioner"
 	capacityGenerateName   = "csisc-"
 	capacityQueueName      = "csistoragecapacity"
+	// capacityKeyIndex indexes the managed objects by their key (capacityKey.String).
+	capacityKeyIndex = "capacityKey"
 )
 
 // capacityKey names one CSIStorageCapacity object: a StorageClass and a topology segment
@@ -102,21 +109,24 @@ type capacityTracker struct {
 	csiNodes storagelisters.CSINodeLister // nil in a node deployment
 	synced   []cache.InformerSynced
 	// objects is the cache of the managed objects (namespace and labels filtered by the
-	// server); its informer lives on its own factory, started by start.
+	// server), indexed by key (capacityKeyIndex); its informer lives on its own factory,
+	// started by start.
 	objects      cache.Indexer
 	objectsStart func(stop <-chan struct{})
+	// own reads objects through this replica's own writes and creations: a sync that
+	// follows a write before the informer shows it starts from what was written, and a
+	// second object for the key is not created meanwhile.
+	own *lifecycle.OwnWrites[*storagev1.CSIStorageCapacity]
 
 	queue *lifecycle.Queue[capacityKey]
 
 	mu sync.Mutex
 	// desired holds the segment labels of every object that should exist.
 	desired map[capacityKey]map[string]string
-	// written holds the last object this replica wrote per key: the informer may not
-	// have seen it yet, and a second object for the key must not be created meanwhile.
-	written map[capacityKey]*storagev1.CSIStorageCapacity
 	// syncing holds the keys whose sync runs now, with the latest object an event
 	// brought meanwhile (nil for none): the sync's own write is not a change to repair,
-	// but someone else's edit it did not see is, once it has finished.
+	// but someone else's edit it did not see is, once it has finished (the event of its
+	// write may come before the write's answer is recorded, when Echo cannot know it yet).
 	syncing map[capacityKey]*storagev1.CSIStorageCapacity
 	// computed: desired has been computed once (before, every key looks unwanted).
 	computed bool
@@ -125,7 +135,7 @@ type capacityTracker struct {
 // newCapacityTracker registers the listers and handlers on the shared factory and builds
 // the informer of the managed objects. It must run before the shared factory starts.
 func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
-	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, written: map[capacityKey]*storagev1.CSIStorageCapacity{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
+	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
 	t.queue = lifecycle.NewQueue[capacityKey](lifecycle.QueueOptions{Name: capacityQueueName, RetryStart: retryStart, RetryMax: retryMax,
 		Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
 	recompute := func(any) { t.queue.Add(recomputeCapacities) }
@@ -176,13 +186,18 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(lifecycle.TrimForCache))
 	objects := own.Storage().V1().CSIStorageCapacities().Informer()
+	if err := objects.AddIndexers(cache.Indexers{capacityKeyIndex: t.indexByKey}); err != nil {
+		return nil, fmt.Errorf("indexing CSIStorageCapacity objects: %w", err)
+	}
 	t.objects = objects.GetIndexer()
 	// Only a change by someone else, an object no longer wanted or a duplicate, or the
 	// deletion of an object, asks for a sync: the events of this replica's own writes do
-	// not (each would cost a GetCapacity and, with a drifting answer, another write).
-	if _, err := objects.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { t.onObject(obj, true) },
-		UpdateFunc: func(_, obj any) { t.onObject(obj, false) },
+	// not (each would cost a GetCapacity and, with a drifting answer, another write). The
+	// handler gets them through OwnWrites, so a sync that an event asks for reads the
+	// objects as that event left them.
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { t.onObject(nil, obj) },
+		UpdateFunc: t.onObject,
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -192,20 +207,30 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 				t.queue.Add(keyOfCapacity(sc))
 			}
 		},
-	}); err != nil {
-		return nil, err
+	}
+	var err error
+	if t.own, err = lifecycle.NewOwnCreations[*storagev1.CSIStorageCapacity](klog.Background(), objects, handler); err != nil {
+		return nil, fmt.Errorf("CSIStorageCapacity cache: %w", err)
 	}
 	t.synced = append(t.synced, objects.HasSynced)
 	t.objectsStart = own.Start
 	return t, nil
 }
 
-// onObject enqueues the key of an added or updated object when it needs a sync: an object
-// that lost our labels, one the desired set does not want, a second object for its key, or
-// one whose values someone else changed. It records a newer copy of what this replica
-// wrote. The events of this replica's own writes ask for nothing: with a driver whose
-// answer drifts, each would cost a GetCapacity and another write, a stream of them.
-func (t *capacityTracker) onObject(obj any, added bool) {
+// indexByKey indexes a managed object by its key (capacityKeyIndex).
+func (t *capacityTracker) indexByKey(obj any) ([]string, error) {
+	if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
+		return []string{keyOfCapacity(sc).String()}, nil
+	}
+	return nil, nil
+}
+
+// onObject enqueues the key of an added (old nil) or updated object when it needs a sync:
+// an object that lost our labels, one the desired set does not want, a second object for
+// its key, or one whose values someone else changed. The events of this replica's own
+// writes ask for nothing (OwnWrites.Echo): with a driver whose answer drifts, each would
+// cost a GetCapacity and another write, a stream of them.
+func (t *capacityTracker) onObject(old, obj any) {
 	sc, ok := obj.(*storagev1.CSIStorageCapacity)
 	if !ok || sc.Namespace != t.namespace {
 		return
@@ -213,7 +238,7 @@ func (t *capacityTracker) onObject(obj any, added bool) {
 	key := keyOfCapacity(sc)
 	if !t.manages(sc) {
 		// No longer ours (labels removed): the key needs an object of ours again.
-		if !added {
+		if old != nil {
 			t.queue.Add(key)
 		}
 		return
@@ -221,67 +246,48 @@ func (t *capacityTracker) onObject(obj any, added bool) {
 	t.mu.Lock()
 	_, wanted := t.desired[key]
 	unknown := !t.computed
-	written := t.written[key]
-	seen, syncing := t.syncing[key]
-	if syncing && (seen == nil || newerVersion(sc, seen)) {
+	_, syncing := t.syncing[key]
+	if syncing {
+		// One handler gets the events in order: the latest is the newest.
 		t.syncing[key] = sc
 	}
-	if !syncing && written != nil && written.UID == sc.UID && newerVersion(sc, written) {
-		t.written[key] = sc
-	}
 	t.mu.Unlock()
+	before, updated := old.(*storagev1.CSIStorageCapacity)
 	switch {
 	case unknown || !wanted || t.duplicate(sc):
 		t.queue.Add(key)
-	case added || syncing:
+	case !updated || syncing:
 		// A new object of a wanted key is adopted by the next poll; the sync running
-		// now compares what it wrote with this one when it ends.
-	case changedByOthers(sc, written, t.owner):
+		// now tells its own write from this one when it ends (syncDone).
+	case t.own.Echo(sc):
+		// The event of a write of this replica.
+	case changedByOthers(sc, before, t.owner):
 		t.queue.Add(key)
 	}
 }
 
 // duplicate tells whether the cache holds another managed object of sc's key.
 func (t *capacityTracker) duplicate(sc *storagev1.CSIStorageCapacity) bool {
-	key := keyOfCapacity(sc)
-	for _, obj := range t.objects.List() {
-		if o, ok := obj.(*storagev1.CSIStorageCapacity); ok && o.UID != sc.UID && t.manages(o) && keyOfCapacity(o) == key {
-			return true
-		}
-	}
-	return false
-}
-
-// changedByOthers decides whether an updated object differs from what this replica last
-// wrote for its key: another object than ours (or none written yet), or a newer version
-// whose capacity, maximum size or owner is not ours.
-func changedByOthers(obj, written *storagev1.CSIStorageCapacity, owner *metav1.OwnerReference) bool {
-	if written == nil || written.UID != obj.UID {
-		return true
-	}
-	if obj.ResourceVersion == written.ResourceVersion || !newerVersion(obj, written) {
+	objs, err := t.objects.ByIndex(capacityKeyIndex, keyOfCapacity(sc).String())
+	if err != nil {
 		return false
 	}
-	want := &storagev1.CSIStorageCapacity{Capacity: written.Capacity, MaximumVolumeSize: written.MaximumVolumeSize}
+	return slices.ContainsFunc(objs, func(obj any) bool {
+		o, ok := obj.(*storagev1.CSIStorageCapacity)
+		return ok && o.UID != sc.UID
+	})
+}
+
+// changedByOthers decides whether obj, a version of an object someone else wrote (not
+// the echo of this replica's write), lacks what the tracker keeps in it as before held
+// it: before's capacity and maximum size, and this instance's owner reference. Other
+// changes (labels of others, annotations) are not the tracker's to repair.
+func changedByOthers(obj, before *storagev1.CSIStorageCapacity, owner *metav1.OwnerReference) bool {
+	want := &storagev1.CSIStorageCapacity{Capacity: before.Capacity, MaximumVolumeSize: before.MaximumVolumeSize}
 	if owner != nil {
 		want.OwnerReferences = []metav1.OwnerReference{*owner}
 	}
 	return !capacityUpToDate(obj, want)
-}
-
-// newerVersion tells whether a is a later version of the object than b. Resource versions
-// are compared as the numbers the API server makes them; versions that are not numbers
-// are only known to differ, and the later one is taken to be the one the cache shows.
-func newerVersion(a, b *storagev1.CSIStorageCapacity) bool {
-	if a.ResourceVersion == b.ResourceVersion {
-		return false
-	}
-	av, errA := strconv.ParseUint(a.ResourceVersion, 10, 64)
-	bv, errB := strconv.ParseUint(b.ResourceVersion, 10, 64)
-	if errA != nil || errB != nil {
-		return true
-	}
-	return av > bv
 }
 
 // refresh enqueues the keys of the class whose segment a volume of the given topology
@@ -403,8 +409,10 @@ func (t *capacityTracker) recompute() error {
 }
 
 // syncObject makes the objects of one key what they should be: none when the key is not
-// wanted, else exactly one holding what GetCapacity says now.
-func (t *capacityTracker) syncObject(key capacityKey) error {
+// wanted, else exactly one holding what GetCapacity says now. It writes from the objects
+// as this replica knows them (objectsOf), never from a read made for the write: a conflict
+// is returned, and the key goes back to the queue.
+func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 	logger := klog.Background().WithValues("storageClass", key.class, "segment", key.segment)
 	ctx := klog.NewContext(t.ops, logger)
 	t.mu.Lock()
@@ -418,22 +426,17 @@ func (t *capacityTracker) syncObject(key capacityKey) error {
 	}
 	t.mu.Lock()
 	segment, wanted := t.desired[key]
-	written := t.written[key]
 	t.syncing[key] = nil
 	t.mu.Unlock()
-	defer func() {
-		t.mu.Lock()
-		seen := t.syncing[key]
-		delete(t.syncing, key)
-		written := t.written[key]
-		t.mu.Unlock()
-		if seen != nil && changedByOthers(seen, written, t.owner) {
-			t.queue.Add(key)
-		}
-	}()
-	existing := t.objectsOf(key, written)
+	// want is what the sync wrote or found in place; nil when it did not get so far.
+	var want *storagev1.CSIStorageCapacity
+	defer func() { t.syncDone(key, want, err) }()
+	existing, err := t.objectsOf(key)
+	if err != nil {
+		return err
+	}
 	if !wanted {
-		return t.deleteObjects(ctx, key, existing)
+		return t.deleteObjects(ctx, existing)
 	}
 	class, err := t.classes.Get(key.class)
 	if apierrors.IsNotFound(err) {
@@ -451,154 +454,113 @@ func (t *capacityTracker) syncObject(key capacityKey) error {
 	if err != nil {
 		return fmt.Errorf("GetCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
 	}
-	want := t.capacityObject(key, segment, resp)
+	answer := t.capacityObject(key, segment, resp)
 
-	var current *storagev1.CSIStorageCapacity
+	create := true
 	if len(existing) > 0 {
+		var current *storagev1.CSIStorageCapacity
 		current, existing = existing[0], existing[1:]
-	}
-	if current != nil && current == written && !t.cached(written) {
-		// Written here but not (or no longer) in the cache: created a moment ago, or
-		// deleted by someone since. The server knows which.
-		if current, err = t.fresh(ctx, written); err != nil {
+		err := t.update(ctx, current, answer)
+		switch {
+		case apierrors.IsNotFound(err):
+			// Deleted by someone else, perhaps before the informer showed it: the
+			// object is still wanted, so it comes back.
+			t.own.Gone(current)
+		case err != nil:
 			return err
-		}
-		if current == nil && len(existing) > 0 {
-			current, existing = existing[0], existing[1:]
-		}
-	}
-	var saved *storagev1.CSIStorageCapacity
-	if current != nil {
-		saved, err = t.update(ctx, current, want)
-		if apierrors.IsNotFound(err) {
-			// Deleted by someone else: the object is still wanted, so it comes back.
-			current, err = nil, nil
-		} else if err != nil {
-			return err
+		default:
+			create = false
 		}
 	}
-	if current == nil {
+	if create {
 		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
-		saved, err = t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(apiCtx, want, metav1.CreateOptions{})
+		saved, err := t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(apiCtx, answer, metav1.CreateOptions{})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("creating CSIStorageCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
 		}
-		logger.V(3).Info("CSIStorageCapacity created", "name", saved.Name, "capacity", want.Capacity)
+		t.own.Wrote(saved)
+		logger.V(3).Info("CSIStorageCapacity created", "name", saved.Name, "capacity", answer.Capacity)
 	}
-	t.mu.Lock()
-	t.written[key] = saved
-	t.mu.Unlock()
+	want = answer
 	// Duplicates (two replicas, or a lost create response) go.
-	return t.deleteObjects(ctx, key, existing)
+	return t.deleteObjects(ctx, existing)
 }
 
-// update brings one object to want's values when they differ, retrying conflicts with the
-// object read afresh.
-func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.CSIStorageCapacity) (*storagev1.CSIStorageCapacity, error) {
-	ctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
-	client := t.kube.StorageV1().CSIStorageCapacities(current.Namespace)
-	saved := current
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if capacityUpToDate(saved, want) {
-			return nil
-		}
-		update := saved.DeepCopy()
-		update.Capacity, update.MaximumVolumeSize = want.Capacity, want.MaximumVolumeSize
-		if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
-			update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
-		}
-		updated, err := client.Update(ctx, update, metav1.UpdateOptions{})
-		if apierrors.IsConflict(err) {
-			if fresh, getErr := client.Get(ctx, saved.Name, metav1.GetOptions{}); getErr == nil {
-				saved = fresh
-			}
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		saved = updated
-		klog.FromContext(ctx).V(3).Info("CSIStorageCapacity updated", "name", saved.Name, "capacity", saved.Capacity)
+// syncDone ends the sync of key: an event that came meanwhile and is neither the echo of
+// this replica's write nor holding what the sync wrote (want; nil: it wrote nothing) was
+// someone else's change, made after the sync read the object, and asks for another sync.
+// A failed sync goes back to the queue with its backoff anyway.
+func (t *capacityTracker) syncDone(key capacityKey, want *storagev1.CSIStorageCapacity, err error) {
+	t.mu.Lock()
+	seen := t.syncing[key]
+	delete(t.syncing, key)
+	t.mu.Unlock()
+	if err != nil || seen == nil || t.own.Echo(seen) {
+		return
+	}
+	if want == nil || changedByOthers(seen, want, t.owner) {
+		t.queue.Add(key)
+	}
+}
+
+// update brings current, the freshest copy of the object this replica knows, to want's
+// values when they differ: one update carrying current's resourceVersion, whose answer
+// goes to OwnWrites. A conflict (someone else wrote the object since) is returned: the
+// key goes back to the queue, whose backoff lets the cache catch up.
+func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.CSIStorageCapacity) error {
+	if capacityUpToDate(current, want) {
 		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
 	}
-	return saved, nil
-}
-
-// cached tells whether the informer holds the object (any version of it).
-func (t *capacityTracker) cached(obj *storagev1.CSIStorageCapacity) bool {
-	item, exists, err := t.objects.Get(obj)
-	if err != nil || !exists {
-		return false
+	update := current.DeepCopy()
+	update.Capacity, update.MaximumVolumeSize = want.Capacity, want.MaximumVolumeSize
+	if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
+		update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
 	}
-	sc, ok := item.(*storagev1.CSIStorageCapacity)
-	return ok && sc.UID == obj.UID
-}
-
-// fresh reads the object from the server on ctx (Ops()); nil when it is gone.
-func (t *capacityTracker) fresh(ctx context.Context, obj *storagev1.CSIStorageCapacity) (*storagev1.CSIStorageCapacity, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.timeout)
 	defer cancel()
-	got, err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Get(ctx, obj.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("reading CSIStorageCapacity %s: %w", klog.KObj(obj), err)
-	case got.UID != obj.UID:
-		return nil, nil
+	saved, err := t.kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
 	}
-	return got, nil
+	t.own.Wrote(saved)
+	klog.FromContext(ctx).V(3).Info("CSIStorageCapacity updated", "name", saved.Name, "capacity", saved.Capacity)
+	return nil
 }
 
-// deleteObjects deletes objects of a key, on Ops().
-func (t *capacityTracker) deleteObjects(ctx context.Context, key capacityKey, objs []*storagev1.CSIStorageCapacity) error {
+// deleteObjects deletes objects of a key, on Ops(), and tells OwnWrites they are gone.
+func (t *capacityTracker) deleteObjects(ctx context.Context, objs []*storagev1.CSIStorageCapacity) error {
 	for _, obj := range objs {
 		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
 		err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(apiCtx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
 		cancel()
+		// A conflict: the name holds another object, this one is gone.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting CSIStorageCapacity %s: %w", klog.KObj(obj), err)
 		}
+		t.own.Gone(obj)
 		klog.FromContext(ctx).V(3).Info("CSIStorageCapacity deleted", "name", obj.Name)
-		t.mu.Lock()
-		if w := t.written[key]; w != nil && w.UID == obj.UID {
-			delete(t.written, key)
-		}
-		t.mu.Unlock()
 	}
 	return nil
 }
 
-// objectsOf returns the managed objects of a key from the cache, the one this replica
-// wrote last first. The cached copy of it is taken whenever the cache has seen the write
-// (or a later change, someone else's, which the sync then repairs); written stands in for
-// it only until then, and is the only copy when the cache does not hold the object yet.
-func (t *capacityTracker) objectsOf(key capacityKey, written *storagev1.CSIStorageCapacity) []*storagev1.CSIStorageCapacity {
-	var out []*storagev1.CSIStorageCapacity
-	mine := written
-	for _, obj := range t.objects.List() {
-		if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) && keyOfCapacity(sc) == key {
-			if written != nil && sc.UID == written.UID {
-				if sc.ResourceVersion == written.ResourceVersion || newerVersion(sc, written) {
-					mine = sc
-				}
-				continue
-			}
-			out = append(out, sc)
+// objectsOf returns the managed objects of a key as this replica knows them, the cache
+// read through its own writes and creations (OwnWrites): an object it created or updated
+// a moment ago counts as written before the informer shows it. The oldest comes first
+// (then by name): the one every replica keeps when there are several.
+func (t *capacityTracker) objectsOf(key capacityKey) ([]*storagev1.CSIStorageCapacity, error) {
+	objs, err := t.own.ByIndex(capacityKeyIndex, key.String())
+	if err != nil {
+		return nil, fmt.Errorf("reading the CSIStorageCapacity objects of %s: %w", key, err)
+	}
+	objs = slices.DeleteFunc(objs, func(sc *storagev1.CSIStorageCapacity) bool { return !t.manages(sc) || keyOfCapacity(sc) != key })
+	slices.SortFunc(objs, func(a, b *storagev1.CSIStorageCapacity) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
 		}
-	}
-	slices.SortFunc(out, func(a, b *storagev1.CSIStorageCapacity) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+		return strings.Compare(a.Name, b.Name)
 	})
-	if mine != nil {
-		out = append([]*storagev1.CSIStorageCapacity{mine}, out...)
-	}
-	return out
+	return objs, nil
 }
 
 func (t *capacityTracker) manages(sc *storagev1.CSIStorageCapacity) bool {

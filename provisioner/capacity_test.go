@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -114,6 +115,8 @@ type capacityWorld struct {
 	registry metrics.KubeRegistry
 	stop     context.CancelFunc
 	done     chan struct{}
+	// conflicts counts the updates of CSIStorageCapacity objects answered 409.
+	conflicts atomic.Int64
 }
 
 func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacityConfig), objects ...runtime.Object) *capacityWorld {
@@ -136,16 +139,33 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 		}
 		return false, nil, nil
 	})
-	// Nor does it keep resource versions: numbered as the API server numbers them.
+	// Nor does it keep resource versions: numbered as the API server numbers them. An
+	// update carrying another version than the stored one is a conflict, as there.
 	var rv atomic.Int64
-	for _, verb := range []string{"create", "update"} {
-		w.kube.PrependReactor(verb, "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
-			if o, ok := a.(interface{ GetObject() runtime.Object }); ok {
-				o.GetObject().(*storagev1.CSIStorageCapacity).ResourceVersion = strconv.FormatInt(rv.Add(1)+100, 10)
-			}
-			return false, nil, nil
-		})
-	}
+	w.kube.PrependReactor("create", "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		a.(k8stesting.CreateAction).GetObject().(*storagev1.CSIStorageCapacity).ResourceVersion = strconv.FormatInt(rv.Add(1)+100, 10)
+		return false, nil, nil
+	})
+	var updates sync.Mutex // one update at a time: compare, then store
+	w.kube.PrependReactor("update", "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		update := a.(k8stesting.UpdateAction)
+		obj := update.GetObject().(*storagev1.CSIStorageCapacity).DeepCopy()
+		updates.Lock()
+		defer updates.Unlock()
+		stored, err := w.kube.Tracker().Get(update.GetResource(), update.GetNamespace(), obj.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if have := stored.(*storagev1.CSIStorageCapacity).ResourceVersion; obj.ResourceVersion != "" && obj.ResourceVersion != have {
+			w.conflicts.Add(1)
+			return true, nil, apierrors.NewConflict(update.GetResource().GroupResource(), obj.Name, fmt.Errorf("version %s, stored %s", obj.ResourceVersion, have))
+		}
+		obj.ResourceVersion = strconv.FormatInt(rv.Add(1)+100, 10)
+		if err := w.kube.Tracker().Update(update.GetResource(), obj, update.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, obj, nil
+	})
 	cfg := capacityConfig{
 		driver: drv, namespace: capNS, managedBy: capacityManagedBy,
 		pollInterval: time.Hour, timeout: 5 * time.Second, threads: 2,
@@ -578,6 +598,52 @@ func TestACapacityChangedBySomeoneElseIsRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitFor("the capacity repaired", func() bool { return w.capacities()[key] == 5000 })
+}
+
+// Someone else writes the object while the tracker asks GetCapacity, after it read the
+// object: its update, carrying the version it read, conflicts. The key goes back to the
+// queue (no GET, no retry loop), and after the backoff the tracker writes from the newer
+// copy: the object holds the driver's answer and keeps the other writer's change.
+func TestAConflictingWriteGoesBackToTheQueueAndTheObjectEndsUpRight(t *testing.T) {
+	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
+		append(topologyObjects("n1"), lateClass("fast", nil))...)
+	key := "fast@" + testdriver.TopologyKey + "=n1"
+	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+
+	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 500*time.Millisecond)
+	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
+		return slices.ContainsFunc(calls, func(c testdriver.Call) bool { return c.Method == testdriver.MethodGetCapacity && !c.Done() })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 0)
+	o := w.objects()[key]
+	o.Annotations = map[string]string{"example.com/by": "someone else"}
+	if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	w.waitFor("the driver's answer written", func() bool { return w.capacities()[key] == 42 })
+	if got := w.objects()[key].Annotations["example.com/by"]; got != "someone else" {
+		t.Errorf("the other writer's annotation is %q after the tracker's write, want it kept", got)
+	}
+	// One at least: the tracker's update from the copy it read before the other write
+	// (more while the informer has not shown that write after a backoff).
+	if n := w.conflicts.Load(); n < 1 {
+		t.Errorf("no conflict: the tracker's update did not carry the version it read")
+	}
+	for _, a := range w.kube.Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "csistoragecapacities" {
+			t.Errorf("the tracker read an object for its write: %v", a)
+		}
+	}
+	if n := len(w.objects()); n != 1 {
+		t.Errorf("%d objects, want 1:\n%s", n, w.describe())
+	}
 }
 
 // segmentsAsked answers GetCapacity with a fixed value and records the segments asked for.
