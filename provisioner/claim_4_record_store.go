@@ -81,6 +81,10 @@ type recordStore struct {
 	now func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
+	// linger is how long a flush lets records gather before it takes the next batch when
+	// more came in while it wrote (the budget is short): one token of the budget (1/QPS),
+	// in which the PersistentVolumes of the last batch are written anyway. 0 for none.
+	linger time.Duration
 }
 
 func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*recordStore, error) {
@@ -98,6 +102,9 @@ func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSou
 		return nil, fmt.Errorf("record events: %w", err)
 	}
 	s.own = own
+	if rl := kube.CoreV1().RESTClient().GetRateLimiter(); rl != nil && rl.QPS() > 0 {
+		s.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
+	}
 	return s, nil
 }
 
@@ -303,6 +310,16 @@ func (b *recordBatches) add(w *waitingRecord) bool {
 	return true
 }
 
+// backlog tells whether records of the namespace wait, and gives the first one's context.
+func (b *recordBatches) backlog(ns string) (context.Context, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q := b.waiting[ns]; len(q) > 0 {
+		return q[0].ctx, true
+	}
+	return nil, false
+}
+
 // next takes the namespace's next batch; none ends the flush. A record whose context
 // ended while it waited is answered with that and left out.
 func (b *recordBatches) next(ns string) []*waitingRecord {
@@ -330,30 +347,45 @@ func (b *recordBatches) next(ns string) []*waitingRecord {
 
 // flush writes the namespace's waiting records, one event per batch, until none wait.
 // The event is written on the first record's context: all are the starting work of one
-// process, which ends for all at once.
+// process, which ends for all at once. When records came in while it wrote, the budget is
+// short: it lingers before the next batch, and the batch is larger by what came in
+// meanwhile, at no cost in the budget.
 func (s *recordStore) flush(ns string) {
 	for batch := s.batches.next(ns); len(batch) > 0; batch = s.batches.next(ns) {
-		first := batch[0].rec
-		ev := s.event(first.Claim, v1.EventTypeNormal, reasonProvisioning,
-			fmt.Sprintf("External provisioner is provisioning volume for claim %q", first.Claim.Namespace+"/"+first.Claim.Name))
-		ev.Annotations = map[string]string{annProvisioning: first.Record}
-		var err error
-		if len(batch) > 1 {
-			also := make([]carriedRecord, 0, len(batch)-1)
-			for _, w := range batch[1:] {
-				also = append(also, w.rec)
-			}
-			var value []byte
-			if value, err = json.Marshal(also); err == nil {
-				ev.Annotations[annRecordAlso] = string(value)
+		s.writeBatch(batch)
+		if ctx, more := s.batches.backlog(ns); more && s.linger > 0 {
+			t := time.NewTimer(s.linger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
 			}
 		}
-		if err == nil {
-			err = s.create(batch[0].ctx, ev)
+	}
+}
+
+// writeBatch writes one batch's event and answers its records.
+func (s *recordStore) writeBatch(batch []*waitingRecord) {
+	first := batch[0].rec
+	ev := s.event(first.Claim, v1.EventTypeNormal, reasonProvisioning,
+		fmt.Sprintf("External provisioner is provisioning volume for claim %q", first.Claim.Namespace+"/"+first.Claim.Name))
+	ev.Annotations = map[string]string{annProvisioning: first.Record}
+	var err error
+	if len(batch) > 1 {
+		also := make([]carriedRecord, 0, len(batch)-1)
+		for _, w := range batch[1:] {
+			also = append(also, w.rec)
 		}
-		for _, w := range batch {
-			w.done <- err
+		var value []byte
+		if value, err = json.Marshal(also); err == nil {
+			ev.Annotations[annRecordAlso] = string(value)
 		}
+	}
+	if err == nil {
+		err = s.create(batch[0].ctx, ev)
+	}
+	for _, w := range batch {
+		w.done <- err
 	}
 }
 
