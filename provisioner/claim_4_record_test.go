@@ -17,7 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
@@ -465,5 +467,24 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 	defer s.batches.mu.Unlock()
 	if len(s.batches.flushing) != 0 || len(s.batches.waiting) != 0 {
 		t.Errorf("batches left: flushing %v, waiting %v", s.batches.flushing, s.batches.waiting)
+	}
+}
+
+// A flush that finds records waiting after a write lingers one token of the client's
+// budget; a client without a limit (or a fake) has no linger.
+func TestARecordBatchLingersOneTokenOfTheBudget(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "http://127.0.0.1:1", QPS: 5, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newRecordStore(kube, drv, v1.EventSource{Component: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.linger != 200*time.Millisecond {
+		t.Errorf("linger %v at QPS 5, want 200ms", s.linger)
+	}
+	if s, _ := newRecordStore(fake.NewClientset(), drv, v1.EventSource{}); s.linger != 0 {
+		t.Errorf("linger %v without a rate limiter, want none", s.linger)
 	}
 }
