@@ -3,7 +3,6 @@ package attacher
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
@@ -29,14 +27,9 @@ import (
 const (
 	// attachChaosVolumes per round; attachment i is deleted during the failover when
 	// i%3 == 0.
-	attachChaosVolumes  = 6
-	attachChaosReplicas = 3
-	attachChaosLatency  = 2 * time.Second
-	attachChaosTimeout  = 90 * time.Second
+	attachChaosVolumes = 6
+	attachChaosLatency = 2 * time.Second
 )
-
-// attachChaosLease makes a killed leader's Lease expire within seconds.
-var attachChaosLease = []string{"--leader-election-lease-duration=3s", "--leader-election-renew-deadline=2s", "--leader-election-retry-period=500ms"}
 
 // attachChaosResult is what an attacher chaos run observed.
 type attachChaosResult struct {
@@ -57,61 +50,44 @@ type attachChaosItem struct {
 
 type attachChaos struct {
 	*scenario
-	replicas map[string]*e2e.Replica
-	items    []*attachChaosItem
-	res      attachChaosResult
+	items []*attachChaosItem
+	// batch and ids are the round's attachments and their volumes.
+	batch []*attachChaosItem
+	ids   map[string]bool
+	res   attachChaosResult
 }
 
-// runAttachChaos runs rounds rounds; t fails unless every round settles.
+// runAttachChaos runs rounds rounds of e2e.ChaosRounds; t fails unless every round
+// settles.
 func runAttachChaos(t testing.TB, rounds int) attachChaosResult {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodControllerPublishVolume: attachChaosLatency}})
-	c := &attachChaos{scenario: s, replicas: map[string]*e2e.Replica{}}
-	for i := range attachChaosReplicas {
-		id := fmt.Sprintf("replica-%d", i)
-		c.replicas[id] = c.startAs(id, id)
+	c := &attachChaos{scenario: s}
+	run := &e2e.ChaosRounds{S: s.Scenario, Lease: s.leaseName,
+		Start: func(name, id string) *e2e.Replica {
+			return s.start(name, append(append([]string{"--leader-election-identity=" + id}, fastAPI...), e2e.ChaosLease...)...)
+		},
+		Work: c.attachAll, InFlight: c.publishing, Leaderless: c.deleteSome, Problems: c.problems, Settled: c.countUncertain,
 	}
-	for _, r := range c.replicas {
-		r.WaitReady(t)
-	}
-	for round := range rounds {
-		c.round(round)
-		if t.Failed() {
-			break
-		}
-	}
+	run.Run(rounds)
+	c.res.rounds, c.res.converge = run.Rounds, run.Converge
 	c.count()
 	return c.res
 }
 
-func (c *attachChaos) startAs(name, id string) *e2e.Replica {
-	args := append(append([]string{"--leader-election-identity=" + id}, fastAPI...), attachChaosLease...)
-	return c.start(name, args...)
-}
-
-// leader waits for a Lease holder that is a running replica and returns its identity.
-func (c *attachChaos) leader() string {
-	c.T.Helper()
-	return c.WaitForRunningHolder(c.leaseName, c.replicas)
-}
-
-// round attaches new volumes, kills the leader while it publishes them, deletes a third
-// of the attachments while nobody leads, restarts the killed replica (same identity in
-// even rounds, a new one in odd rounds), and waits until everything is settled.
-func (c *attachChaos) round(round int) {
+// attachAll creates the round's volumes, their PersistentVolumes and a VolumeAttachment of
+// each to the node.
+func (c *attachChaos) attachAll(round int) {
 	t := c.T
 	t.Helper()
 	ctx := context.Background()
-	id := c.leader()
-	leader := c.replicas[id]
-	var batch []*attachChaosItem
-	ids := map[string]bool{}
+	c.batch, c.ids = nil, map[string]bool{}
 	for i := range attachChaosVolumes {
 		item := &attachChaosItem{va: fmt.Sprintf("%s-r%02d-va-%d", c.Namespace, round, i)}
 		item.volumeID = c.volumeWithPV(fmt.Sprintf("r%02d-vol-%d", round, i), fmt.Sprintf("%s-r%02d-pv-%d", c.Namespace, round, i))
-		ids[item.volumeID] = true
-		batch = append(batch, item)
+		c.ids[item.volumeID] = true
+		c.batch = append(c.batch, item)
 	}
-	for i, item := range batch {
+	for i, item := range c.batch {
 		pv := fmt.Sprintf("%s-r%02d-pv-%d", c.Namespace, round, i)
 		va := &storagev1.VolumeAttachment{
 			ObjectMeta: metav1.ObjectMeta{Name: item.va},
@@ -122,52 +98,37 @@ func (c *attachChaos) round(round int) {
 			t.Fatal(err)
 		}
 	}
-	c.WaitForCalls(fmt.Sprintf("round %d: the leader's publishes running", round), func(calls []testdriver.Call) bool {
-		running := 0
-		for _, call := range e2e.CallsOn(calls, leader, testdriver.MethodControllerPublishVolume) {
-			if ids[call.VolumeID] && !call.Done() {
-				running++
-			}
-		}
-		return running == attachChaosVolumes
-	})
-	killed := leader.Signal(t, syscall.SIGKILL)
-	leader.Wait(t, 10*time.Second)
-	for i, item := range batch {
+	c.items = append(c.items, c.batch...)
+}
+
+// publishing tells whether every publish of the round runs on r.
+func (c *attachChaos) publishing(_ int, calls []testdriver.Call, r *e2e.Replica) bool {
+	return e2e.Running(e2e.CallsFor(calls, r, testdriver.MethodControllerPublishVolume, volumeID, c.ids)) == attachChaosVolumes
+}
+
+func volumeID(c testdriver.Call) string { return c.VolumeID }
+
+// deleteSome deletes a third of the round's attachments while nobody leads, as the
+// attach/detach controller does when the pod goes.
+func (c *attachChaos) deleteSome(int) {
+	for i, item := range c.batch {
 		if i%3 == 0 {
-			if err := c.Client.StorageV1().VolumeAttachments().Delete(ctx, item.va, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
+			if err := c.Client.StorageV1().VolumeAttachments().Delete(context.Background(), item.va, metav1.DeleteOptions{}); err != nil {
+				c.T.Fatal(err)
 			}
 			item.deleted = true
 		}
 	}
-	c.items = append(c.items, batch...)
-	if round%2 == 0 {
-		c.replicas[id] = c.startAs(fmt.Sprintf("%s-restart-%02d", id, round), id)
-	} else {
-		fresh := fmt.Sprintf("replica-r%02d", round)
-		delete(c.replicas, id)
-		c.replicas[fresh] = c.startAs(fresh, fresh)
+}
+
+// countUncertain counts the publishes of the round's deleted attachments that the killed
+// leader had started and the driver finished all the same.
+func (c *attachChaos) countUncertain(_ int, leader *e2e.Replica) {
+	deleted := map[string]bool{}
+	for _, item := range c.batch {
+		deleted[item.volumeID] = item.deleted
 	}
-	// Polled: "settled" spans the API server and the driver, with no one event to wait on.
-	var problems []string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, attachChaosTimeout, true, func(context.Context) (bool, error) {
-		problems = c.problems()
-		return len(problems) == 0, nil
-	})
-	c.res.rounds++
-	if err != nil {
-		t.Errorf("round %d: not settled %v after the kill: %v", round, attachChaosTimeout, problems)
-	} else {
-		c.res.converge = append(c.res.converge, time.Since(killed))
-	}
-	for _, call := range e2e.CallsOn(c.Driver.Journal(), leader, testdriver.MethodControllerPublishVolume) {
-		for _, item := range batch {
-			if item.deleted && call.VolumeID == item.volumeID && call.Code == "OK" {
-				c.res.uncertain++
-			}
-		}
-	}
+	c.res.uncertain += e2e.Succeeded(e2e.CallsFor(c.Driver.Journal(), leader, testdriver.MethodControllerPublishVolume, volumeID, deleted))
 }
 
 // volumeWithPV creates a volume in the driver and its PersistentVolume, and returns the

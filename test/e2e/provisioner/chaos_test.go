@@ -1,11 +1,9 @@
 package provisioner
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
@@ -40,21 +37,10 @@ const (
 	pvcProtectionFinalizer = "kubernetes.io/pvc-protection"
 )
 
-const (
-	// chaosClaims per round: half on an Immediate class, half on a WaitForFirstConsumer one
-	// (selected node n1). Claim i is deleted when i%3 == 0 and, if delayed, rescheduled to
-	// n2 when i%3 == 1: a third deleted, a sixth rescheduled, the rest left alone.
-	chaosClaims = 6
-	// chaosReplicas run at all times: a killed one is started again, under the same
-	// identity in even rounds (the container restarted in its pod) and under a new one in
-	// odd rounds (a replacement pod).
-	chaosReplicas = 3
-	// chaosConvergeTimeout bounds one round's convergence; it is a failure, not a figure.
-	chaosConvergeTimeout = 90 * time.Second
-)
-
-// chaosLease makes a killed leader's Lease expire within seconds.
-var chaosLease = []string{"--leader-election-lease-duration=3s", "--leader-election-renew-deadline=2s", "--leader-election-retry-period=500ms"}
+// chaosClaims per round: half on an Immediate class, half on a WaitForFirstConsumer one
+// (selected node n1). Claim i is deleted when i%3 == 0 and, if delayed, rescheduled to n2
+// when i%3 == 1: a third deleted, a sixth rescheduled, the rest left alone.
+const chaosClaims = 6
 
 // chaosResult is what a chaos run observed.
 type chaosResult struct {
@@ -95,17 +81,18 @@ type chaos struct {
 	*scenario
 	kubeconfig string
 	fast, late string
-	// replicas by identity: the process running under it now.
-	replicas map[string]*e2e.Replica
-	claims   []*chaosClaim
-	res      chaosResult
+	claims     []*chaosClaim
+	// batch and names are the round's claims and their volumes' names.
+	batch []*chaosClaim
+	names map[string]bool
+	res   chaosResult
 }
 
-// runChaos runs the chaos scenario for rounds rounds and returns its figures; t fails on
+// runChaos runs rounds rounds of e2e.ChaosRounds and returns its figures; t fails on
 // anything but a clean end (no leak, no orphan, nothing stuck, no overlap).
 func runChaos(t testing.TB, rounds int) chaosResult {
 	s := newScenario(t, testdriver.Config{Topology: true, MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slow}})
-	c := &chaos{scenario: s, replicas: map[string]*e2e.Replica{}}
+	c := &chaos{scenario: s}
 	s.createNode("n1")
 	s.createNode("n2")
 	c.fast = s.createClass("fast", nil).Name
@@ -114,49 +101,27 @@ func runChaos(t testing.TB, rounds int) chaosResult {
 	}).Name
 	// Exactly upstream's RBAC: the record is written with the verbs upstream grants.
 	c.kubeconfig = s.upstreamServiceAccount(snapshotVerbsV62)
-	for i := range chaosReplicas {
-		id := fmt.Sprintf("replica-%d", i)
-		c.replicas[id] = c.start(id, id)
+	run := &e2e.ChaosRounds{S: s.Scenario, Lease: s.leaseName,
+		Start: func(name, id string) *e2e.Replica {
+			return s.startReplica(name, append([]string{"--kubeconfig=" + c.kubeconfig, "--leader-election-identity=" + id}, e2e.ChaosLease...)...)
+		},
+		Work: c.createClaims, InFlight: c.provisioning, Leaderless: c.deleteAndMove,
+		Problems: func() []string { return c.problems(true) }, Settled: c.countAtRisk,
 	}
-	for _, r := range c.replicas {
-		r.WaitReady(t)
-	}
-	for round := range rounds {
-		c.round(round)
-		if t.Failed() {
-			break
-		}
-	}
+	run.Run(rounds)
+	c.res.rounds, c.res.converge = run.Rounds, run.Converge
 	c.settleFigures()
-	all := make([]*e2e.Replica, 0, len(c.replicas))
-	for _, r := range c.replicas {
+	all := make([]*e2e.Replica, 0, len(run.Replicas))
+	for _, r := range run.Replicas {
 		all = append(all, r)
 	}
 	e2e.NoForbidden(t, all...)
 	return c.res
 }
 
-// start runs a replica named name under identity id.
-func (c *chaos) start(name, id string) *e2e.Replica {
-	args := append([]string{"--kubeconfig=" + c.kubeconfig, "--leader-election-identity=" + id}, chaosLease...)
-	return c.startReplica(name, args...)
-}
-
-// leader waits for a Lease holder that is a running replica, and returns its identity.
-func (c *chaos) leader() string {
-	c.T.Helper()
-	return c.WaitForRunningHolder(c.leaseName, c.replicas)
-}
-
-// round creates claims, kills the leader while their CreateVolume calls run, deletes and
-// reschedules some while nobody leads, restarts the killed replica, and waits until every
-// claim is settled.
-func (c *chaos) round(round int) {
-	t := c.T
-	t.Helper()
-	id := c.leader()
-	leader := c.replicas[id]
-	var batch []*chaosClaim
+// createClaims creates the round's claims.
+func (c *chaos) createClaims(round int) {
+	c.batch, c.names = nil, map[string]bool{}
 	for i := range chaosClaims {
 		cc := &chaosClaim{name: fmt.Sprintf("r%02d-%d", round, i), late: i%2 == 1}
 		class, node := c.fast, ""
@@ -164,26 +129,23 @@ func (c *chaos) round(round int) {
 			class, node = c.late, c.name("n1")
 		}
 		cc.uid = c.createClaim(cc.name, class, node).UID
-		batch = append(batch, cc)
+		c.names[volumeNameOf(cc.uid)] = true
+		c.batch = append(c.batch, cc)
 	}
-	names := map[string]bool{}
-	for _, cc := range batch {
-		names[volumeNameOf(cc.uid)] = true
-	}
-	c.WaitForCalls(fmt.Sprintf("round %d: the leader's CreateVolume calls running", round), func(calls []testdriver.Call) bool {
-		running := 0
-		for _, call := range e2e.CallsOn(calls, leader, testdriver.MethodCreateVolume) {
-			if names[call.VolumeName] && !call.Done() {
-				running++
-			}
-		}
-		return running == chaosClaims
-	})
-	killed := leader.Signal(t, syscall.SIGKILL)
-	leader.Wait(t, 10*time.Second)
+	c.claims = append(c.claims, c.batch...)
+}
 
-	// While nobody leads (the Lease runs out in 3 s): users delete, the scheduler moves.
-	for i, cc := range batch {
+// provisioning tells whether every CreateVolume of the round runs on r.
+func (c *chaos) provisioning(_ int, calls []testdriver.Call, r *e2e.Replica) bool {
+	return e2e.Running(e2e.CallsFor(calls, r, testdriver.MethodCreateVolume, volumeName, c.names)) == chaosClaims
+}
+
+func volumeName(c testdriver.Call) string { return c.VolumeName }
+
+// deleteAndMove is what happens while nobody leads (the Lease runs out in 3 s): users
+// delete claims, the scheduler moves some.
+func (c *chaos) deleteAndMove(int) {
+	for i, cc := range c.batch {
 		switch {
 		case i%3 == 0:
 			c.deleteClaim(cc.name)
@@ -193,36 +155,16 @@ func (c *chaos) round(round int) {
 			cc.rescheduled = true
 		}
 	}
-	c.claims = append(c.claims, batch...)
-	if round%2 == 0 {
-		c.replicas[id] = c.start(fmt.Sprintf("%s-restart-%02d", id, round), id)
-	} else {
-		fresh := fmt.Sprintf("replica-r%02d", round)
-		delete(c.replicas, id)
-		c.replicas[fresh] = c.start(fresh, fresh)
+}
+
+// countAtRisk counts what upstream would have leaked: volumes the dead leader's calls made
+// (they ran to their end in the driver) for claims deleted before anyone recorded them.
+func (c *chaos) countAtRisk(_ int, leader *e2e.Replica) {
+	deleted := map[string]bool{}
+	for _, cc := range c.batch {
+		deleted[volumeNameOf(cc.uid)] = cc.deleted
 	}
-	// Polled: "settled" is a state of the API server and the driver together, with no
-	// event of its own to wait on.
-	var problems []string
-	err := wait.PollUntilContextTimeout(c.ctx(), 100*time.Millisecond, chaosConvergeTimeout, true, func(context.Context) (bool, error) {
-		problems = c.problems(true)
-		return len(problems) == 0, nil
-	})
-	c.res.rounds++
-	if err != nil {
-		t.Errorf("round %d: not settled %v after the kill: %v", round, chaosConvergeTimeout, problems)
-	} else {
-		c.res.converge = append(c.res.converge, time.Since(killed))
-	}
-	// What upstream would have leaked: volumes the dead leader's calls made (they ran to
-	// their end in the driver) for claims deleted before anyone recorded them.
-	for _, call := range e2e.CallsOn(c.Driver.Journal(), leader, testdriver.MethodCreateVolume) {
-		for _, cc := range batch {
-			if cc.deleted && call.VolumeName == volumeNameOf(cc.uid) && call.Code == "OK" {
-				c.res.atRisk++
-			}
-		}
-	}
+	c.res.atRisk += e2e.Succeeded(e2e.CallsFor(c.Driver.Journal(), leader, testdriver.MethodCreateVolume, volumeName, deleted))
 }
 
 // volumeNameOf is the provisioner's volume name of a claim (default flags).

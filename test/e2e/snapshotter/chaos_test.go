@@ -2,7 +2,7 @@ package snapshotter
 
 import (
 	"fmt"
-	"syscall"
+	"slices"
 	"testing"
 	"time"
 
@@ -46,59 +46,47 @@ type snapChaos struct {
 	settle time.Duration
 }
 
-// runSnapChaos is chaos_test.go's scenario with rounds rounds: three replicas; in each
+// runSnapChaos is chaos_test.go's scenario with rounds rounds of e2e.ChaosRounds: in each
 // round the leader is SIGKILLed while its CreateSnapshot calls run in the driver, half of
 // the round's VolumeSnapshots are deleted during the failover, and the killed replica comes
-// back under its own identity or a new one. It counts what is off rather than failing.
+// back under its own identity or a new one. Rounds do not wait to settle; the run settles
+// once, after the last kill. It counts what is off rather than failing.
 func runSnapChaos(t testing.TB, rounds int) snapChaos {
 	t.Helper()
 	const perRound = 6
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: 1500 * time.Millisecond}})
 	claims := s.claims(rounds * perRound)
-	replicas := map[string]*e2e.Replica{}
-	for _, name := range []string{"replica-a", "replica-b", "replica-c"} {
-		replicas[name] = s.start(name, shortLease...)
-	}
-	var lastKill time.Time
-	next := 0
-	for round := range rounds {
-		var batch []string
-		created := time.Now()
-		for range perRound {
-			name := fmt.Sprintf("snap-%02d", next)
-			s.snapshot(name, claims[next])
-			batch = append(batch, name)
-			next++
-		}
-		var leaderName string
-		s.WaitForCalls("this round's CreateSnapshot in flight", func(c []testdriver.Call) bool {
-			for name, r := range replicas {
-				for _, call := range e2e.CallsOn(c, r, testdriver.MethodCreateSnapshot) {
-					if call.Start.After(created) && call.End.IsZero() {
-						leaderName = name
-						return true
-					}
-				}
+	var batch []string
+	var created time.Time
+	run := &e2e.ChaosRounds{S: s.Scenario, Lease: s.leaseName,
+		Start: func(name, id string) *e2e.Replica {
+			return s.start(name, append([]string{"--leader-election-identity=" + id}, shortLease...)...)
+		},
+		Work: func(round int) {
+			batch, created = nil, time.Now()
+			for i := round * perRound; i < (round+1)*perRound; i++ {
+				name := fmt.Sprintf("snap-%02d", i)
+				s.snapshot(name, claims[i])
+				batch = append(batch, name)
 			}
-			return false
-		})
-		leader := replicas[leaderName]
-		lastKill = leader.Signal(t, syscall.SIGKILL)
-		leader.Wait(t, 10*time.Second)
-		for _, name := range batch[:perRound/2] {
-			s.deleteSnapshot(name)
-		}
-		name := leaderName
-		if round%2 == 1 {
-			name = fmt.Sprintf("%s-%d", leaderName, round)
-		}
-		delete(replicas, leaderName)
-		replicas[name] = s.start(name, shortLease...)
-		t.Logf("round %d: killed %s, restarted as %s", round, leaderName, name)
+		},
+		// The leader is whoever runs a CreateSnapshot started in this round: one of this
+		// round's or of an earlier one, nothing settles in between.
+		InFlight: func(_ int, calls []testdriver.Call, r *e2e.Replica) bool {
+			return slices.ContainsFunc(e2e.CallsOn(calls, r, testdriver.MethodCreateSnapshot), func(c testdriver.Call) bool {
+				return c.Start.After(created) && !c.Done()
+			})
+		},
+		Leaderless: func(int) {
+			for _, name := range batch[:perRound/2] {
+				s.deleteSnapshot(name)
+			}
+		},
 	}
+	run.Run(rounds)
 	var c snapChaos
 	c.settled = s.settle()
-	c.settle = time.Since(lastKill)
+	c.settle = time.Since(run.LastKill)
 	c.leaked = len(s.leaked())
 	c.overlaps = len(s.Driver.Overlaps())
 	c.want = rounds * (perRound - perRound/2)
