@@ -3,6 +3,7 @@ package realloop
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -167,6 +168,9 @@ func startReplica(w *world, ro rollout, id string, ours bool) *podReplica {
 	w.T.Helper()
 	p := &podReplica{id: id, ours: ours, bySidecar: map[string]*e2e.Replica{}}
 	flags := upstreamLeaseTimings()
+	if ours {
+		flags = append(flags, requestLogFlags...)
+	}
 	if ours && ro.combined {
 		proc := w.Start(id, []string{"csi-sidecars", "--controllers=attacher,provisioner,resizer"}, flags...)
 		p.procs = append(p.procs, proc)
@@ -265,6 +269,8 @@ type step struct {
 	// stall is the step's longest stall: of those that overlap its handover (from the
 	// SIGTERM until the old replica exited and each Lease it held had a new holder), whole.
 	stall interval
+	// handed is how each Lease held at SIGTERM was handed over (old replicas of ours).
+	handed []handover
 }
 
 // rolling is what a rolling upgrade measured.
@@ -286,8 +292,11 @@ type rolling struct {
 	leaseOf      map[string]string // the sidecar of each Lease
 	// writes are the sidecars' API writes from the audit log, read only for a timeline.
 	writes []audit.Event
-	run    runResult
-	took   time.Duration
+	// procLines are what our replicas logged of their API requests, their waits for a
+	// token and their drains and terms, read only for a timeline.
+	procLines []procLine
+	run       runResult
+	took      time.Duration
 }
 
 // rollingUpgrade runs a rolling upgrade under a stream of Pods and checks its outcome:
@@ -341,9 +350,9 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 		st.signalled = st.old.terminate(t)
 		st.codes, st.killed, st.exited = st.old.waitExit(t)
 		r.steps = append(r.steps, st)
-		progress(t, "%s: step %d: %s ready after %v; %s (held %s) exited %v after SIGTERM, codes %v",
+		progress(t, "%s: step %d: %s ready after %v; %s (held %s) exited %v after SIGTERM, codes %v; load average %s",
 			ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, leasesN(len(st.held)),
-			st.exited.Sub(st.signalled).Round(time.Millisecond), st.codes)
+			st.exited.Sub(st.signalled).Round(time.Millisecond), st.codes, loadAverage())
 	}
 	time.Sleep(l.margin) // offered load after the last step
 	streamEnd := time.Now()
@@ -380,7 +389,22 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 		st := &r.steps[i]
 		st.stall = longestIn(stalls, interval{st.signalled, later(st.exited, st.takenOver)})
 	}
-	explained := false
+	now := time.Now()
+	byID := map[string]*podReplica{}
+	for _, p := range replicas {
+		byID[p.id] = p
+		if p.ours {
+			for _, proc := range p.procs {
+				r.procLines = append(r.procLines, parseProcLog(proc.Name, proc.Stderr(), now)...)
+			}
+		}
+	}
+	for i := range r.steps {
+		if st := &r.steps[i]; st.old.ours {
+			st.handed = r.handovers(*st, byID, leases.Changes)
+		}
+	}
+	explained := r.explainsUpgrade()
 	for i, st := range r.steps {
 		explained = explained || r.explains(st, i)
 	}
@@ -471,6 +495,20 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 		t.Error(err)
 	}
 	return r
+}
+
+// loadAverage is the machine's load average over 1, 5 and 15 minutes: timings on a shared
+// machine mean little without it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // progress reports how a run goes: on stdout for a benchmark (whose log is shown only at
@@ -814,9 +852,15 @@ func (r *rolling) log(t testing.TB) {
 			r.ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, held, exitCodes(st.codes, st.killed),
 			st.exited.Sub(st.signalled).Round(time.Millisecond), st.stall.length().Round(time.Millisecond), r.where(i))
 	}
-	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (target < %v; waiting: %s); before the upgrade %v\n",
-		r.ro.name, r.upgrade.length().Round(time.Millisecond), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
+	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (%s; target < %v; waiting: %s); before the upgrade %v\n",
+		r.ro.name, r.upgrade.length().Round(time.Millisecond), r.place(r.upgrade.from), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
 	t.Log(strings.TrimSuffix(b.String(), "\n"))
+	// Where each handover's stall went.
+	for i, st := range r.steps {
+		if bd := r.breakdown(st); bd != "" && st.old.ours {
+			progress(t, "%s: step %d's handover: %s", r.ro.name, i+1, bd)
+		}
+	}
 	// A handover of ours past the target: what happened around it.
 	for i, st := range r.steps {
 		if r.explains(st, i) {
@@ -824,6 +868,40 @@ func (r *rolling) log(t testing.TB) {
 				st.stall.length().Round(time.Millisecond), r.timeline(st))
 		}
 	}
+	if r.explainsUpgrade() {
+		progress(t, "%s: the whole upgrade's longest stall, %v (%s), timeline (ms from its start):\n%s", r.ro.name,
+			r.upgrade.length().Round(time.Millisecond), r.place(r.upgrade.from), r.timelineOf(r.upgrade, r.upgrade.from, r.upgrade.to))
+	}
+}
+
+// explainsUpgrade tells whether the whole upgrade's longest stall gets a timeline of its
+// own: past the target, and no step's (a step's has its own).
+func (r *rolling) explainsUpgrade() bool {
+	if r.upgrade.length() <= stallTarget {
+		return false
+	}
+	for _, st := range r.steps {
+		if st.stall == r.upgrade {
+			return false
+		}
+	}
+	return true
+}
+
+// place says when t was relative to the steps: after which event of which step.
+func (r *rolling) place(t time.Time) string {
+	where := "before the first step"
+	for i, st := range r.steps {
+		for _, e := range []struct {
+			what string
+			at   time.Time
+		}{{"new replica started", st.started}, {"new replica ready", st.ready}, {"SIGTERM", st.signalled}, {"old replica exited", st.exited}} {
+			if !e.at.After(t) {
+				where = fmt.Sprintf("%v after step %d: %s", t.Sub(e.at).Round(time.Millisecond), i+1, e.what)
+			}
+		}
+	}
+	return where
 }
 
 // explains tells whether step i gets a timeline: a handover of ours past the target, the
@@ -837,7 +915,19 @@ func (r *rolling) explains(st step, i int) bool {
 // stages the Pods reached and the sidecars' API writes (when the API server received them:
 // after client-go's rate limiter let them go).
 func (r *rolling) timeline(st step) string {
-	from, to := st.stall.from.Add(-time.Second), st.stall.to.Add(200*time.Millisecond)
+	// Until the old replica exited and its Leases were taken (at most 3 s past the stall):
+	// its drain is the reason of many a stall.
+	end := later(st.stall.to, earlier(later(st.exited, st.takenOver), st.stall.to.Add(3*time.Second)))
+	return r.timelineOf(st.stall, st.signalled, end)
+}
+
+// timelineOf lists what happened from a second before stall to 200 ms after end, in
+// milliseconds from ref: every step's events, changes of Lease holders, driver calls
+// starting and ending, the stages the Pods reached, the sidecars' API writes as the API
+// server received them (after client-go's rate limiter let them go) and what our
+// replicas logged of their requests, their waits for tokens and their terms.
+func (r *rolling) timelineOf(stall interval, ref, end time.Time) string {
+	from, to := stall.from.Add(-time.Second), end.Add(200*time.Millisecond)
 	type event struct {
 		at   time.Time
 		what string
@@ -848,19 +938,22 @@ func (r *rolling) timeline(st step) string {
 			events = append(events, event{at, fmt.Sprintf(format, args...)})
 		}
 	}
-	add(st.stall.from, "-- the stall begins")
-	add(st.stall.to, "-- the stall ends")
-	add(st.signalled, "SIGTERM to %s", st.old.id)
-	add(st.ready, "%s ready", st.new.id)
-	for _, proc := range st.old.procs {
-		add(proc.ExitedAt, "%s exited %d", proc.Name, proc.ExitCode)
+	add(stall.from, "-- the stall begins")
+	add(stall.to, "-- the stall ends")
+	for i, st := range r.steps {
+		add(st.started, "step %d: %s started", i+1, st.new.id)
+		add(st.ready, "step %d: %s ready", i+1, st.new.id)
+		add(st.signalled, "step %d: SIGTERM to %s", i+1, st.old.id)
+		for _, proc := range st.old.procs {
+			add(proc.ExitedAt, "%s exited %d", proc.Name, proc.ExitCode)
+		}
 	}
 	for _, c := range r.leaseChanges {
 		holder := c.Holder
 		if holder == "" {
 			holder = "nobody (released)"
 		}
-		add(written(c), "%s Lease held by %s (seen at %+d)", r.leaseOf[c.Lease], holder, c.At.Sub(st.signalled).Milliseconds())
+		add(written(c), "%s Lease held by %s (seen at %+d)", r.leaseOf[c.Lease], holder, c.At.Sub(ref).Milliseconds())
 	}
 	for _, c := range r.journal {
 		if c.Method == testdriver.MethodProbe || c.Method == testdriver.MethodControllerGetCapabilities {
@@ -877,12 +970,24 @@ func (r *rolling) timeline(st step) string {
 		}
 	}
 	for _, e := range r.writes {
-		add(e.RequestReceived, "%s: %s %s %s: %d", e.UserAgent, e.Verb, e.Resource(), e.Name(), e.Code())
+		add(e.RequestReceived, "audit: %s: %s %s %s: %d, answered in %v", e.UserAgent, e.Verb, e.Resource(), e.Name(), e.Code(),
+			e.StageTimestamp.Sub(e.RequestReceived).Round(time.Millisecond))
+	}
+	for _, l := range r.procLines {
+		switch l.kind {
+		case "throttled":
+			add(l.start(), "%s: %s %s waits for a token", l.proc, l.verb, l.path)
+		case "request":
+			if strings.HasPrefix(l.path, "leases/") && l.verb == "GET" {
+				continue // standbys' and leaders' Lease reads: many, and no work
+			}
+		}
+		add(l.at, "%s", l)
 	}
 	slices.SortStableFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
 	var b strings.Builder
 	for _, e := range events {
-		fmt.Fprintf(&b, "  %+6d %s\n", e.at.Sub(st.signalled).Milliseconds(), e.what)
+		fmt.Fprintf(&b, "  %+6d %s\n", e.at.Sub(ref).Milliseconds(), e.what)
 	}
 	return b.String()
 }
