@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
 // The benchmarks of `make bench` print figures (b.ReportMetric) and assert none: a failed
@@ -18,11 +17,6 @@ const (
 	// benchRepeats is how many failovers each BenchmarkFailover variant runs, for a mean
 	// and a max.
 	benchRepeats = 5
-	// benchSnapshots is twice benchWorkers: half are in flight on the leader at the signal,
-	// half are left for the standby.
-	benchSnapshots = 12
-	benchWorkers   = 6
-	benchLatency   = 2 * time.Second
 	// benchChaosRounds is BenchmarkSnapshotChaos's rounds (the test runs 3).
 	benchChaosRounds = 8
 )
@@ -60,53 +54,6 @@ func (r *repeat) done() {
 	}
 }
 
-// snapFailover is what one failover run observed.
-type snapFailover struct {
-	exitCode int
-	// drain: signal to the leader's exit. takeover: the leader's exit to the standby's
-	// first CreateSnapshot. allReady: signal to every VolumeSnapshot ready.
-	drain, takeover, allReady time.Duration
-	inFlight, overlaps        int
-	leaked                    int
-}
-
-// runSnapFailover runs two snapshotter replicas, creates benchSnapshots VolumeSnapshots
-// with a CreateSnapshot of benchLatency, sends sig to the leader while benchWorkers calls
-// run on it, and waits until the standby took over and every VolumeSnapshot is ready.
-func runSnapFailover(t testing.TB, sig syscall.Signal, extra ...string) snapFailover {
-	t.Helper()
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: benchLatency}})
-	claims := s.claims(benchSnapshots)
-	flags := append([]string{fmt.Sprintf("--worker-threads=%d", benchWorkers)}, extra...)
-	leader := s.start("replica-a", flags...)
-	s.WaitForHolder(s.leaseName, "replica-a")
-	leader.WaitReady(t)
-	backup := s.start("replica-b", flags...)
-	backup.WaitReady(t)
-	var names []string
-	for i, c := range claims {
-		names = append(names, fmt.Sprintf("snap-%02d", i))
-		s.snapshot(names[i], c)
-	}
-	s.WaitForCalls("CreateSnapshot calls in flight on the leader", func(c []testdriver.Call) bool {
-		return e2e.Running(e2e.CallsOn(c, leader, testdriver.MethodCreateSnapshot)) == benchWorkers
-	})
-	var f snapFailover
-	signalled := leader.Signal(t, sig)
-	f.inFlight = e2e.Running(e2e.CallsOn(s.Driver.Journal(), leader, testdriver.MethodCreateSnapshot))
-	f.exitCode = leader.Wait(t, 30*time.Second)
-	f.drain = leader.ExitedAt.Sub(signalled)
-	s.WaitForCalls("the standby's first CreateSnapshot", func(c []testdriver.Call) bool {
-		return len(e2e.CallsOn(c, backup, testdriver.MethodCreateSnapshot)) > 0
-	})
-	f.takeover = e2e.CallsOn(s.Driver.Journal(), backup, testdriver.MethodCreateSnapshot)[0].Start.Sub(leader.ExitedAt)
-	s.waitReady(names...)
-	f.allReady = time.Since(signalled)
-	f.overlaps = len(s.Driver.Overlaps())
-	f.leaked = len(s.leaked())
-	return f
-}
-
 // BenchmarkFailover hands the snapshotter's Lease over while CreateSnapshot calls (2 s
 // each) run on the leader, benchRepeats times per signal, and reports mean and max:
 //
@@ -142,11 +89,11 @@ func BenchmarkFailover(b *testing.B) {
 					}
 					b.Logf("%s run %d: %d in flight, %s, takeover %v, all ready %v after the signal, %d overlaps, %d leaked",
 						v.name, i, f.inFlight, exit, f.takeover.Round(time.Millisecond),
-						f.allReady.Round(time.Millisecond), f.overlaps, f.leaked)
+						f.allReady.Round(time.Millisecond), len(f.overlaps), len(f.leaked))
 					drain, takeover, allReady = append(drain, f.drain), append(takeover, f.takeover), append(allReady, f.allReady)
 					inFlight += f.inFlight
-					overlaps += f.overlaps
-					leaked += f.leaked
+					overlaps += len(f.overlaps)
+					leaked += len(f.leaked)
 					if f.exitCode != 0 {
 						exitNonZero++
 					}

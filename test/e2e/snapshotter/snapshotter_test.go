@@ -114,10 +114,67 @@ func TestTheSnapshotterSecretReachesTheDriver(t *testing.T) {
 // recorded by the old leader, which exits 0 and releases the Lease; the warm standby's first
 // call comes at once and takes the rest; nothing overlaps, nothing leaks.
 func TestSIGTERMDuringCreateSnapshotFailsOverWithoutLoss(t *testing.T) {
-	const snapshots, workers = 12, 6
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: 2 * time.Second}})
-	claims := s.claims(snapshots)
-	flags := []string{fmt.Sprintf("--worker-threads=%d", workers)}
+	f := runSnapFailover(t, syscall.SIGTERM)
+	if f.exitCode != 0 {
+		t.Errorf("leader exit code %d, want 0", f.exitCode)
+	}
+	for _, c := range f.leaderCalls {
+		if c.Start.After(f.signalled) {
+			t.Errorf("CreateSnapshot %s started %v after the signal", c.SnapshotName, c.Start.Sub(f.signalled))
+		}
+		if c.Code != "OK" || c.Canceled {
+			t.Errorf("CreateSnapshot %s on the leader ended %s (canceled %v), want it finished", c.SnapshotName, c.Code, c.Canceled)
+		}
+	}
+	t.Logf("drain %v, standby's first CreateSnapshot %v after the leader's exit",
+		f.drain.Round(time.Millisecond), f.takeover.Round(time.Millisecond))
+	if f.holder != "replica-b" {
+		t.Errorf("Lease holder %q, want replica-b", f.holder)
+	}
+	if len(f.leaked) != 0 {
+		t.Errorf("leaked snapshots %v", f.leaked)
+	}
+	if len(f.overlaps) != 0 {
+		t.Errorf("%d overlapping calls: %v", len(f.overlaps), f.overlaps)
+	}
+}
+
+const (
+	// failoverSnapshots is twice failoverWorkers: half are in flight on the leader at the
+	// signal, half are left for the standby.
+	failoverSnapshots = 12
+	failoverWorkers   = 6
+	failoverLatency   = 2 * time.Second
+)
+
+// snapFailover is what one failover run observed.
+type snapFailover struct {
+	signalled time.Time
+	exitCode  int
+	// drain: signal to the leader's exit. takeover: the leader's exit to the standby's
+	// first CreateSnapshot. allReady: signal to every VolumeSnapshot ready.
+	drain, takeover, allReady time.Duration
+	// inFlight: the leader's CreateSnapshot calls running at the signal; leaderCalls: all
+	// of them, once it exited.
+	inFlight    int
+	leaderCalls []testdriver.Call
+	// holder of the Lease, overlaps and leaked snapshots once every VolumeSnapshot is
+	// ready.
+	holder   string
+	overlaps []testdriver.Overlap
+	leaked   []string
+}
+
+// runSnapFailover is the failover scenario of TestSIGTERMDuringCreateSnapshotFailsOverWithoutLoss
+// and BenchmarkFailover: two snapshotter replicas (replica-a leading, replica-b warm),
+// failoverSnapshots VolumeSnapshots with a CreateSnapshot of failoverLatency, sig sent to
+// the leader while failoverWorkers calls run on it; it waits until the standby took over
+// and every VolumeSnapshot is ready, and reports what it saw rather than failing.
+func runSnapFailover(t testing.TB, sig syscall.Signal, extra ...string) snapFailover {
+	t.Helper()
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateSnapshot: failoverLatency}})
+	claims := s.claims(failoverSnapshots)
+	flags := append([]string{fmt.Sprintf("--worker-threads=%d", failoverWorkers)}, extra...)
 	leader := s.start("replica-a", flags...)
 	s.WaitForHolder(s.leaseName, "replica-a")
 	leader.WaitReady(t)
@@ -129,34 +186,22 @@ func TestSIGTERMDuringCreateSnapshotFailsOverWithoutLoss(t *testing.T) {
 		s.snapshot(names[i], c)
 	}
 	s.WaitForCalls("CreateSnapshot calls in flight on the leader", func(c []testdriver.Call) bool {
-		return e2e.Running(e2e.CallsOn(c, leader, testdriver.MethodCreateSnapshot)) == workers
+		return e2e.Running(e2e.CallsOn(c, leader, testdriver.MethodCreateSnapshot)) == failoverWorkers
 	})
-	signalled := leader.Signal(t, syscall.SIGTERM)
-	if code := leader.Wait(t, 30*time.Second); code != 0 {
-		t.Errorf("leader exit code %d, want 0", code)
-	}
-	for _, c := range e2e.CallsOn(s.Driver.Journal(), leader, testdriver.MethodCreateSnapshot) {
-		if c.Start.After(signalled) {
-			t.Errorf("CreateSnapshot %s started %v after the signal", c.SnapshotName, c.Start.Sub(signalled))
-		}
-		if c.Code != "OK" || c.Canceled {
-			t.Errorf("CreateSnapshot %s on the leader ended %s (canceled %v), want it finished", c.SnapshotName, c.Code, c.Canceled)
-		}
-	}
+	var f snapFailover
+	f.signalled = leader.Signal(t, sig)
+	f.inFlight = e2e.Running(e2e.CallsOn(s.Driver.Journal(), leader, testdriver.MethodCreateSnapshot))
+	f.exitCode = leader.Wait(t, 30*time.Second)
+	f.drain = leader.ExitedAt.Sub(f.signalled)
+	f.leaderCalls = e2e.CallsOn(s.Driver.Journal(), leader, testdriver.MethodCreateSnapshot)
 	s.WaitForCalls("the standby's first CreateSnapshot", func(c []testdriver.Call) bool {
 		return len(e2e.CallsOn(c, backup, testdriver.MethodCreateSnapshot)) > 0
 	})
-	first := e2e.CallsOn(s.Driver.Journal(), backup, testdriver.MethodCreateSnapshot)[0].Start
-	t.Logf("drain %v, standby's first CreateSnapshot %v after the leader's exit",
-		leader.ExitedAt.Sub(signalled).Round(time.Millisecond), first.Sub(leader.ExitedAt).Round(time.Millisecond))
+	f.takeover = e2e.CallsOn(s.Driver.Journal(), backup, testdriver.MethodCreateSnapshot)[0].Start.Sub(leader.ExitedAt)
 	s.waitReady(names...)
-	if got := e2e.Holder(s.Lease(s.leaseName)); got != "replica-b" {
-		t.Errorf("Lease holder %q, want replica-b", got)
-	}
-	if l := s.leaked(); len(l) != 0 {
-		t.Errorf("leaked snapshots %v", l)
-	}
-	if n := len(s.Driver.Overlaps()); n != 0 {
-		t.Errorf("%d overlapping calls: %v", n, s.Driver.Overlaps())
-	}
+	f.allReady = time.Since(f.signalled)
+	f.holder = e2e.Holder(s.Lease(s.leaseName))
+	f.overlaps = s.Driver.Overlaps()
+	f.leaked = s.leaked()
+	return f
 }
