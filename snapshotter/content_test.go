@@ -36,11 +36,14 @@ type fakeController struct {
 	mu      sync.Mutex
 	log     *[]string
 	created map[string]*csi.Snapshot
-	// createErr, when set, is what CreateSnapshot answers; ready is what it reports.
-	createErr error
-	ready     bool
-	secrets   []map[string]string
-	params    []map[string]string
+	// ready is what the calls report.
+	ready   bool
+	secrets []map[string]string
+	params  []map[string]string
+
+	// createErr, deleteErr and listErr, when set, are what CreateSnapshot, DeleteSnapshot
+	// and ListSnapshots answer.
+	createErr, deleteErr, listErr error
 }
 
 func (f *fakeController) note(s string) {
@@ -69,6 +72,9 @@ func (f *fakeController) DeleteSnapshot(_ context.Context, req *csi.DeleteSnapsh
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.secrets = append(f.secrets, req.Secrets)
+	if f.deleteErr != nil {
+		return nil, f.deleteErr
+	}
 	delete(f.created, req.SnapshotId)
 	return &csi.DeleteSnapshotResponse{}, nil
 }
@@ -78,6 +84,9 @@ func (f *fakeController) ListSnapshots(_ context.Context, req *csi.ListSnapshots
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.secrets = append(f.secrets, req.Secrets)
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
 	return &csi.ListSnapshotsResponse{Entries: []*csi.ListSnapshotsResponse_Entry{{Snapshot: &csi.Snapshot{
 		SnapshotId: req.SnapshotId, SizeBytes: 5 << 20, ReadyToUse: f.ready, CreationTime: timestamppb.New(time.Unix(2000, 0))}}}}, nil
 }

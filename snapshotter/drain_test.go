@@ -1,0 +1,139 @@
+package snapshotter
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+)
+
+// refusedByDrain is the error of a CSI call the core did not send because this replica is
+// draining (after SIGTERM no new driver call starts): Aborted, and one lifecycle.NotStarted
+// recognises. It is made through the core's own API, as the core makes it for work that
+// intake's end cut short.
+func refusedByDrain(t *testing.T, method string) error {
+	t.Helper()
+	intake, endIntake := context.WithCancel(context.Background())
+	ctx, cancel := lifecycle.StartingWork(context.Background(), intake)
+	defer cancel()
+	endIntake()
+	<-ctx.Done()
+	err := lifecycle.IfNotStarted(ctx, fmt.Errorf("%s not started: this replica is shutting down; the next leader does it", method))
+	if !lifecycle.NotStarted(err) || status.Code(err) != codes.Aborted {
+		t.Fatalf("%v: want an Aborted error NotStarted recognises", err)
+	}
+	return err
+}
+
+// checkNothingRecorded fails t if the content has an error on its status, if anything was
+// written after the driver's call (the last entry of the log, call), or if an event was
+// recorded: a call the drain refused failed nothing, and the drain spends no write on it.
+func (w *world) checkNothingRecorded(name, call string) {
+	w.t.Helper()
+	c := w.content(name)
+	if c.Status != nil && c.Status.Error != nil {
+		w.t.Errorf("content %s has error %q on its status, want none", name, *c.Status.Error.Message)
+	}
+	if i := slices.Index(w.log, call); i < 0 || i != len(w.log)-1 {
+		w.t.Errorf("writes and calls %q, want none after %q", w.log, call)
+	}
+	select {
+	case e := <-w.events.Events:
+		w.t.Errorf("event %q, want none", e)
+	default:
+	}
+}
+
+// A CreateSnapshot the drain refused records nothing: no error on the content's status, no
+// SnapshotCreationFailed event, no write at all after it. The being-created record stays
+// for the next leader, which takes the snapshot.
+func TestACreateSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
+	w := newWorld(t, dynamicContent("c1"))
+	w.driver.createErr = refusedByDrain(t, "CreateSnapshot")
+	if err := w.sync("c1"); !lifecycle.NotStarted(err) {
+		t.Fatalf("sync: %v, want the refusal", err)
+	}
+	w.checkNothingRecorded("c1", "CreateSnapshot snapshot-uid-1")
+	if _, ok := w.content("c1").Annotations[annBeingCreated]; !ok {
+		t.Error("the being-created record was dropped: the next leader could not know a snapshot may exist")
+	}
+
+	// The next leader takes it.
+	w.driver.createErr = nil
+	waitFor(t, func() bool {
+		c, _, _ := w.ctrl.own.Get("c1")
+		_, creating := c.Annotations[annBeingCreated]
+		return creating
+	})
+	if err := w.sync("c1"); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.content("c1"); !isReady(c) || c.Status.Error != nil {
+		t.Errorf("status after the next leader's CreateSnapshot %+v, want ready without an error", c.Status)
+	}
+}
+
+// Asking again whether a snapshot is ready (CreateSnapshot repeated, or ListSnapshots for a
+// pre-provisioned one) and being refused records nothing either.
+func TestAReadinessCheckTheDrainRefusedRecordsNothing(t *testing.T) {
+	handle, notReady, class := "id-snapshot-uid-1", false, "class"
+	taken := dynamicContent("taken")
+	taken.Status = &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: &handle, ReadyToUse: &notReady}
+	backendHandle := "backend-snap"
+	pre := &snapv1.VolumeSnapshotContent{
+		ObjectMeta: metav1.ObjectMeta{Name: "pre"},
+		Spec: snapv1.VolumeSnapshotContentSpec{Driver: testDriver, DeletionPolicy: snapv1.VolumeSnapshotContentRetain,
+			VolumeSnapshotClassName: &class, Source: snapv1.VolumeSnapshotContentSource{SnapshotHandle: &backendHandle},
+			VolumeSnapshotRef: v1.ObjectReference{Namespace: "ns", Name: "snap"}},
+	}
+	w := newWorld(t, taken, pre)
+	w.driver.createErr = refusedByDrain(t, "CreateSnapshot")
+	w.driver.listErr = refusedByDrain(t, "ListSnapshots")
+	if err := w.sync("taken"); !lifecycle.NotStarted(err) {
+		t.Fatalf("sync of a snapshot not ready yet: %v, want the refusal", err)
+	}
+	w.checkNothingRecorded("taken", "CreateSnapshot snapshot-uid-1")
+	if err := w.sync("pre"); !lifecycle.NotStarted(err) {
+		t.Fatalf("sync of a pre-provisioned snapshot: %v, want the refusal", err)
+	}
+	w.checkNothingRecorded("pre", "ListSnapshots backend-snap")
+}
+
+// A DeleteSnapshot the drain refused records nothing: no SnapshotDeleteError event, no
+// error on the status, no write; the finalizer stays for the next leader, which deletes.
+func TestADeleteSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
+	c := dynamicContent("c1")
+	now := metav1.Now()
+	c.DeletionTimestamp = &now
+	c.Annotations[annBeingDeleted] = "yes"
+	ready, handle := true, "id-x"
+	c.Status = &snapv1.VolumeSnapshotContentStatus{ReadyToUse: &ready, SnapshotHandle: &handle}
+	w := newWorld(t, c)
+	w.driver.created[handle] = &csi.Snapshot{SnapshotId: handle}
+	w.driver.deleteErr = refusedByDrain(t, "DeleteSnapshot")
+	if err := w.sync("c1"); !lifecycle.NotStarted(err) {
+		t.Fatalf("sync: %v, want the refusal", err)
+	}
+	w.checkNothingRecorded("c1", "DeleteSnapshot id-x")
+	if !slices.Contains(w.content("c1").Finalizers, contentFinalizer) {
+		t.Error("finalizer removed though the snapshot was not deleted")
+	}
+
+	// The next leader deletes it.
+	w.driver.deleteErr = nil
+	if err := w.sync("c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, left := w.driver.created[handle]; left {
+		t.Errorf("snapshot not deleted by the next sync: %q", w.log)
+	}
+}
