@@ -610,13 +610,23 @@ func TestAConflictingWriteGoesBackToTheQueueAndTheObjectEndsUpRight(t *testing.T
 	key := "fast@" + testdriver.TopologyKey + "=n1"
 	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
+	// The sync of the test starts once the tracker is idle (the first poll may sync the
+	// key again), and its GetCapacity is the one started after that.
 	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 500*time.Millisecond)
+	w.waitFor("the tracker idle", func() bool {
+		w.tracker.mu.Lock()
+		defer w.tracker.mu.Unlock()
+		return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
+	})
 	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+	armed := time.Now()
 	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
-		return slices.ContainsFunc(calls, func(c testdriver.Call) bool { return c.Method == testdriver.MethodGetCapacity && !c.Done() })
+		return slices.ContainsFunc(calls, func(c testdriver.Call) bool {
+			return c.Method == testdriver.MethodGetCapacity && !c.Done() && !c.Start.Before(armed)
+		})
 	}); err != nil {
 		t.Fatal(err)
 	}
