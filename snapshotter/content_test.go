@@ -303,16 +303,22 @@ func TestDeletionWaitsForTheSnapshotController(t *testing.T) {
 	}
 }
 
-// A pre-provisioned content is checked with ListSnapshots and the class's list secret.
-func TestPreProvisionedContentIsCheckedWithTheListSecret(t *testing.T) {
-	handle, class := "backend-snap", "class"
-	c := &snapv1.VolumeSnapshotContent{
-		ObjectMeta: metav1.ObjectMeta{Name: "pre"},
+// preProvisionedContent is a content of the backend's snapshot handle, of class "class",
+// not checked yet.
+func preProvisionedContent(name, handle string) *snapv1.VolumeSnapshotContent {
+	class := "class"
+	return &snapv1.VolumeSnapshotContent{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: snapv1.VolumeSnapshotContentSpec{Driver: testDriver, DeletionPolicy: snapv1.VolumeSnapshotContentRetain,
 			VolumeSnapshotClassName: &class, Source: snapv1.VolumeSnapshotContentSource{SnapshotHandle: &handle},
 			VolumeSnapshotRef: v1.ObjectReference{Namespace: "ns", Name: "snap"}},
 	}
-	w := newWorld(t, c)
+}
+
+// A pre-provisioned content is checked with ListSnapshots and the class's list secret.
+func TestPreProvisionedContentIsCheckedWithTheListSecret(t *testing.T) {
+	handle := "backend-snap"
+	w := newWorld(t, preProvisionedContent("pre", handle))
 	if err := w.sync("pre"); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -85,17 +84,10 @@ func TestACreateSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
 // Asking again whether a snapshot is ready (CreateSnapshot repeated, or ListSnapshots for a
 // pre-provisioned one) and being refused records nothing either.
 func TestAReadinessCheckTheDrainRefusedRecordsNothing(t *testing.T) {
-	handle, notReady, class := "id-snapshot-uid-1", false, "class"
+	handle, notReady := "id-snapshot-uid-1", false
 	taken := dynamicContent("taken")
 	taken.Status = &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: &handle, ReadyToUse: &notReady}
-	backendHandle := "backend-snap"
-	pre := &snapv1.VolumeSnapshotContent{
-		ObjectMeta: metav1.ObjectMeta{Name: "pre"},
-		Spec: snapv1.VolumeSnapshotContentSpec{Driver: testDriver, DeletionPolicy: snapv1.VolumeSnapshotContentRetain,
-			VolumeSnapshotClassName: &class, Source: snapv1.VolumeSnapshotContentSource{SnapshotHandle: &backendHandle},
-			VolumeSnapshotRef: v1.ObjectReference{Namespace: "ns", Name: "snap"}},
-	}
-	w := newWorld(t, taken, pre)
+	w := newWorld(t, taken, preProvisionedContent("pre", "backend-snap"))
 	w.driver.createErr = refusedByDrain(t, "CreateSnapshot")
 	w.driver.listErr = refusedByDrain(t, "ListSnapshots")
 	if err := w.sync("taken"); !lifecycle.NotStarted(err) {
