@@ -1,37 +1,16 @@
 package snapshotter
 
 import (
-	"context"
-	"fmt"
 	"slices"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/draintest"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
-
-// refusedByDrain is the error of a CSI call the core did not send because this replica is
-// draining (after SIGTERM no new driver call starts): Aborted, and one lifecycle.NotStarted
-// recognises. It is made through the core's own API, as the core makes it for work that
-// intake's end cut short.
-func refusedByDrain(t *testing.T, method string) error {
-	t.Helper()
-	intake, endIntake := context.WithCancel(context.Background())
-	ctx, cancel := lifecycle.StartingWork(context.Background(), intake)
-	defer cancel()
-	endIntake()
-	<-ctx.Done()
-	err := lifecycle.IfNotStarted(ctx, fmt.Errorf("%s not started: this replica is shutting down; the next leader does it", method))
-	if !lifecycle.NotStarted(err) || status.Code(err) != codes.Aborted {
-		t.Fatalf("%v: want an Aborted error NotStarted recognises", err)
-	}
-	return err
-}
 
 // checkNothingRecorded fails t if the content has an error on its status, if anything was
 // written after the driver's call (the last entry of the log, call), or if an event was
@@ -57,7 +36,7 @@ func (w *world) checkNothingRecorded(name, call string) {
 // for the next leader, which takes the snapshot.
 func TestACreateSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
 	w := newWorld(t, dynamicContent("c1"))
-	w.driver.createErr = refusedByDrain(t, "CreateSnapshot")
+	w.driver.createErr = draintest.RefusedByDrain(t, "CreateSnapshot")
 	if err := w.sync("c1"); !lifecycle.NotStarted(err) {
 		t.Fatalf("sync: %v, want the refusal", err)
 	}
@@ -88,8 +67,8 @@ func TestAReadinessCheckTheDrainRefusedRecordsNothing(t *testing.T) {
 	taken := dynamicContent("taken")
 	taken.Status = &snapv1.VolumeSnapshotContentStatus{SnapshotHandle: &handle, ReadyToUse: &notReady}
 	w := newWorld(t, taken, preProvisionedContent("pre", "backend-snap"))
-	w.driver.createErr = refusedByDrain(t, "CreateSnapshot")
-	w.driver.listErr = refusedByDrain(t, "ListSnapshots")
+	w.driver.createErr = draintest.RefusedByDrain(t, "CreateSnapshot")
+	w.driver.listErr = draintest.RefusedByDrain(t, "ListSnapshots")
 	if err := w.sync("taken"); !lifecycle.NotStarted(err) {
 		t.Fatalf("sync of a snapshot not ready yet: %v, want the refusal", err)
 	}
@@ -111,7 +90,7 @@ func TestADeleteSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
 	c.Status = &snapv1.VolumeSnapshotContentStatus{ReadyToUse: &ready, SnapshotHandle: &handle}
 	w := newWorld(t, c)
 	w.driver.created[handle] = &csi.Snapshot{SnapshotId: handle}
-	w.driver.deleteErr = refusedByDrain(t, "DeleteSnapshot")
+	w.driver.deleteErr = draintest.RefusedByDrain(t, "DeleteSnapshot")
 	if err := w.sync("c1"); !lifecycle.NotStarted(err) {
 		t.Fatalf("sync: %v, want the refusal", err)
 	}
