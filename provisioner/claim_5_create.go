@@ -217,7 +217,7 @@ func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeC
 		return why
 	}
 	logger := klog.FromContext(ctx)
-	if fresh := c.claimByUID(string(claim.UID)); fresh != nil && fresh.ResourceVersion != claim.ResourceVersion {
+	if fresh := c.claimByUID(string(claim.UID)); fresh != nil {
 		if fresh.Annotations[volumehelpers.AnnSelectedNode] != node {
 			logger.V(4).Info("Not rescheduling: the claim's node changed meanwhile", "claim", klog.KObj(claim), "node", node)
 			return nil
