@@ -463,9 +463,12 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 			t.Errorf("the second event carries %d further records, want 2", len(alsoRecorded(&ev)))
 		}
 	}
-	s.batches.mu.Lock()
-	defer s.batches.mu.Unlock()
-	if len(s.batches.flushing) != 0 || len(s.batches.waiting) != 0 {
+	// The flush ends once it finds nothing more to write (after it answered the last).
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		s.batches.mu.Lock()
+		defer s.batches.mu.Unlock()
+		return len(s.batches.flushing) == 0 && len(s.batches.waiting) == 0, nil
+	}); err != nil {
 		t.Errorf("batches left: flushing %v, waiting %v", s.batches.flushing, s.batches.waiting)
 	}
 }
