@@ -309,7 +309,8 @@ func TestCapacityObjectsAppearPerSegmentAndClassFollowTheDriverAndObsoleteOnesGo
 	}
 	// The GetCapacity calls carried the segment and the class's parameters.
 	for _, c := range w.driver.Journal() {
-		if c.Method == testdriver.MethodGetCapacity && c.Code != "OK" {
+		// (One may still run under the poll: it has no answer yet.)
+		if c.Method == testdriver.MethodGetCapacity && c.Code != "OK" && c.Code != "" {
 			t.Errorf("GetCapacity failed: %+v", c)
 		}
 	}
@@ -331,20 +332,22 @@ func TestCapacityObjectsAppearPerSegmentAndClassFollowTheDriverAndObsoleteOnesGo
 	want = map[string]int64{"fast@" + testdriver.TopologyKey + "=n1": 50}
 	w.waitFor("obsolete objects deleted", func() bool { return cmp.Equal(w.capacities(), want) })
 
-	families, err := w.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		if strings.HasPrefix(f.GetName(), "csistoragecapacities_") && len(f.GetMetric()) == 1 {
-			got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
+	// The metrics count the tracker's cache, which may show the deletions a moment later.
 	wantMetrics := map[string]float64{"csistoragecapacities_desired_goal": 1, "csistoragecapacities_desired_current": 1, "csistoragecapacities_obsolete": 0}
-	if diff := cmp.Diff(wantMetrics, got); diff != "" {
-		t.Errorf("metrics (-want +got):\n%s", diff)
-	}
+	got := map[string]float64{}
+	w.waitFor("the metrics to count the objects left", func() bool {
+		families, err := w.registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]float64{}
+		for _, f := range families {
+			if strings.HasPrefix(f.GetName(), "csistoragecapacities_") && len(f.GetMetric()) == 1 {
+				got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return cmp.Equal(wantMetrics, got)
+	})
 }
 
 func TestAnObjectDeletedBySomeoneElseComesBack(t *testing.T) {
