@@ -185,12 +185,7 @@ func leftBehind(t *testing.T, w *world) []runtime.Object {
 // A DeleteVolume of a released PersistentVolume the drain refused records nothing: no
 // VolumeFailedDelete event, no write after it; the PersistentVolume and the provisioner's
 // finalizer on it stay, and the volume is deleted on the next sync.
-//
-// Skipped: syncVolume (volume_delete.go) has no lifecycle.NotStarted check, cb73d3e did not
-// give it one, and it records a refused DeleteVolume as the driver's failure.
 func TestADeleteVolumeOfAReleasedVolumeTheDrainRefusedRecordsNothing(t *testing.T) {
-	t.Skip("a refused DeleteVolume still gets a VolumeFailedDelete event on the PersistentVolume " +
-		"(volume_delete.go, syncVolume's default case): no NotStarted check there")
 	fin := volumehelpers.PVDeletionProtectionFinalizer
 	w, d := newDrainingWorld(t, class("fast", nil), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}})
 	id := w.createVolume("pvc-del")

@@ -155,6 +155,9 @@ func (c *controller) syncVolume(name string) error {
 		// The volume is gone: the event a user reads on the PersistentVolume must not say
 		// its deletion failed, and the retry does not call DeleteVolume again.
 		logger.Error(err, "Volume deleted, but its PersistentVolume could not be removed; retrying")
+	case lifecycle.NotStarted(err):
+		// Draining or no longer leading: the driver was not asked; the next leader deletes.
+		logger.V(2).Info("DeleteVolume not started; left to the next leader")
 	default:
 		logger.Error(err, "Volume deletion failed, retrying")
 		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
