@@ -146,6 +146,11 @@ func BenchmarkRollingUpgrade(b *testing.B) {
 					r.log(b)
 					b.ReportMetric(r.upgrade.length().Seconds(), "stall-max-s")
 					b.ReportMetric(r.before.length().Seconds(), "stall-before-s")
+					var after time.Duration
+					for _, st := range r.steps {
+						after = max(after, st.afterSignal())
+					}
+					b.ReportMetric(after.Seconds(), "stall-after-sigterm-max-s")
 				}
 			})
 		}
@@ -852,8 +857,13 @@ func (r *rolling) log(t testing.TB) {
 			r.ro.name, i+1, st.new.id, st.ready.Sub(st.started).Round(time.Millisecond), st.old.id, held, exitCodes(st.codes, st.killed),
 			st.exited.Sub(st.signalled).Round(time.Millisecond), st.stall.length().Round(time.Millisecond), r.where(i))
 	}
-	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (%s; target < %v; waiting: %s); before the upgrade %v\n",
-		r.ro.name, r.upgrade.length().Round(time.Millisecond), r.place(r.upgrade.from), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond))
+	var after time.Duration
+	for _, st := range r.steps {
+		after = max(after, st.afterSignal())
+	}
+	fmt.Fprintf(&b, "FIGURE rolling upgrade, %s: whole upgrade: longest stall %v (%s; target < %v; waiting: %s); before the upgrade %v; longest part of a step's stall after its SIGTERM %v\n",
+		r.ro.name, r.upgrade.length().Round(time.Millisecond), r.place(r.upgrade.from), stallTarget, waitingFor(r.waits, r.upgrade), r.before.length().Round(time.Millisecond),
+		after.Round(time.Millisecond))
 	t.Log(strings.TrimSuffix(b.String(), "\n"))
 	// Where each handover's stall went.
 	for i, st := range r.steps {
@@ -1014,9 +1024,15 @@ func (r *rolling) where(i int) string {
 	d := st.stall.from.Sub(st.signalled)
 	at := fmt.Sprintf("from SIGTERM+%v", d.Round(time.Millisecond))
 	if d < 0 {
-		at = fmt.Sprintf("from %v before SIGTERM", (-d).Round(time.Millisecond))
+		at = fmt.Sprintf("from %v before SIGTERM, %v of it after", (-d).Round(time.Millisecond), st.afterSignal().Round(time.Millisecond))
 	}
 	return at + "; waiting: " + waitingFor(r.waits, st.stall)
+}
+
+// afterSignal is the part of the step's stall after its SIGTERM: what the handover added
+// to a stall that was already under way (a backlog's) when the signal came.
+func (st step) afterSignal() time.Duration {
+	return interval{later(st.stall.from, st.signalled), st.stall.to}.length()
 }
 
 // exitCodes renders a replica's exit codes: "signal" for a process the signal ended
