@@ -23,6 +23,11 @@ import (
 //     taking longer and more of them timing out half-done.
 //   - Requests nothing waits for (Deferrable: an event that closes a provisioning record
 //     a PersistentVolume already supersedes) get a token only when no other request waits.
+//   - Neither kind takes a token the sidecar owes: while CSI calls are in flight, each will
+//     want a write that records its result, and a request that starts work (or is
+//     deferrable) is served only once the bucket holds a token for it and one for each of
+//     those (up to the burst). So a drain waits for its calls and one round trip, not for
+//     tokens new work took a moment before (P1, P14).
 //   - A request waits for its token as long as its context lives. The sidecars put no
 //     deadline on an API write: client-go's request timeout starts after the token, and the
 //     API server bounds a request itself. A write that times out in the limiter and is
@@ -40,6 +45,10 @@ type budget struct {
 	waiting [3][]*budgetWaiter
 	started bool
 	wake    chan struct{}
+	// owed counts the writes the sidecar will owe soon: its CSI calls in flight, each of
+	// which records its result. Nil: none.
+	owed  func() int
+	burst int
 }
 
 type budgetWaiter struct {
@@ -59,7 +68,7 @@ type classKey struct{}
 var _ flowcontrol.RateLimiter = &budget{}
 
 func newBudget(qps float32, burst int) *budget {
-	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
+	return &budget{qps: qps, burst: burst, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
 }
 
 // withBudget returns a copy of cfg whose clients draw from b; a nil b (no client-side
@@ -179,6 +188,18 @@ func (b *budget) dispatch() {
 			<-b.wake
 			continue
 		}
+		if short := b.owedShortfall(); short > 0 {
+			// The next waiter would take a token a recording write needs: wait until the
+			// bucket holds enough, or until someone else comes (a recording write is served
+			// at once).
+			t := time.NewTimer(time.Duration(short / float64(b.qps) * float64(time.Second)))
+			select {
+			case <-b.wake:
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
 		r := b.limiter.Reserve()
 		if d := r.Delay(); d > 0 {
 			time.Sleep(d)
@@ -194,6 +215,27 @@ func (b *budget) dispatch() {
 		}
 		b.mu.Unlock()
 	}
+}
+
+// owedShortfall is how many tokens the bucket lacks before the next waiter may be served:
+// none for a request that finishes work; for one that starts work or is deferrable, a token
+// for it and one for each write owed (up to the burst), less what the bucket holds.
+func (b *budget) owedShortfall() float64 {
+	if b.owed == nil {
+		return 0
+	}
+	b.mu.Lock()
+	finishing := len(b.waiting[classFinishing])
+	b.mu.Unlock()
+	if finishing > 0 {
+		return 0
+	}
+	owed := b.owed()
+	if owed <= 0 {
+		return 0
+	}
+	need := float64(min(1+owed, b.burst))
+	return max(0, need-b.limiter.Tokens())
 }
 
 func (b *budget) anyWaiting() bool {

@@ -121,3 +121,49 @@ func TestBudgetForFollowsClientGo(t *testing.T) {
 		t.Errorf("QPS 0: %v/%d, want client-go's 5/10", b.QPS(), b.limiter.Burst())
 	}
 }
+
+// A request that starts work does not take the token a write recording a call in flight
+// will need: with one call in flight it waits until the bucket holds two tokens, and a
+// finishing request that comes when it holds one is served first.
+func TestBudgetKeepsATokenForEachCallInFlight(t *testing.T) {
+	b := newBudget(2, 2) // a token every 500 ms once the burst is spent
+	b.owed = func() int { return 1 }
+	for range 2 {
+		if err := b.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	serve := func(name string, ctx context.Context) {
+		defer wg.Done()
+		if err := b.Wait(ctx); err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+	}
+	start, cancel := StartingWork(context.Background(), context.Background())
+	defer cancel()
+	wg.Add(2)
+	go serve("start", start)
+	waitForWaiters(t, b, 1)
+	// The finishing request comes once the bucket holds a token again, or once the starting
+	// one was served (which it must not be yet).
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		mu.Lock()
+		served := len(order)
+		mu.Unlock()
+		if served > 0 || b.limiter.Tokens() >= 1 {
+			break
+		}
+	}
+	go serve("finish", context.Background())
+	wg.Wait()
+	if want := []string{"finish", "start"}; !slices.Equal(order, want) {
+		t.Fatalf("served %v, want %v: the starting request took the token owed to a call in flight", order, want)
+	}
+}

@@ -145,7 +145,11 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
 	// that finish work before writes that start it (budget.go, P14).
-	own := withBudget(cfg, budgetFor(cfg.QPS, cfg.Burst))
+	limit := budgetFor(cfg.QPS, cfg.Burst)
+	if limit != nil {
+		limit.owed = func() int { return int(m.csi.InFlight()) }
+	}
+	own := withBudget(cfg, limit)
 	own.UserAgent = cfg.UserAgent + "/" + s.Name()
 	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
