@@ -402,30 +402,16 @@ func (w *Workload) Grow(ctx context.Context, name, size string) error {
 	if err != nil {
 		return fmt.Errorf("cluster: grow %s to %q: %w", name, size, err)
 	}
-	it, err := w.item(name)
-	if err != nil {
-		return err
-	}
-	claims := w.kube.CoreV1().PersistentVolumeClaims(w.opts.Namespace)
-	// The provisioner and the PV controller write the claim too: read again on conflict.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		claim, err := claims.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	err = w.changeClaim(ctx, name, func(claim *corev1.PersistentVolumeClaim) {
 		claim.Spec.Resources.Requests[corev1.ResourceStorage] = q
-		_, err = claims.Update(ctx, claim, metav1.UpdateOptions{})
-		return err
+	}, func(it *item) {
+		it.grownTo = &q
+		delete(it.times, Grown) // a second growth is waited for anew
+		w.recordLocked(it, GrowRequested, time.Now())
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: grow claim %s to %s: %w", name, size, err)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	it.grownTo = &q
-	delete(it.times, Grown) // a second growth is waited for anew
-	w.recordLocked(it, GrowRequested, time.Now())
-	w.evaluateLocked(it, time.Now())
 	return nil
 }
 
@@ -433,30 +419,43 @@ func (w *Workload) Grow(ctx context.Context, name, size string) error {
 // change it; the resizer applies it with ControllerModifyVolume). Modified is reached
 // when the claim's status.currentVolumeAttributesClassName is class.
 func (w *Workload) Modify(ctx context.Context, name, class string) error {
+	err := w.changeClaim(ctx, name, func(claim *corev1.PersistentVolumeClaim) {
+		claim.Spec.VolumeAttributesClassName = ptr.To(class)
+	}, func(it *item) {
+		it.modifyTo = class
+		delete(it.times, Modified) // a second modification is waited for anew
+		w.recordLocked(it, ModifyRequested, time.Now())
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: modify claim %s to class %s: %w", name, class, err)
+	}
+	return nil
+}
+
+// changeClaim applies change to the claim in the API server, then, under the workload's
+// lock, note to its item, and evaluates it. The sidecars and kube-controller-manager write
+// the claim too: it reads again on conflict.
+func (w *Workload) changeClaim(ctx context.Context, name string, change func(*corev1.PersistentVolumeClaim), note func(*item)) error {
 	it, err := w.item(name)
 	if err != nil {
 		return err
 	}
 	claims := w.kube.CoreV1().PersistentVolumeClaims(w.opts.Namespace)
-	// The provisioner, the PV controller and the resizer write the claim too: read again
-	// on conflict.
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		claim, err := claims.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		claim.Spec.VolumeAttributesClassName = ptr.To(class)
+		change(claim)
 		_, err = claims.Update(ctx, claim, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: modify claim %s to class %s: %w", name, class, err)
+		return err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	it.modifyTo = class
-	delete(it.times, Modified) // a second modification is waited for anew
-	w.recordLocked(it, ModifyRequested, time.Now())
+	note(it)
 	w.evaluateLocked(it, time.Now())
 	return nil
 }
