@@ -131,10 +131,20 @@ func objects(pairs int) int { return 5 * pairs }
 
 // grow creates claims d.pairs..to-1 with everything that goes with them, concurrently.
 func (d *dataset) grow(ctx context.Context, to int) error {
+	if err := inParallel(ctx, d.pairs, to, "claim", d.pair); err != nil {
+		return err
+	}
+	d.pairs = to
+	return nil
+}
+
+// inParallel calls make(ctx, i) for i in from..to-1 on setupWorkers workers, and stops at
+// the first error, which it returns naming the item (what i).
+func inParallel(ctx context.Context, from, to int, what string, make func(context.Context, int) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	next := atomic.Int64{}
-	next.Store(int64(d.pairs))
+	next.Store(int64(from))
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -147,10 +157,10 @@ func (d *dataset) grow(ctx context.Context, to int) error {
 				if i >= to || ctx.Err() != nil {
 					return
 				}
-				if err := d.pair(ctx, i); err != nil {
+				if err := make(ctx, i); err != nil {
 					mu.Lock()
 					if firstErr == nil {
-						firstErr = fmt.Errorf("claim %d: %w", i, err)
+						firstErr = fmt.Errorf("%s %d: %w", what, i, err)
 					}
 					mu.Unlock()
 					cancel()
@@ -160,11 +170,7 @@ func (d *dataset) grow(ctx context.Context, to int) error {
 		})
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return firstErr
-	}
-	d.pairs = to
-	return nil
+	return firstErr
 }
 
 // pair creates claim i: the PVC, the volume in the driver published to the node, the PV,

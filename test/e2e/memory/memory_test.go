@@ -47,24 +47,7 @@ func TestEachOfOurProcessesLeadsOnSteadyData(t *testing.T) {
 	for _, sc := range ourSidecars(resync) {
 		procs = append(procs, start(t, s, sc, sc.name))
 	}
-	for _, p := range procs {
-		if err := p.waitLeading(s, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(resync + time.Second)
-	calls := s.Driver.Journal()
-	for _, p := range procs {
-		if !p.running() {
-			t.Errorf("%s exited after leading\n%s", p.label(), p.logTail())
-			continue
-		}
-		if n := p.workCalls(calls); n != 0 {
-			t.Errorf("%s made %d calls that change volumes on steady data", p.label(), n)
-		}
-		m := p.memory()
-		t.Logf("%-24s peak RSS %.1f MiB, RSS %.1f MiB (anonymous %.1f, file %.1f)", p.label(), mib(m.peak), mib(m.now), mib(m.anon), mib(m.file))
-	}
+	checkSteady(t, s, procs, resync, "volumes")
 	for name, rv := range d.versions(t) {
 		if before[name] != rv {
 			t.Errorf("%s was written by a sidecar (resourceVersion %s -> %s)", name, before[name], rv)
@@ -390,4 +373,29 @@ func report(b *testing.B, sizes []int, results map[int]map[string]measurement, s
 // log is shown only at its end, and only 10 lines of it).
 func say(format string, args ...any) {
 	fmt.Printf("memory: "+format+"\n", args...)
+}
+
+// checkSteady waits until every process leads and a resync (resync) has passed, then fails
+// t for a process that exited or made driver calls that change what (nothing needs
+// doing on steady data), and logs each one's memory.
+func checkSteady(t *testing.T, s *e2e.Scenario, procs []*process, resync time.Duration, what string) {
+	t.Helper()
+	for _, p := range procs {
+		if err := p.waitLeading(s, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(resync + time.Second) // the resync must pass: nothing else says it did
+	calls := s.Driver.Journal()
+	for _, p := range procs {
+		if !p.running() {
+			t.Errorf("%s exited after leading\n%s", p.label(), p.logTail())
+			continue
+		}
+		if n := p.workCalls(calls); n != 0 {
+			t.Errorf("%s made %d calls that change %s on steady data", p.label(), n, what)
+		}
+		m := p.memory()
+		t.Logf("%-24s peak RSS %.1f MiB, RSS %.1f MiB (anonymous %.1f, file %.1f)", p.label(), mib(m.peak), mib(m.now), mib(m.anon), mib(m.file))
+	}
 }

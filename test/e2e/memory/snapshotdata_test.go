@@ -106,37 +106,8 @@ func (sd *snapshotData) grow(ctx context.Context, to int) error {
 	if sd.d.pairs == 0 {
 		return fmt.Errorf("snapshots of a data set without claims")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	next := atomic.Int64{}
-	next.Store(int64(sd.contents))
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	for range setupWorkers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= to || ctx.Err() != nil {
-					return
-				}
-				if err := sd.content(ctx, i); err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = fmt.Errorf("snapshot %d: %w", i, err)
-					}
-					mu.Unlock()
-					cancel()
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+	if err := inParallel(ctx, sd.contents, to, "snapshot", sd.content); err != nil {
+		return err
 	}
 	sd.contents = to
 	return nil

@@ -53,24 +53,7 @@ func TestOurSnapshotterAndTheFourCombinedLeadOnSteadySnapshots(t *testing.T) {
 	const resync = 2 * time.Second
 	snap, combined := ourSnapshotterSidecars(resync)
 	procs := []*process{start(t, s, snap, "snapshotter"), start(t, s, combined, "combined4")}
-	for _, p := range procs {
-		if err := p.waitLeading(s, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(resync + time.Second)
-	calls := s.Driver.Journal()
-	for _, p := range procs {
-		if !p.running() {
-			t.Errorf("%s exited after leading\n%s", p.label(), p.logTail())
-			continue
-		}
-		if n := p.workCalls(calls); n != 0 {
-			t.Errorf("%s made %d calls that change snapshots or volumes on steady data", p.label(), n)
-		}
-		m := p.memory()
-		t.Logf("%-24s peak RSS %.1f MiB, RSS %.1f MiB (anonymous %.1f, file %.1f)", p.label(), mib(m.peak), mib(m.now), mib(m.anon), mib(m.file))
-	}
+	checkSteady(t, s, procs, resync, "snapshots or volumes")
 	if n, err := sd.written(ctx, before); err != nil {
 		t.Fatal(err)
 	} else if n != 0 {
