@@ -241,13 +241,16 @@ func (w *world) events() []string {
 // record is the claim's open record as the API server's events say; nil for none.
 func (w *world) record(uid string) *openRecord {
 	w.t.Helper()
-	list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{LabelSelector: labelRecordClaim + "=" + uid})
+	list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{LabelSelector: labelRecord})
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	var events []*v1.Event
 	for i := range list.Items {
-		events = append(events, &list.Items[i])
+		// The events about the claim, and those carrying its record among others'.
+		if slices.Contains(recordClaimKeys(&list.Items[i]), uid) {
+			events = append(events, &list.Items[i])
+		}
 	}
 	r, err := openAmong(events, uid)
 	if err != nil {

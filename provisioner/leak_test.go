@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -623,4 +624,58 @@ func TestARecordWaitingForItsClosingEventIsNeverUndone(t *testing.T) {
 	}
 	w.start()
 	w.waitFor("the record closed", func() bool { return w.record("uid-1") == nil })
+}
+
+// A new leader acts on each record of a batch a dead leader wrote in one event (records
+// that waited together for the budget): the claim still there gets its volume, the deleted
+// one's volume is deleted, and each record closes on its own.
+func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
+	sc := class("fast", nil)
+	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
+	kept, gone := claimFor("kept", "uid-1", "fast"), claimFor("gone", "uid-2", "fast")
+	var records []carriedRecord
+	for _, claim := range []*v1.PersistentVolumeClaim{kept, gone} {
+		p, err := w.ctrl.plan(claim, sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := newRecord(drv, "", p.pv.secrets.provisioner, p.req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		value, err := rec.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		records = append(records, carriedRecord{Claim: claimReference(claim), Record: value})
+		// The dead leader's CreateVolume made both volumes.
+		if _, err := w.ctrl.csi.CreateVolume(context.Background(), p.req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := decodeRecord(records[0].Record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := deadLeaderRecord(t, kept, first)
+	also, err := json.Marshal(records[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch.Annotations[annRecordAlso] = string(also)
+
+	w.startWith(kept, batch) // the claim "gone" was deleted while nobody led
+	w.waitFor("the kept claim's PersistentVolume, the other's volume deleted, both records closed", func() bool {
+		return w.pv("pvc-uid-1") != nil && len(w.driver.Volumes()) == 1 &&
+			!w.recordOpen("uid-1", "kept") && !w.recordOpen("uid-2", "gone")
+	})
+	if vols := w.driver.Volumes(); vols[0].ID != w.pv("pvc-uid-1").Spec.CSI.VolumeHandle {
+		t.Errorf("volume %s left, want the kept claim's %s", vols[0].ID, w.pv("pvc-uid-1").Spec.CSI.VolumeHandle)
+	}
+	if deletes := w.calls(testdriver.MethodDeleteVolume); len(deletes) != 1 {
+		t.Errorf("%d DeleteVolume calls, want 1 (the deleted claim's volume)", len(deletes))
+	}
+	if w.pv("pvc-uid-2") != nil {
+		t.Error("the deleted claim got a PersistentVolume")
+	}
 }
