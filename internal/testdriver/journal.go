@@ -115,6 +115,13 @@ type Overlap struct {
 	First, Second Call
 }
 
+// SameSidecar reports whether both calls belong to one sidecar (SidecarOf):
+// an overlap no replica of a sidecar may cause. Calls of two sidecars on one
+// volume may overlap, in upstream's sidecars as in ours.
+func (o Overlap) SameSidecar() bool {
+	return SidecarOf(o.First.Method) == SidecarOf(o.Second.Method)
+}
+
 // overlapRef is how an overlap is kept: by journal index, so that Overlaps
 // returns the calls as they are now (ended, with results).
 type overlapRef struct {

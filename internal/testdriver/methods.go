@@ -80,3 +80,23 @@ func isSnapshotMethod(method string) bool {
 	}
 	return false
 }
+
+// SidecarOf names the controller sidecar that makes a mutating call of method:
+// "provisioner", "attacher", "resizer" or "snapshotter"; "" for any other method.
+// Two sidecars may drive one volume at once (upstream's attacher may publish
+// while its resizer modifies); one sidecar's calls on a volume must never
+// overlap, whichever of its replicas made them.
+func SidecarOf(method string) string {
+	switch method {
+	case MethodCreateVolume, MethodDeleteVolume:
+		return "provisioner"
+	case MethodControllerPublishVolume, MethodControllerUnpublishVolume:
+		return "attacher"
+	case MethodControllerExpandVolume, MethodControllerModifyVolume:
+		return "resizer"
+	case MethodCreateSnapshot, MethodDeleteSnapshot,
+		MethodCreateVolumeGroupSnapshot, MethodDeleteVolumeGroupSnapshot:
+		return "snapshotter"
+	}
+	return ""
+}
