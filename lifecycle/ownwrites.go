@@ -139,12 +139,15 @@ func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedIn
 // it knows it, whichever is newer; false when the informer has no such object.
 func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	var zero T
+	// A creation is looked up before the informer: one the informer shows in between is
+	// then found in the informer, never missed in both.
+	c, isCreation := w.createdOnly(key)
 	obj, ok, err := w.cache.GetByKey(key)
 	if err != nil {
 		return zero, false, err
 	}
 	if !ok {
-		if c, ok := w.createdOnly(key); ok {
+		if isCreation && w.stillCreated(key, c) {
 			return c, true, nil
 		}
 		return zero, false, nil
@@ -183,35 +186,43 @@ func (w *OwnWrites[T]) ByIndex(index, key string) ([]T, error) {
 	if w.indexer == nil {
 		return nil, fmt.Errorf("no index %q: not made by NewOwnCreations", index)
 	}
+	// The creations are read before the informer, as in Get: a creation the informer shows
+	// in between is in the informer's answer, and one it does not show yet is in this copy.
+	creations := w.creations()
 	objs, err := w.cache.ByIndex(index, key)
 	if err != nil {
 		return nil, err
 	}
+	fn := w.indexer.GetIndexers()[index]
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := make([]T, 0, len(objs))
+	listed := make(map[string]bool, len(objs))
 	for _, obj := range objs {
+		if k, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			listed[k] = true
+		}
 		if t, ok := obj.(T); ok && !w.deletedLocked(t) {
 			out = append(out, t)
 		}
 	}
-	fn := w.indexer.GetIndexers()[index]
-	for k, c := range w.created {
-		if time.Since(c.at) > ownWritesTTL {
-			delete(w.created, k)
+	for k, c := range creations {
+		if listed[k] || !w.stillCreatedLocked(k, c) {
 			continue
 		}
-		if _, inInformer, _ := w.indexer.GetByKey(k); inInformer {
-			continue
+		var current any = c
+		if shown, inInformer, _ := w.indexer.GetByKey(k); inInformer {
+			current = shown // shown since the index was read: its index keys are the ones that count
 		}
-		if keys, err := fn(c.obj); err == nil && slices.Contains(keys, key) {
-			out = append(out, c.obj)
+		if keys, err := fn(current); err == nil && slices.Contains(keys, key) {
+			out = append(out, c)
 		}
 	}
 	return out, nil
 }
 
-// createdOnly is the object of key this sidecar created, if the informer does not show it.
+// createdOnly is the object of key this sidecar created and the informer had not shown
+// when it was last seen (the informer may show it by now).
 func (w *OwnWrites[T]) createdOnly(key string) (T, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -221,6 +232,46 @@ func (w *OwnWrites[T]) createdOnly(key string) (T, bool) {
 		ok = false
 	}
 	return c.obj, ok
+}
+
+// creations is a copy of the objects this sidecar created that the informer had not
+// shown, by key, without those past ownWritesTTL.
+func (w *OwnWrites[T]) creations() map[string]T {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]T, len(w.created))
+	for k, c := range w.created {
+		if time.Since(c.at) > ownWritesTTL {
+			delete(w.created, k)
+			continue
+		}
+		out[k] = c.obj
+	}
+	return out
+}
+
+// stillCreated tells whether a creation read by createdOnly or creations, which the
+// informer did not show when read after it, still exists as far as this sidecar knows: no
+// write of it found it gone, and the informer has not shown it deleted since.
+func (w *OwnWrites[T]) stillCreated(key string, obj T) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stillCreatedLocked(key, obj)
+}
+
+func (w *OwnWrites[T]) stillCreatedLocked(key string, obj T) bool {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return false
+	}
+	if uid, gone := w.deleted[key]; gone && uid == m.GetUID() {
+		return false
+	}
+	if w.seenDeleted == nil {
+		return true
+	}
+	uid, shownDeleted := w.seenDeleted.Get(key)
+	return !shownDeleted || uid != m.GetUID()
 }
 
 // seen drops the copy of an object this sidecar created once the informer shows it.

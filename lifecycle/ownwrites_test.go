@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -299,5 +300,90 @@ func TestOwnCreationsACreationTheInformerShowedDeletedIsMissing(t *testing.T) {
 	}
 	if want := []string{"missing", "missing"}; !slices.Equal(onDelete, want) {
 		t.Errorf("the handler read %v in its deletion events, want %v", onDelete, want)
+	}
+}
+
+// racingIndexer is an informer's indexer whose next read is overtaken, once, by the
+// informer: after answering, it runs then (which shows a new object and calls the event
+// handler), as a watch event that arrives during a read of OwnWrites does.
+type racingIndexer struct {
+	cache.Indexer
+	then func()
+}
+
+func (r *racingIndexer) overtaken() {
+	if f := r.then; f != nil {
+		r.then = nil
+		f()
+	}
+}
+
+func (r *racingIndexer) GetByKey(key string) (any, bool, error) {
+	defer r.overtaken()
+	return r.Indexer.GetByKey(key)
+}
+
+func (r *racingIndexer) ByIndex(index, key string) ([]any, error) {
+	defer r.overtaken()
+	return r.Indexer.ByIndex(index, key)
+}
+
+func (r *racingIndexer) IndexKeys(index, key string) ([]string, error) {
+	defer r.overtaken()
+	return r.Indexer.IndexKeys(index, key)
+}
+
+type racingInformer struct {
+	indexInformer
+	indexer *racingIndexer
+}
+
+func (s *racingInformer) GetStore() cache.Store     { return s.indexer }
+func (s *racingInformer) GetIndexer() cache.Indexer { return s.indexer }
+
+// A creation that the informer shows while Get or ByIndex reads is found: in the
+// informer's answer, or, read before it, among the creations (it is never missing from
+// both, which once made the provisioner take a closed record for an open one).
+func TestOwnCreationsACreationShownDuringAReadIsFound(t *testing.T) {
+	byPhase := func(obj any) ([]string, error) { return []string{string(obj.(*v1.PersistentVolume).Status.Phase)}, nil }
+	shared := cache.NewSharedIndexInformer(&cache.ListWatch{}, &v1.PersistentVolume{}, 0, cache.Indexers{"phase": byPhase})
+	inf := &racingInformer{indexInformer: indexInformer{SharedIndexInformer: shared}, indexer: &racingIndexer{Indexer: shared.GetIndexer()}}
+	w, err := NewOwnCreations[*v1.PersistentVolume](klog.Background(), inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, read := range []struct {
+		name string
+		get  func() string
+	}{
+		{"Get", func() string { return getPV(t, w) }},
+		{"ByIndex", func() string {
+			objs, err := w.ByIndex("phase", "Available")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(objs) != 1 {
+				return fmt.Sprintf("%d objects", len(objs))
+			}
+			return objs[0].ResourceVersion + " " + string(objs[0].Status.Phase)
+		}},
+	} {
+		pv := pvAt("5", "Available")
+		if err := shared.GetIndexer().Delete(pv); err != nil {
+			t.Fatal(err)
+		}
+		w.Wrote(pv)
+		inf.indexer.then = func() {
+			if err := shared.GetIndexer().Add(pv); err != nil {
+				t.Fatal(err)
+			}
+			inf.handler.OnAdd(pv, false)
+		}
+		if got := read.get(); got != "5 Available" {
+			t.Errorf("%s while the informer shows the creation: %s, want 5 Available", read.name, got)
+		}
+		if inf.indexer.then != nil {
+			t.Errorf("%s did not read the informer", read.name)
+		}
 	}
 }
