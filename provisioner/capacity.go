@@ -447,7 +447,8 @@ func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 	}
 
 	// P1: the call and the write that records it run on Ops(), so a poll in flight when
-	// intake ends still lands.
+	// intake ends still lands. Only the driver call has --timeout: a write waiting for a
+	// token of the budget is not abandoned (and sent again later, spending another).
 	callCtx, cancel := context.WithTimeout(ctx, t.timeout)
 	resp, err := t.csi.GetCapacity(callCtx, getCapacityRequest(class, segment))
 	cancel()
@@ -473,9 +474,7 @@ func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 		}
 	}
 	if create {
-		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
-		saved, err := t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(apiCtx, answer, metav1.CreateOptions{})
-		cancel()
+		saved, err := t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(ctx, answer, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating CSIStorageCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
 		}
@@ -517,8 +516,6 @@ func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.C
 	if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
 		update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.timeout)
-	defer cancel()
 	saved, err := t.kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
@@ -531,9 +528,7 @@ func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.C
 // deleteObjects deletes objects of a key, on Ops(), and tells OwnWrites they are gone.
 func (t *capacityTracker) deleteObjects(ctx context.Context, objs []*storagev1.CSIStorageCapacity) error {
 	for _, obj := range objs {
-		apiCtx, cancel := context.WithTimeout(ctx, t.timeout)
-		err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(apiCtx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
-		cancel()
+		err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(ctx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
 		// A conflict: the name holds another object, this one is gone.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting CSIStorageCapacity %s: %w", klog.KObj(obj), err)
