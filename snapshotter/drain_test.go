@@ -1,14 +1,19 @@
 package snapshotter
 
 import (
+	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	groupv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumegroupsnapshot/v1"
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/draintest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
@@ -106,5 +111,59 @@ func TestADeleteSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
 	}
 	if _, left := w.driver.created[handle]; left {
 		t.Errorf("snapshot not deleted by the next sync: %q", w.log)
+	}
+}
+
+// refusingGroupClient is the driver's group controller service as a draining replica's
+// connection makes it: CreateVolumeGroupSnapshot is refused without reaching the driver.
+// (The test driver's gRPC server cannot return the core's refusal with its type.)
+type refusingGroupClient struct {
+	csi.GroupControllerClient
+	refusal error
+}
+
+func (r refusingGroupClient) CreateVolumeGroupSnapshot(context.Context, *csi.CreateVolumeGroupSnapshotRequest, ...grpc.CallOption) (*csi.CreateVolumeGroupSnapshotResponse, error) {
+	return nil, r.refusal
+}
+
+// A CreateVolumeGroupSnapshot the drain refused records nothing either: no error on the
+// group content's status, no event, no write after the being-created record, which stays
+// for the next leader; that leader takes the group snapshot.
+func TestACreateVolumeGroupSnapshotTheDrainRefusedRecordsNothing(t *testing.T) {
+	f := newGroupFixture(t, testdriver.Config{})
+	v1ID, v2ID := f.volume("pv-1"), f.volume("pv-2")
+	f.add(dynamicGroupContent("gc-1", v1ID, v2ID), groupClass(groupTestClass, groupTestDriver, nil), groupSecret(groupTestSecret, "token"))
+	real := f.g.driver.group
+	f.g.driver.group = refusingGroupClient{GroupControllerClient: real, refusal: draintest.RefusedByDrain(t, "CreateVolumeGroupSnapshot")}
+	f.start()
+
+	if err := f.sync("gc-1"); !lifecycle.NotStarted(err) {
+		t.Fatalf("sync: %v, want the refusal", err)
+	}
+	got := f.stored("gc-1")
+	if got.Status != nil && got.Status.Error != nil {
+		t.Errorf("group content has error %q on its status, want none", *got.Status.Error.Message)
+	}
+	if !hasAnnotation(got, annGroupBeingCreated) {
+		t.Error("the being-created record was dropped: the next leader could not know a group snapshot may exist")
+	}
+	if w := f.writes(); len(w) != 1 || !strings.Contains(w[0].body, annGroupBeingCreated) {
+		t.Errorf("writes %+v, want only the being-created record", w)
+	}
+	if ev := f.events(); len(ev) != 0 {
+		t.Errorf("events %q, want none", ev)
+	}
+	if n := len(f.driver.Calls(testdriver.MethodCreateVolumeGroupSnapshot)); n != 0 {
+		t.Errorf("the driver saw %d CreateVolumeGroupSnapshot calls, want none", n)
+	}
+
+	// The next leader takes it.
+	f.g.driver.group = real
+	f.waitCached("gc-1", func(c *groupv1.VolumeGroupSnapshotContent) bool { return hasAnnotation(c, annGroupBeingCreated) })
+	if err := f.sync("gc-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.stored("gc-1"); !groupReady(got) || got.Status.Error != nil || hasAnnotation(got, annGroupBeingCreated) {
+		t.Errorf("after the next leader's call: status %+v, annotations %v; want ready, no error, no record", got.Status, got.Annotations)
 	}
 }
