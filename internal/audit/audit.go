@@ -6,7 +6,8 @@
 // JSON lines (audit.k8s.io/v1 Events), one event written by each request's own handler
 // (blocking mode), never rotated. Read parses the log into one Event per request; UpTo
 // first makes sure the log holds every request received before it was called, by sending a
-// marker request that the policy must log (MarkerRule).
+// marker request that the policy must log (MarkerRule). A Tally counts one client's
+// requests for one kind of operation; EventBodies tells what an event's writes are about.
 package audit
 
 import (
@@ -31,6 +32,20 @@ import (
 const MarkerRule = `- level: Metadata
   users: ["admin"]
   nonResourceURLs: ["/version"]
+`
+
+// WriteRules are policy rules that log every write at Metadata level, and the writes of
+// events with their body (level Request: their involved object and source tell what they
+// are about and who wrote them, see EventBody). Put them after MarkerRule.
+const WriteRules = `- level: Request
+  verbs: ["create", "update", "patch"]
+  resources:
+  - group: ""
+    resources: ["events"]
+  - group: "events.k8s.io"
+    resources: ["events"]
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
 `
 
 // Setup writes policy (an audit.k8s.io/v1 Policy in YAML) into dir and returns the

@@ -16,14 +16,7 @@ const sampleLog = `{"auditID":"a","stage":"ResponseStarted","requestURI":"/api/v
 `
 
 func TestReadKeepsOneEventPerRequestAtItsLastStage(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.log")
-	if err := os.WriteFile(path, []byte(sampleLog), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	events, err := Read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	events := readLog(t, sampleLog)
 	if len(events) != 3 {
 		t.Fatalf("%d events, want 3: %+v", len(events), events)
 	}
@@ -68,4 +61,45 @@ func TestSetupWritesThePolicyAndNamesTheLog(t *testing.T) {
 	if raw, err := os.ReadFile(filepath.Join(dir, "audit-policy.yaml")); err != nil || string(raw) != "policy" {
 		t.Errorf("policy file: %q, %v", raw, err)
 	}
+}
+
+// A tally's writes by kind and failed ones, GETs apart; an event's count patch, which names
+// no object, is about the object its creation named.
+func TestTallyAndEventBodies(t *testing.T) {
+	const log = `{"auditID":"1","verb":"create","userAgent":"u","objectRef":{"resource":"events","namespace":"n","name":"e.1"},"responseStatus":{"code":201},"requestObject":{"involvedObject":{"kind":"VolumeSnapshotContent","name":"c"},"source":{"component":"csi-snapshotter d"}}}
+{"auditID":"2","verb":"patch","userAgent":"u","objectRef":{"resource":"events","namespace":"n","name":"e.1"},"responseStatus":{"code":200},"requestObject":{"count":2}}
+{"auditID":"3","verb":"patch","userAgent":"u","objectRef":{"resource":"volumesnapshotcontents","subresource":"status","name":"c"},"responseStatus":{"code":409}}
+{"auditID":"4","verb":"get","userAgent":"u","objectRef":{"resource":"volumesnapshotcontents","name":"c"},"responseStatus":{"code":200}}
+`
+	events := readLog(t, log)
+	bodies := EventBodies{}
+	for _, e := range events[:2] {
+		b := bodies.Of(e)
+		if b == nil || b.Object() != (ObjectRef{Kind: "VolumeSnapshotContent", Name: "c"}) || b.Component() != "csi-snapshotter d" {
+			t.Errorf("event %s: body %+v", e.AuditID, b)
+		}
+	}
+	tally := NewTally()
+	for _, e := range events {
+		tally.Add(e)
+	}
+	tally.Ops = 2
+	if tally.Writes != 3 || tally.Gets != 1 || tally.PerOpString() != "1.50" || tally.FailedString() != "0.50/0/0" ||
+		tally.Kinds() != "create events 0.50, patch events 0.50, patch volumesnapshotcontents/status 0.50" {
+		t.Errorf("tally: %+v, %s per op, failed %s, kinds %s", tally, tally.PerOpString(), tally.FailedString(), tally.Kinds())
+	}
+}
+
+// readLog reads the audit log text through a file, as Read does.
+func readLog(t *testing.T, text string) []Event {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	events, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events
 }

@@ -79,6 +79,13 @@ func MainWith(m *testing.M, root string, kube *controlplane.Shared, binDir *stri
 	return kube.Main(m, opts)
 }
 
+// Benchmarks tells whether this test binary runs benchmarks (-test.bench given), for a
+// TestMain that prepares what only benchmarks need, such as an audit log.
+func Benchmarks() bool {
+	bench := flag.Lookup("test.bench")
+	return bench != nil && bench.Value.String() != ""
+}
+
 // RequireBinaries skips t when Main built no binaries (a run without a control plane).
 func RequireBinaries(t testing.TB, binDir string) {
 	t.Helper()

@@ -210,8 +210,8 @@ func (m *measurement) report(b *testing.B) {
 		b.ReportMetric(r.boundPerSecond, fmt.Sprintf("bound/s-at-%v", r.interval))
 	}
 	for _, k := range opOrder {
-		if c := m.writes[k]; c != nil && c.ops > 0 {
-			b.ReportMetric(c.perOp(), k.sidecar+"-"+k.op+"-writes/op")
+		if c := m.writes[k]; c != nil && c.Ops > 0 {
+			b.ReportMetric(c.PerOp(), k.sidecar+"-"+k.op+"-writes/op")
 		}
 	}
 }
@@ -613,7 +613,7 @@ func formatResults(impls []implementation, results map[string]*measurement, inte
 				line += "\t0\t-\t-"
 				continue
 			}
-			line += fmt.Sprintf("\t%d\t%s\t%s", c.ops, c.perOpString(), c.failedString())
+			line += fmt.Sprintf("\t%d\t%s\t%s", c.Ops, c.PerOpString(), c.FailedString())
 		}
 		fmt.Fprintln(tw, line+"\t")
 	}
@@ -621,13 +621,13 @@ func formatResults(impls []implementation, results map[string]*measurement, inte
 	for _, im := range measured {
 		fmt.Fprintf(&b, "%s, writes by kind (per operation):\n", im.name)
 		for _, k := range opOrder {
-			if c := results[im.name].writes[k]; c != nil && c.writes > 0 {
-				fmt.Fprintf(&b, "  %s %s: %s\n", k.sidecar, k.op, c.kinds())
+			if c := results[im.name].writes[k]; c != nil && c.Writes > 0 {
+				fmt.Fprintf(&b, "  %s %s: %s\n", k.sidecar, k.op, c.Kinds())
 			}
 		}
 		for _, k := range results[im.name].writes.others() {
 			c := results[im.name].writes[k]
-			fmt.Fprintf(&b, "  %s, not of one of the runs' volumes: %d writes: %s\n", k.sidecar, c.writes, c.kinds())
+			fmt.Fprintf(&b, "  %s, not of one of the runs' volumes: %d writes: %s\n", k.sidecar, c.Writes, c.Kinds())
 		}
 	}
 	return b.String()

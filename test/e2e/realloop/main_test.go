@@ -73,16 +73,7 @@ const auditPolicy = `apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
-` + audit.MarkerRule + `- level: Request
-  verbs: ["create", "update", "patch"]
-  resources:
-  - group: ""
-    resources: ["events"]
-  - group: "events.k8s.io"
-    resources: ["events"]
-- level: Metadata
-  verbs: ["create", "update", "patch", "delete", "deletecollection"]
-- level: None
+` + audit.MarkerRule + audit.WriteRules + `- level: None
 `
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -108,7 +99,7 @@ func run(m *testing.M) int {
 	}
 	auditLog = log
 	if *flagUpstream && !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" && runsUpstream() {
-		if benchmarks() {
+		if e2e.Benchmarks() {
 			upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
 		} else {
 			// Tests use upstream's binaries only when a benchmark run built them: a first
@@ -119,19 +110,13 @@ func run(m *testing.M) int {
 	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
 }
 
-// benchmarks tells whether this run runs benchmarks (-test.bench).
-func benchmarks() bool {
-	bench := flag.Lookup("test.bench")
-	return bench != nil && bench.Value.String() != ""
-}
-
 // upstreamTest is the test that runs upstream's binaries; the benchmarks do too.
 const upstreamTest = "TestRollingUpgradeFromUpstreamImages"
 
 // runsUpstream tells whether this run may need upstream's binaries: benchmarks run, or
 // -test.run may select upstreamTest. A run of other tests does not build them.
 func runsUpstream() bool {
-	if benchmarks() {
+	if e2e.Benchmarks() {
 		return true
 	}
 	run := flag.Lookup("test.run")

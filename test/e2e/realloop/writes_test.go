@@ -1,9 +1,6 @@
 package realloop
 
 import (
-	"encoding/json"
-	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -27,75 +24,15 @@ var opOrder = []opKey{
 	{"resizer", "modify"},
 }
 
-// failedCodes are the answers counted as failed writes.
-var failedCodes = []int{409, 404, 429}
-
-// opCount is what a sidecar wrote for one kind of operation.
-type opCount struct {
-	ops    int            // operations of this kind in the runs
-	writes int            // write requests, failed ones included
-	failed map[int]int    // by HTTP status code
-	byKind map[string]int // writes by "verb resource"
-}
-
-func (c *opCount) perOp() float64 {
-	if c.ops == 0 {
-		return 0
-	}
-	return float64(c.writes) / float64(c.ops)
-}
-
-func (c *opCount) perOpString() string {
-	if c.ops == 0 {
-		return fmt.Sprintf("(%d writes)", c.writes)
-	}
-	return fmt.Sprintf("%.2f", c.perOp())
-}
-
-// failedString is the failed writes per operation by code, "0" when none failed.
-func (c *opCount) failedString() string {
-	var parts []string
-	total := 0
-	for _, code := range failedCodes {
-		total += c.failed[code]
-		parts = append(parts, c.perOpOf(c.failed[code]))
-	}
-	if total == 0 {
-		return "0"
-	}
-	return strings.Join(parts, "/")
-}
-
-func (c *opCount) perOpOf(n int) string {
-	if c.ops == 0 || n == 0 {
-		return fmt.Sprint(n)
-	}
-	return fmt.Sprintf("%.2f", float64(n)/float64(c.ops))
-}
-
-// kinds lists the writes by kind, per operation when there were operations.
-func (c *opCount) kinds() string {
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(c.byKind)) {
-		parts = append(parts, k+" "+c.perOpOf(c.byKind[k]))
-	}
-	return strings.Join(parts, ", ")
-}
-
 // writeCounts are the writes by sidecar and operation.
-type writeCounts map[opKey]*opCount
+type writeCounts map[opKey]*audit.Tally
 
-func (wc writeCounts) add(k opKey, e audit.Event) {
-	c := wc[k]
-	if c == nil {
-		c = &opCount{failed: map[int]int{}, byKind: map[string]int{}}
-		wc[k] = c
+// tally is k's Tally, created when there is none yet.
+func (wc writeCounts) tally(k opKey) *audit.Tally {
+	if wc[k] == nil {
+		wc[k] = audit.NewTally()
 	}
-	c.writes++
-	c.byKind[e.Verb+" "+e.Resource()]++
-	if slices.Contains(failedCodes, e.Code()) {
-		c.failed[e.Code()]++
-	}
+	return wc[k]
 }
 
 // others are the keys of writes that were about none of the runs' volumes.
@@ -118,35 +55,6 @@ type attribution struct {
 	items     []cluster.Item
 }
 
-// eventBody is what the audit log's request body of an event says about its object and
-// its writer (core/v1 and events.k8s.io/v1 fields).
-type eventBody struct {
-	InvolvedObject      objectRef                  `json:"involvedObject"`
-	Regarding           objectRef                  `json:"regarding"`
-	Source              struct{ Component string } `json:"source"`
-	DeprecatedSource    struct{ Component string } `json:"deprecatedSource"`
-	ReportingComponent  string                     `json:"reportingComponent"`
-	ReportingController string                     `json:"reportingController"`
-}
-
-type objectRef struct{ Kind, Namespace, Name string }
-
-func (b eventBody) object() objectRef {
-	if b.InvolvedObject.Kind != "" {
-		return b.InvolvedObject
-	}
-	return b.Regarding
-}
-
-func (b eventBody) component() string {
-	for _, c := range []string{b.Source.Component, b.ReportingComponent, b.ReportingController, b.DeprecatedSource.Component} {
-		if c != "" {
-			return c
-		}
-	}
-	return ""
-}
-
 // sidecarOf names the sidecar of the implementation that sent a request, "" for a request
 // of another client. csi-sidecars' sidecars write with the user agent csi-sidecars/<sidecar>,
 // except events, which each process writes through its shared client (csi-sidecars): those
@@ -154,7 +62,7 @@ func (b eventBody) component() string {
 // harness's identity being the sidecar's name; the resizer's external-resizer <driver>).
 // Upstream's binaries write with client-go's default user agent, which begins with the
 // binary's name.
-func (a attribution) sidecarOf(e audit.Event, body *eventBody) string {
+func (a attribution) sidecarOf(e audit.Event, body *audit.EventBody) string {
 	if a.impl.upstream() {
 		for _, r := range upstream.Releases() {
 			if strings.HasPrefix(e.UserAgent, r.Cmd+"/") {
@@ -169,7 +77,7 @@ func (a attribution) sidecarOf(e audit.Event, body *eventBody) string {
 	if e.UserAgent != "csi-sidecars" || body == nil {
 		return ""
 	}
-	switch c := body.component(); {
+	switch c := body.Component(); {
 	case strings.HasPrefix(c, a.driver+"_"):
 		return "provisioner"
 	case strings.HasPrefix(c, "external-resizer"):
@@ -217,32 +125,17 @@ func countWrites(events []audit.Event, from, to time.Time, a attribution) writeC
 		return nil
 	}
 
-	// An event's later writes (the correlator's count patches) carry no body with its
-	// object: remember the bodies of the events created.
-	bodies := map[string]*eventBody{}
-	bodyOf := func(e audit.Event) *eventBody {
-		if len(e.RequestObject) == 0 {
-			return bodies[e.Namespace()+"/"+e.Name()]
-		}
-		var body eventBody
-		if err := json.Unmarshal(e.RequestObject, &body); err != nil || body.object().Kind == "" {
-			return bodies[e.Namespace()+"/"+e.Name()]
-		}
-		if e.Verb == "create" || e.Verb == "update" {
-			ns := e.Namespace()
-			bodies[ns+"/"+e.Name()] = &body
-		}
-		return &body
-	}
+	// An event's later writes carry no body with its object: EventBodies remembers them.
+	bodies := audit.EventBodies{}
 
 	out := writeCounts{}
 	for _, e := range events {
 		if !e.IsWrite() || e.Resource() == "leases" {
 			continue
 		}
-		var body *eventBody
+		var body *audit.EventBody
 		if strings.HasPrefix(e.Resource(), "events") {
-			body = bodyOf(e)
+			body = bodies.Of(e)
 		}
 		if e.RequestReceived.Before(from) || !e.RequestReceived.Before(to) {
 			continue
@@ -254,7 +147,7 @@ func countWrites(events []audit.Event, from, to time.Time, a attribution) writeC
 		var it *cluster.Item
 		switch res := e.Resource(); {
 		case body != nil:
-			o := body.object()
+			o := body.Object()
 			it = itemOfObject(o.Kind, o.Namespace, o.Name)
 		case strings.HasPrefix(res, "persistentvolumeclaims"):
 			it = itemOfObject("PersistentVolumeClaim", e.Namespace(), e.Name())
@@ -263,7 +156,7 @@ func countWrites(events []audit.Event, from, to time.Time, a attribution) writeC
 		case strings.HasPrefix(res, "volumeattachments"):
 			it = itemOfObject("VolumeAttachment", "", e.Name())
 		}
-		out.add(opKey{sidecar, operation(sidecar, it, e.RequestReceived)}, e)
+		out.tally(opKey{sidecar, operation(sidecar, it, e.RequestReceived)}).Add(e)
 	}
 
 	for i := range a.items {
@@ -279,10 +172,7 @@ func countWrites(events []audit.Event, from, to time.Time, a attribution) writeC
 			if it.Times[stage].IsZero() {
 				continue
 			}
-			if out[k] == nil {
-				out[k] = &opCount{failed: map[int]int{}, byKind: map[string]int{}}
-			}
-			out[k].ops++
+			out.tally(k).Ops++
 		}
 	}
 	return out

@@ -92,9 +92,9 @@ func TestCountWritesSplitsBySidecarAndOperation(t *testing.T) {
 			t.Errorf("%v: nothing counted", k)
 			continue
 		}
-		if c.ops != w.ops || c.writes != w.writes || c.failed[409] != w.conflicts || c.failed[404] != w.notFound {
+		if c.Ops != w.ops || c.Writes != w.writes || c.Failed[409] != w.conflicts || c.Failed[404] != w.notFound {
 			t.Errorf("%v: %d ops, %d writes, failed %v (kinds %s); want %d ops, %d writes, %d conflicts, %d not found",
-				k, c.ops, c.writes, c.failed, c.kinds(), w.ops, w.writes, w.conflicts, w.notFound)
+				k, c.Ops, c.Writes, c.Failed, c.Kinds(), w.ops, w.writes, w.conflicts, w.notFound)
 		}
 	}
 	if len(got) != len(want) {
@@ -110,10 +110,10 @@ func TestCountWritesSplitsBySidecarAndOperation(t *testing.T) {
 		write(t, at(1), "csi-sidecars/provisioner", "create", "persistentvolumes", "", "pvc-b", 201, nil),
 	}
 	got = countWrites(events, at(0), at(20), attribution{impl: up, namespace: ns, driver: driver, items: items})
-	if c := got[opKey{"provisioner", "provision"}]; c == nil || c.writes != 2 {
+	if c := got[opKey{"provisioner", "provision"}]; c == nil || c.Writes != 2 {
 		t.Errorf("upstream provision: %+v, want 2 writes", c)
 	}
-	if c := got[opKey{"attacher", "attach"}]; c == nil || c.writes != 1 {
+	if c := got[opKey{"attacher", "attach"}]; c == nil || c.Writes != 1 {
 		t.Errorf("upstream attach: %+v, want 1 write", c)
 	}
 }
