@@ -210,12 +210,18 @@ func (w *OwnWrites[T]) ByIndex(index, key string) ([]T, error) {
 		if listed[k] || !w.stillCreatedLocked(k, c) {
 			continue
 		}
-		var current any = c
-		if shown, inInformer, _ := w.indexer.GetByKey(k); inInformer {
-			current = shown // shown since the index was read: its index keys are the ones that count
+		current := c
+		// Shown since the index was read: the informer's copy (or this sidecar's newer
+		// write of it) is the one returned, and its index keys are the ones that count.
+		if shown, inInformer, _ := w.cache.GetByKey(k); inInformer {
+			t, ok := shown.(T)
+			if !ok || w.deletedLocked(t) {
+				continue
+			}
+			current = t
 		}
 		if keys, err := fn(current); err == nil && slices.Contains(keys, key) {
-			out = append(out, c)
+			out = append(out, current)
 		}
 	}
 	return out, nil
