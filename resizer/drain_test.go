@@ -72,11 +72,7 @@ func (d *drainingClient) checkNothingRecorded() {
 // it. What was written before the call (the resize in progress at the new size) stays,
 // and the next sync expands.
 func TestAnExpansionTheDrainRefusedRecordsNothing(t *testing.T) {
-	f := newFixture(t, testdriver.Config{})
-	id := f.createVolume("vol", gi(1))
-	pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-	f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-	f.start()
+	f, c, _ := growingClaim(t, testdriver.Config{}, "2Gi")
 	exp := c.expander.(*csiExpander)
 	d := newDrainingClient(f, "ControllerExpandVolume")
 	exp.client = d

@@ -35,11 +35,7 @@ func TestExpansionSucceeds(t *testing.T) {
 		{name: "node expansion required", nodeExpansion: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, testdriver.Config{NodeExpansionRequired: tc.nodeExpansion})
-			id := f.createVolume("vol", gi(1))
-			pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-			f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-			f.start()
+			f, c, id := growingClaim(t, testdriver.Config{NodeExpansionRequired: tc.nodeExpansion}, "2Gi")
 
 			if err := c.sync("ns/claim"); err != nil {
 				t.Fatalf("sync: %v", err)
@@ -103,6 +99,19 @@ func TestExpansionSucceeds(t *testing.T) {
 	}
 }
 
+// growingClaim is a started expansion fixture of cfg's driver holding claim "claim", bound
+// to PersistentVolume "pv-claim" of a 1Gi driver volume, asking for request; it returns
+// the volume's ID too.
+func growingClaim(t *testing.T, cfg testdriver.Config, request string) (*fixture, *expansionController, string) {
+	t.Helper()
+	f := newFixture(t, cfg)
+	id := f.createVolume("vol", gi(1))
+	pvc, pv := boundPair("claim", id, request, "1Gi")
+	f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
+	f.start()
+	return f, c, id
+}
+
 func newExpansionFixtureWith(t *testing.T, f *fixture, o expansionOpts, objs ...runtime.Object) (*fixture, *expansionController) {
 	t.Helper()
 	f.add(objs...)
@@ -146,11 +155,7 @@ func TestExpansionErrorClasses(t *testing.T) {
 		{code: codes.Aborted, wantState: v1.PersistentVolumeClaimControllerResizeInProgress, wantRetryError: true},
 	} {
 		t.Run(tc.code.String(), func(t *testing.T) {
-			f := newFixture(t, testdriver.Config{})
-			id := f.createVolume("vol", gi(1))
-			pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-			f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-			f.start()
+			f, c, _ := growingClaim(t, testdriver.Config{}, "2Gi")
 			if err := f.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodControllerExpandVolume, Code: tc.code}); err != nil {
 				t.Fatal(err)
 			}
@@ -196,11 +201,7 @@ func TestExpansionErrorClasses(t *testing.T) {
 // RecoverVolumeExpansionFailure: after an infeasible request the user lowers it (still
 // above the old capacity) and the lower size is expanded and recorded.
 func TestExpansionRecoversWithLoweredRequest(t *testing.T) {
-	f := newFixture(t, testdriver.Config{})
-	id := f.createVolume("vol", gi(1))
-	pvc, pv := boundPair("claim", id, "100Gi", "1Gi")
-	f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-	f.start()
+	f, c, id := growingClaim(t, testdriver.Config{}, "100Gi")
 	if err := f.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodControllerExpandVolume, Code: codes.OutOfRange, Times: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -235,11 +236,7 @@ func TestExpansionRecoversWithLoweredRequest(t *testing.T) {
 // After an uncertain error the driver may still be growing to the allocated size: a lowered
 // request must not be sent until that attempt is known to have ended.
 func TestExpansionKeepsAllocatedSizeAfterUncertainError(t *testing.T) {
-	f := newFixture(t, testdriver.Config{})
-	id := f.createVolume("vol", gi(1))
-	pvc, pv := boundPair("claim", id, "10Gi", "1Gi")
-	f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-	f.start()
+	f, c, id := growingClaim(t, testdriver.Config{}, "10Gi")
 	if err := f.driver.InjectFault(testdriver.Fault{Method: testdriver.MethodControllerExpandVolume, Code: codes.DeadlineExceeded, Times: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,7 @@ import (
 // writes (the driver's message changes each time). Otherwise a driver that keeps failing
 // is called in a loop.
 func TestOwnWriteEventsDoNotBypassBackoff(t *testing.T) {
-	f := newFixture(t, testdriver.Config{})
-	id := f.createVolume("vol", gi(1))
-	pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-	f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
-	f.start()
+	f, c, _ := growingClaim(t, testdriver.Config{}, "2Gi")
 	f.handled(c.queue, "start")
 
 	for attempt := range 3 {
