@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -149,36 +150,23 @@ func TestACreateVolumeTheDrainRefusedRecordsNothing(t *testing.T) {
 // StorageClasses, claims, PersistentVolumes and events.
 func leftBehind(t *testing.T, w *world) []runtime.Object {
 	t.Helper()
-	ctx := context.Background()
+	ctx, all := context.Background(), metav1.ListOptions{}
 	var out []runtime.Object
-	classes, err := w.kube.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	add := func(list runtime.Object, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, items...)
 	}
-	for i := range classes.Items {
-		out = append(out, &classes.Items[i])
-	}
-	claims, err := w.kube.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range claims.Items {
-		out = append(out, &claims.Items[i])
-	}
-	pvs, err := w.kube.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range pvs.Items {
-		out = append(out, &pvs.Items[i])
-	}
-	events, err := w.kube.CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range events.Items {
-		out = append(out, &events.Items[i])
-	}
+	add(w.kube.StorageV1().StorageClasses().List(ctx, all))
+	add(w.kube.CoreV1().PersistentVolumeClaims("").List(ctx, all))
+	add(w.kube.CoreV1().PersistentVolumes().List(ctx, all))
+	add(w.kube.CoreV1().Events("").List(ctx, all))
 	return out
 }
 
