@@ -47,8 +47,7 @@ type budget struct {
 	wake    chan struct{}
 	// owed counts the writes the sidecar will owe soon: its CSI calls in flight, each of
 	// which records its result. Nil: none.
-	owed  func() int
-	burst int
+	owed func() int
 }
 
 type budgetWaiter struct {
@@ -68,7 +67,7 @@ type classKey struct{}
 var _ flowcontrol.RateLimiter = &budget{}
 
 func newBudget(qps float32, burst int) *budget {
-	return &budget{qps: qps, burst: burst, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
+	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
 }
 
 // withBudget returns a copy of cfg whose clients draw from b; a nil b (no client-side
@@ -234,7 +233,7 @@ func (b *budget) owedShortfall() float64 {
 	if owed <= 0 {
 		return 0
 	}
-	need := float64(min(1+owed, b.burst))
+	need := float64(min(1+owed, b.limiter.Burst()))
 	return max(0, need-b.limiter.Tokens())
 }
 
