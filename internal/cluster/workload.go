@@ -642,9 +642,11 @@ func quantityString(l corev1.ResourceList) string {
 
 // observe is every informer's event handler: it looks at each Pod still under way.
 func (w *Workload) observe() {
-	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// The time is read under the lock: read before it, a handler that waited for the lock
+	// would record a stage it sees only now at a time before stages others recorded meanwhile.
+	now := time.Now()
 	for _, it := range w.items {
 		w.evaluateLocked(it, now)
 	}
