@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -91,6 +92,9 @@ func TestCacheTransformSharesRepeatedStringsAndMapsAndKeepsEveryValue(t *testing
 			t.Fatalf("transformed PV differs from the original:\n%+v\n%+v", out, want)
 		}
 		got = append(got, out.(*v1.PersistentVolume))
+		// A collection between two objects' transforms drops what nothing holds: the
+		// shared copies must outlive it, as they do between a cache's list and its watch.
+		runtime.GC()
 	}
 	a, b := got[0], got[2]
 	if unsafe.StringData(a.Spec.CSI.Driver) != unsafe.StringData(b.Spec.CSI.Driver) {
@@ -132,6 +136,14 @@ func TestSharedMapsTableIsBounded(t *testing.T) {
 	}
 	if n := len(s.maps); n > maxSharedMaps {
 		t.Errorf("a large map was kept in the table")
+	}
+	for i := range maxSharedStrings + 10 {
+		if got, want := s.intern(fmt.Sprint(i)), fmt.Sprint(i); got != want {
+			t.Fatalf("intern(%q) = %q", want, got)
+		}
+	}
+	if n := len(s.strings); n > maxSharedStrings {
+		t.Errorf("%d strings kept, want at most %d", n, maxSharedStrings)
 	}
 }
 

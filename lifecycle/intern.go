@@ -14,7 +14,10 @@ import (
 // Strings that thousands of cached objects repeat (the driver's name, a class, a node, a
 // namespace, label and annotation keys and values, finalizers, access modes, phases) are
 // decoded afresh into every object. internStrings replaces each by one shared copy
-// (unique.Make: the copy lives while an object uses it), so a cache holds it once.
+// (unique.Make), so a cache holds it once. The runtime drops a unique.Make copy at the
+// next collection once no handle to it is left, whatever still points at its bytes, so a
+// process's table (sharedMaps) holds the handles: an object decoded after a collection
+// then gets the copy the objects before it hold, not a new one.
 // Strings that identify one object (names, UIDs, resourceVersions, volume handles) are
 // left alone: interning them would add an entry per object to the runtime's table and
 // save nothing. Strings are immutable, so sharing one changes nothing an object's reader
@@ -55,7 +58,7 @@ func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 	switch v.Kind() {
 	case reflect.String:
 		if !own && v.CanSet() && v.Len() > 0 {
-			v.SetString(unique.Make(v.String()).Value())
+			v.SetString(maps.intern(v.String()))
 		}
 	case reflect.Pointer:
 		if !v.IsNil() {
@@ -85,16 +88,16 @@ func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 	}
 }
 
-// internedCopy is a new map with m's entries, its strings shared (unique.Make).
-func internedCopy(m reflect.Value) reflect.Value {
+// internedCopy is a new map with m's entries, its strings shared (intern). s may be nil.
+func (s *sharedMaps) internedCopy(m reflect.Value) reflect.Value {
 	out := reflect.MakeMapWithSize(m.Type(), m.Len())
 	for iter := m.MapRange(); iter.Next(); {
 		k := reflect.New(m.Type().Key()).Elem()
-		k.SetString(unique.Make(iter.Key().String()).Value())
+		k.SetString(s.intern(iter.Key().String()))
 		val := iter.Value()
 		if val.Kind() == reflect.String {
 			val = reflect.New(m.Type().Elem()).Elem()
-			val.SetString(unique.Make(iter.Value().String()).Value())
+			val.SetString(s.intern(iter.Value().String()))
 		}
 		out.SetMapIndex(k, val)
 	}
@@ -109,19 +112,40 @@ func internedCopy(m reflect.Value) reflect.Value {
 // decimal, which no sidecar changes in place), so one object's reader never sees
 // another's change. The table keeps at most maxSharedMaps maps, and starts afresh when
 // full: maps already shared stay with their objects, and what is common now gets shared
-// again.
+// again. It holds the handles of the strings it shared (intern) the same way, at most
+// maxSharedStrings.
 type sharedMaps struct {
-	mu   sync.Mutex
-	maps map[string]reflect.Value // by type and content
+	mu      sync.Mutex
+	maps    map[string]reflect.Value // by type and content
+	strings map[unique.Handle[string]]struct{}
 }
 
 const (
-	maxSharedMaps   = 4096
-	maxSharedLength = 16 // entries: larger maps are rarely equal
+	maxSharedMaps    = 4096
+	maxSharedLength  = 16 // entries: larger maps are rarely equal
+	maxSharedStrings = 16384
 )
 
 func newSharedMaps() *sharedMaps {
-	return &sharedMaps{maps: map[string]reflect.Value{}}
+	return &sharedMaps{maps: map[string]reflect.Value{}, strings: map[unique.Handle[string]]struct{}{}}
+}
+
+// intern is the shared copy of str (unique.Make's), its handle kept by s so that the copy
+// outlives the next collection. With s nil (TrimForCache), the copy is shared only until
+// then.
+func (s *sharedMaps) intern(str string) string {
+	h := unique.Make(str)
+	if s != nil {
+		s.mu.Lock()
+		if _, ok := s.strings[h]; !ok {
+			if len(s.strings) >= maxSharedStrings {
+				clear(s.strings)
+			}
+			s.strings[h] = struct{}{}
+		}
+		s.mu.Unlock()
+	}
+	return h.Value()
 }
 
 // share is the map shared by objects with m's type and content: a copy of m with shared
@@ -130,7 +154,7 @@ func newSharedMaps() *sharedMaps {
 // strings, its values strings or Quantities.
 func (s *sharedMaps) share(m reflect.Value) reflect.Value {
 	if s == nil || m.Len() > maxSharedLength {
-		return internedCopy(m)
+		return s.internedCopy(m)
 	}
 	entries := make([]string, 0, m.Len())
 	for iter := m.MapRange(); iter.Next(); {
@@ -151,7 +175,7 @@ func (s *sharedMaps) share(m reflect.Value) reflect.Value {
 	if ok {
 		return shared
 	}
-	shared = internedCopy(m)
+	shared = s.internedCopy(m)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if first, ok := s.maps[content]; ok {
