@@ -18,7 +18,9 @@ import (
 )
 
 func TestOperationContinuesAfterCancel(t *testing.T) {
-	const latency = 200 * time.Millisecond
+	// Long enough that the deadline (a quarter of it) leaves a loaded machine time to send
+	// the call, and the operation still runs well past the caller's return.
+	const latency = time.Second
 	for _, tc := range []struct {
 		name     string
 		start    func(context.Context) (context.Context, context.CancelFunc)
@@ -27,7 +29,7 @@ func TestOperationContinuesAfterCancel(t *testing.T) {
 	}{
 		{"cancel", context.WithCancel, true, codes.Canceled},
 		{"deadline", func(ctx context.Context) (context.Context, context.CancelFunc) {
-			return context.WithTimeout(ctx, latency/10)
+			return context.WithTimeout(ctx, latency/4)
 		}, false, codes.DeadlineExceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,7 +86,7 @@ func TestLatencyChangesAtRunTime(t *testing.T) {
 		return time.Since(start)
 	}
 	// Generous, so that a loaded machine cannot make a fast call look slow.
-	const slow = 100 * time.Millisecond
+	const slow = time.Second
 	d.b.SetLatency(slow)
 	if got := timed(); got < slow {
 		t.Errorf("GetCapacity took %v with a %v default latency", got, slow)
@@ -187,7 +189,7 @@ func TestOverlaps(t *testing.T) {
 	// meanwhile on another socket overlaps it.
 	// The unpublish must start within this time after the cancel; it is
 	// generous so that a loaded machine still overlaps.
-	d.b.SetMethodLatency(testdriver.MethodControllerPublishVolume, 300*time.Millisecond)
+	d.b.SetMethodLatency(testdriver.MethodControllerPublishVolume, time.Second)
 	pubCtx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
@@ -227,7 +229,8 @@ func TestOverlaps(t *testing.T) {
 
 func TestCreateOverlapsByName(t *testing.T) {
 	ctx := testCtx(t)
-	d := startDriver(t, testdriver.Config{Latency: 200 * time.Millisecond}, 2)
+	// The second create, on a connection not used yet, must start while the first runs.
+	d := startDriver(t, testdriver.Config{Latency: time.Second}, 2)
 	var wg sync.WaitGroup
 	ids := make([]string, 2)
 	for i := range 2 {

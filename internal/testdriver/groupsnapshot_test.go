@@ -191,7 +191,8 @@ func TestVolumeGroupSnapshots(t *testing.T) {
 }
 
 func TestVolumeGroupSnapshotContinuesAfterCancelAndOverlaps(t *testing.T) {
-	const latency = 200 * time.Millisecond
+	// The retry, on a connection not used yet, must start while the first call runs.
+	const latency = time.Second
 	ctx := testCtx(t)
 	d := startDriver(t, testdriver.Config{Latency: fastLatency, ControllerCapabilities: snapshotCaps()}, 2)
 	a, b := mustCreate(ctx, t, d.ctrl(0), "pvc-a"), mustCreate(ctx, t, d.ctrl(0), "pvc-b")

@@ -40,7 +40,8 @@ func mustSnapshot(ctx context.Context, t *testing.T, c csi.ControllerClient, nam
 }
 
 func TestSnapshotOperationsContinueAfterCancel(t *testing.T) {
-	const latency = 200 * time.Millisecond
+	// The cancel must reach the driver while the call runs, on a loaded machine too.
+	const latency = time.Second
 	ctx := testCtx(t)
 	d := startDriver(t, testdriver.Config{Latency: fastLatency, ControllerCapabilities: snapshotCaps()}, 1)
 	c := d.ctrl(0)
@@ -124,7 +125,7 @@ func TestSnapshotOverlaps(t *testing.T) {
 
 	// Two snapshots of one volume, and a publish of it, at the same time
 	// are no overlap.
-	d.b.SetMethodLatency(testdriver.MethodCreateSnapshot, 200*time.Millisecond)
+	d.b.SetMethodLatency(testdriver.MethodCreateSnapshot, time.Second) // overlaps must happen on a loaded machine too
 	var wg sync.WaitGroup
 	for i, name := range []string{"snapshot-a", "snapshot-b"} {
 		wg.Go(func() { mustSnapshot(ctx, t, d.ctrl(i), name, vol) })
