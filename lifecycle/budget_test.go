@@ -13,10 +13,12 @@ import (
 // A budget with no tokens left serves every waiting request that finishes work before any
 // request that starts work, and those before deferrable ones, whatever order they came in.
 func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
-	b := newBudget(5, 1) // a token every 200 ms once the burst is spent
-	if err := b.Wait(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	b := newBudget(5, 1) // one token, then one every 200 ms
+	// The dispatcher starts once every request waits, so that however slowly they come,
+	// none is served before the last has come.
+	b.mu.Lock()
+	b.started = true
+	b.mu.Unlock()
 	var mu sync.Mutex
 	var order []string
 	var wg sync.WaitGroup
@@ -43,6 +45,7 @@ func TestBudgetServesFinishingWorkBeforeStartingWork(t *testing.T) {
 		}()
 		waitForWaiters(t, b, i+1)
 	}
+	go b.dispatch()
 	wg.Wait()
 	want := []string{"finish1", "finish2", "start1", "start2", "later1", "later2"}
 	if !slices.Equal(order, want) {
@@ -126,7 +129,9 @@ func TestBudgetForFollowsClientGo(t *testing.T) {
 // will need: with one call in flight it waits until the bucket holds two tokens, and a
 // finishing request that comes when it holds one is served first.
 func TestBudgetKeepsATokenForEachCallInFlight(t *testing.T) {
-	b := newBudget(2, 2) // a token every 500 ms once the burst is spent
+	// A token a second once the burst is spent: the finishing request must come after the
+	// first and before the second, a window a loaded machine cannot miss.
+	b := newBudget(1, 2)
 	b.owed = func() int { return 1 }
 	for range 2 {
 		if err := b.Wait(context.Background()); err != nil {

@@ -109,7 +109,8 @@ func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 // successful renewal pushes it back.
 func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
 	ctx := context.Background()
-	const deadline = 300 * time.Millisecond
+	// Long enough that a loaded machine cannot stall a renewal and its check past it.
+	const deadline = 2 * time.Second
 	lock := newTermLock(newFakeLock(t, "replica-a"), deadline, 0)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
@@ -205,7 +206,8 @@ func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const interval = 200 * time.Millisecond
+	// Long enough that a loaded machine cannot stall the two renewals past it.
+	const interval = 2 * time.Second
 	lock := newTermLock(base, time.Hour, interval)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
