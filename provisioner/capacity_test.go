@@ -383,7 +383,8 @@ func TestAGetCapacityInFlightWhenIntakeEndsFinishesAndItsWriteLands(t *testing.T
 	key := "fast@" + testdriver.TopologyKey + "=n1"
 	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 300*time.Millisecond)
+	// Long enough that the rules change below lands while the call runs, on a loaded machine too.
+	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
 	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -615,7 +616,8 @@ func TestAConflictingWriteGoesBackToTheQueueAndTheObjectEndsUpRight(t *testing.T
 
 	// The sync of the test starts once the tracker is idle (the first poll may sync the
 	// key again), and its GetCapacity is the one started after that.
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 500*time.Millisecond)
+	// Long enough that the other write lands while the call runs, on a loaded machine too.
+	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
 	w.waitFor("the tracker idle", func() bool {
 		w.tracker.mu.Lock()
 		defer w.tracker.mu.Unlock()

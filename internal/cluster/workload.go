@@ -82,6 +82,7 @@ func Stages() []Stage {
 var implied = map[Stage][]Stage{
 	Provisioned:   {NodeSelected},
 	Bound:         {Provisioned},
+	Scheduled:     {Provisioned}, // the scheduler binds the Pod once its volume is provisioned
 	Attached:      {Scheduled, Bound},
 	VolumeDeleted: {ClaimGone},
 }

@@ -137,7 +137,9 @@ func TestOneProcessHostsTwoSidecarsEachWithItsOwnLease(t *testing.T) {
 // When one of several sidecars in a process is fenced, the others drain and release their
 // Leases and the process exits non-zero, so the kubelet restarts it: no half-dead process.
 func TestOneFencedSidecarEndsTheProcessAfterTheOthersDrain(t *testing.T) {
-	p := startInProcess(t, 2*time.Second)
+	// The fenced sidecar's calls must still run when the fence comes, a Lease read, a write
+	// and a watch event after the last call started, on a loaded machine too.
+	p := startInProcess(t, 10*time.Second)
 	p.createWork(2)
 	p.WaitForCalls("4 calls in flight, 2 per sidecar", func(c []testdriver.Call) bool { return e2e.Running(c) == 4 })
 
