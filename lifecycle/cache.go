@@ -27,13 +27,13 @@ func TrimForCache(obj any) (any, error) {
 }
 
 // NewCacheTransform is the transform of one process's informer caches: TrimForCache, and
-// maps of strings that many objects repeat shared among them (sharedMaps).
+// the strings and maps of strings that many objects repeat shared among them (sharedValues).
 func NewCacheTransform() cache.TransformFunc {
-	shared := newSharedMaps()
+	shared := newSharedValues()
 	return func(obj any) (any, error) { return trimForCache(obj, shared) }
 }
 
-func trimForCache(obj any, maps *sharedMaps) (any, error) {
+func trimForCache(obj any, table *sharedValues) (any, error) {
 	if pod, ok := obj.(*v1.Pod); ok {
 		obj = trimPod(pod)
 	} else if m, err := meta.Accessor(obj); err == nil {
@@ -41,7 +41,7 @@ func trimForCache(obj any, maps *sharedMaps) (any, error) {
 	} else {
 		return obj, nil // a tombstone, say: not decoded by us
 	}
-	internStrings(obj, maps)
+	internStrings(obj, table)
 	return obj, nil
 }
 

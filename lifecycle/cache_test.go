@@ -120,7 +120,7 @@ func TestCacheTransformSharesRepeatedStringsAndMapsAndKeepsEveryValue(t *testing
 }
 
 func TestSharedMapsTableIsBounded(t *testing.T) {
-	s := newSharedMaps()
+	s := newSharedValues()
 	for i := range maxSharedMaps + 10 {
 		s.share(reflect.ValueOf(map[string]string{"k": fmt.Sprint(i)}))
 	}

@@ -16,7 +16,7 @@ import (
 // decoded afresh into every object. internStrings replaces each by one shared copy
 // (unique.Make), so a cache holds it once. The runtime drops a unique.Make copy at the
 // next collection once no handle to it is left, whatever still points at its bytes, so a
-// process's table (sharedMaps) holds the handles: an object decoded after a collection
+// process's table (sharedValues) holds the handles: an object decoded after a collection
 // then gets the copy the objects before it hold, not a new one.
 // Strings that identify one object (names, UIDs, resourceVersions, volume handles) are
 // left alone: interning them would add an entry per object to the runtime's table and
@@ -39,41 +39,41 @@ var skipTypes = map[reflect.Type]bool{
 	reflect.TypeFor[[]metav1.ManagedFieldsEntry](): true,
 }
 
-// internStrings shares the repeated strings of the object obj points to, and with maps
+// internStrings shares the repeated strings of the object obj points to, and with table
 // set, its maps of strings that other objects hold too.
-func internStrings(obj any, maps *sharedMaps) {
+func internStrings(obj any, table *sharedValues) {
 	v := reflect.ValueOf(obj)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
 		return
 	}
-	internValue(v.Elem(), false, maps)
+	internValue(v.Elem(), false, table)
 }
 
 var quantityType = reflect.TypeFor[resource.Quantity]()
 
-func internValue(v reflect.Value, own bool, maps *sharedMaps) {
+func internValue(v reflect.Value, own bool, table *sharedValues) {
 	if skipTypes[v.Type()] {
 		return
 	}
 	switch v.Kind() {
 	case reflect.String:
 		if !own && v.CanSet() && v.Len() > 0 {
-			v.SetString(maps.intern(v.String()))
+			v.SetString(table.intern(v.String()))
 		}
 	case reflect.Pointer:
 		if !v.IsNil() {
-			internValue(v.Elem(), own, maps)
+			internValue(v.Elem(), own, table)
 		}
 	case reflect.Struct:
 		t := v.Type()
 		for i := range v.NumField() {
 			if f := t.Field(i); f.IsExported() {
-				internValue(v.Field(i), perObject[f.Name], maps)
+				internValue(v.Field(i), perObject[f.Name], table)
 			}
 		}
 	case reflect.Slice:
 		for i := range v.Len() {
-			internValue(v.Index(i), own, maps)
+			internValue(v.Index(i), own, table)
 		}
 	case reflect.Map:
 		// A map is only ever read, never changed: it may already be shared with other
@@ -83,13 +83,13 @@ func internValue(v reflect.Value, own bool, maps *sharedMaps) {
 			return
 		}
 		if elem := v.Type().Elem(); elem.Kind() == reflect.String || elem == quantityType {
-			v.Set(maps.share(v))
+			v.Set(table.share(v))
 		}
 	}
 }
 
 // internedCopy is a new map with m's entries, its strings shared (intern). s may be nil.
-func (s *sharedMaps) internedCopy(m reflect.Value) reflect.Value {
+func (s *sharedValues) internedCopy(m reflect.Value) reflect.Value {
 	out := reflect.MakeMapWithSize(m.Type(), m.Len())
 	for iter := m.MapRange(); iter.Next(); {
 		k := reflect.New(m.Type().Key()).Elem()
@@ -104,17 +104,17 @@ func (s *sharedMaps) internedCopy(m reflect.Value) reflect.Value {
 	return out
 }
 
-// sharedMaps lets cached objects with equal maps of strings (labels, annotations, volume
-// attributes: often the same on every object of a driver, a class or a node) or of
-// quantities (a claim's requests, a volume's capacity) hold one map between them. Cached
-// objects are read-only (an informer's contract: a sidecar changes a DeepCopy, which
-// copies the map), and a map's values are read as copies (a Quantity's copy still shares its
+// sharedValues is a process's table of shared values. It lets cached objects with equal
+// maps of strings (labels, annotations, volume attributes: often the same on every object
+// of a driver, a class or a node) or of quantities (a claim's requests, a volume's
+// capacity) hold one map between them. Cached objects are read-only (an informer's
+// contract: a sidecar changes a DeepCopy, which copies the map), and a map's values are read as copies (a Quantity's copy still shares its
 // decimal, which no sidecar changes in place), so one object's reader never sees
 // another's change. The table keeps at most maxSharedMaps maps, and starts afresh when
 // full: maps already shared stay with their objects, and what is common now gets shared
 // again. It holds the handles of the strings it shared (intern) the same way, at most
 // maxSharedStrings.
-type sharedMaps struct {
+type sharedValues struct {
 	mu      sync.Mutex
 	maps    map[string]reflect.Value // by type and content
 	strings map[unique.Handle[string]]struct{}
@@ -126,14 +126,14 @@ const (
 	maxSharedStrings = 16384
 )
 
-func newSharedMaps() *sharedMaps {
-	return &sharedMaps{maps: map[string]reflect.Value{}, strings: map[unique.Handle[string]]struct{}{}}
+func newSharedValues() *sharedValues {
+	return &sharedValues{maps: map[string]reflect.Value{}, strings: map[unique.Handle[string]]struct{}{}}
 }
 
 // intern is the shared copy of str (unique.Make's), its handle kept by s so that the copy
 // outlives the next collection. With s nil (TrimForCache), the copy is shared only until
 // then.
-func (s *sharedMaps) intern(str string) string {
+func (s *sharedValues) intern(str string) string {
 	h := unique.Make(str)
 	if s != nil {
 		s.mu.Lock()
@@ -152,7 +152,7 @@ func (s *sharedMaps) intern(str string) string {
 // strings (internedCopy), which the table keeps the first time the content is seen. m is
 // only read. With s nil, or for a large map, it is a copy of m nobody shares. m's keys are
 // strings, its values strings or Quantities.
-func (s *sharedMaps) share(m reflect.Value) reflect.Value {
+func (s *sharedValues) share(m reflect.Value) reflect.Value {
 	if s == nil || m.Len() > maxSharedLength {
 		return s.internedCopy(m)
 	}
