@@ -40,10 +40,16 @@ var (
 //   - It times renewals: expired() closes renewDeadline after the start of the last write
 //     that succeeded. A standby that saw that write may take the Lease one lease duration
 //     after it saw it, which is later (P11).
-//   - It writes the record once per minInterval: client-go's acquire and first renewal
-//     follow the write that took the Lease within milliseconds and would write the same
-//     record again; they succeed without a write. Expiry still counts from the last real
-//     write.
+//   - It writes the record once per minInterval (the retry period): client-go calls it
+//     every renewTick so that a failed renewal is retried within a second, not a retry
+//     period later; the calls in between succeed without a write, as do client-go's
+//     acquire and first renewal right after the write that took the Lease. Expiry still
+//     counts from the last real write.
+//   - Each renewal attempt has its own short deadline (attemptTimeout): client-go's write
+//     and, when it fails, the read and write of its slow path share it, so a request
+//     hanging on a dead connection costs one attemptTimeout of the renew deadline, and
+//     the next attempt runs on fresh connections (newConns). An API server that returns
+//     inside the renew deadline finds the leader still leading (P11).
 //   - After close() it writes nothing, so a fenced leader never touches the Lease again.
 //   - release() is the one place that empties the holder (P2).
 //
@@ -51,8 +57,12 @@ var (
 // stuck renewal.
 type termLock struct {
 	rl.Interface
-	renewDeadline time.Duration
-	minInterval   time.Duration
+	renewDeadline  time.Duration
+	minInterval    time.Duration
+	attemptTimeout time.Duration
+	// newConns drops the Lease client's connections after an attempt that timed out: a
+	// connection to an API server that went away can hang every later request on it.
+	newConns func()
 
 	mu       sync.Mutex
 	acquired time.Time // AcquireTime of this term's record, at the API's microsecond precision
@@ -61,10 +71,79 @@ type termLock struct {
 	timer    *time.Timer
 	expired  chan struct{}
 	expire   sync.Once
+	// attemptEnds is the deadline of the current renewal attempt; slowPath is set while
+	// client-go reads and writes again after its first write of the attempt failed.
+	attemptEnds time.Time
+	slowPath    bool
 }
 
-func newTermLock(lock rl.Interface, renewDeadline, minInterval time.Duration) *termLock {
-	return &termLock{Interface: lock, renewDeadline: renewDeadline, minInterval: minInterval, expired: make(chan struct{})}
+// leaseTiming is how a term renews: writes once per retry period while they succeed,
+// retried every tick after a failure, each attempt bounded by attempt.
+type leaseTiming struct {
+	renewDeadline, retryPeriod, tick, attempt time.Duration
+}
+
+// timingOf derives the renewal timing from the leader-election flags. A failed renewal
+// is retried every tenth of the retry period, at most every 500ms and at least every
+// 50ms, so that an API server that returns inside the renew deadline is seen in time
+// without polling a healthy one more often than upstream (one write per retry period).
+// An attempt may take a fifth of the renew deadline, at least 1s (never more than half
+// the deadline): a slow answer on a loaded server still counts, a hung one leaves time
+// for several more.
+func timingOf(o *Options) leaseTiming {
+	tick := min(max(o.RetryPeriod/10, 50*time.Millisecond), 500*time.Millisecond)
+	attempt := min(max(o.RenewDeadline/5, time.Second), o.RenewDeadline/2)
+	return leaseTiming{renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod, tick: tick, attempt: attempt}
+}
+
+func newTermLock(lock rl.Interface, t leaseTiming, newConns func()) *termLock {
+	if newConns == nil {
+		newConns = func() {}
+	}
+	return &termLock{Interface: lock, renewDeadline: t.renewDeadline, minInterval: t.retryPeriod,
+		attemptTimeout: t.attempt, newConns: newConns, expired: make(chan struct{})}
+}
+
+// attempt bounds one call to the API server. A write starts a new renewal attempt, unless
+// it is the slow path's write after a failed one, which shares that attempt's deadline as
+// the slow path's read does (even when it has passed: the read then fails at once).
+func (l *termLock) attempt(ctx context.Context, read bool) (context.Context, context.CancelFunc, bool) {
+	now := time.Now()
+	l.mu.Lock()
+	shared := l.slowPath && (read || now.Before(l.attemptEnds))
+	if !shared {
+		l.attemptEnds = now.Add(l.attemptTimeout)
+		l.slowPath = false
+	}
+	if !read {
+		l.slowPath = false
+	}
+	end := l.attemptEnds
+	l.mu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, end)
+	return ctx, cancel, shared
+}
+
+// attemptFailed records a failed call: a first write that failed opens client-go's slow
+// path; a call that ran out of time drops the connections it may have hung on.
+func (l *termLock) attemptFailed(ctx context.Context, err error, firstWrite bool) {
+	l.mu.Lock()
+	l.slowPath = firstWrite
+	l.mu.Unlock()
+	if errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		l.newConns()
+	}
+}
+
+// Get reads the Lease within the current renewal attempt.
+func (l *termLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+	actx, cancel, _ := l.attempt(ctx, true)
+	defer cancel()
+	rec, raw, err := l.Interface.Get(actx)
+	if err != nil {
+		l.attemptFailed(actx, err, false)
+	}
+	return rec, raw, err
 }
 
 // begin fixes the acquire time of the record this term is about to write.
@@ -115,7 +194,10 @@ func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func
 		// The same record was written a moment ago: nothing to add.
 		return nil
 	}
-	if err := do(ctx, r); err != nil {
+	actx, cancel, shared := l.attempt(ctx, false)
+	defer cancel()
+	if err := do(actx, r); err != nil {
+		l.attemptFailed(actx, err, !shared)
 		return err
 	}
 	l.renewedAt(start)
@@ -171,7 +253,8 @@ func (l *termLock) close() {
 func (l *termLock) release(ctx context.Context) error {
 	l.close()
 	for {
-		rec, _, err := l.Get(ctx)
+		// Not l.Get: the release has its own deadline, not a renewal attempt's.
+		rec, _, err := l.Interface.Get(ctx)
 		if err != nil {
 			return fmt.Errorf("reading the Lease: %w", err)
 		}

@@ -3,11 +3,13 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
@@ -81,7 +83,7 @@ func TestLeaderSeesARecordOfItsOwnIdentityFromAnotherProcessAsLost(t *testing.T)
 // The term lock writes only this term's record, and nothing once closed.
 func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 	ctx := context.Background()
-	lock := newTermLock(newFakeLock(t, "replica-a"), time.Hour, 0)
+	lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, nil)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -111,7 +113,7 @@ func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
 	ctx := context.Background()
 	// Long enough that a loaded machine cannot stall a renewal and its check past it.
 	const deadline = 2 * time.Second
-	lock := newTermLock(newFakeLock(t, "replica-a"), deadline, 0)
+	lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -141,7 +143,7 @@ func TestReleaseEmptiesOnlyThisTermsRecord(t *testing.T) {
 	ctx := context.Background()
 	base := newFakeLock(t, "replica-a")
 	acquired := time.Now().Truncate(time.Microsecond)
-	lock := newTermLock(base, time.Hour, 0)
+	lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, nil)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
 		t.Fatal(err)
@@ -208,7 +210,7 @@ func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
 	}
 	// Long enough that a loaded machine cannot stall the two renewals past it.
 	const interval = 2 * time.Second
-	lock := newTermLock(base, time.Hour, interval)
+	lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	writes := func() int {
@@ -240,5 +242,105 @@ func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
 	}
 	if n := writes(); n != 2 {
 		t.Errorf("%d writes after the interval, want 2", n)
+	}
+}
+
+// hungLock answers every call with its context's deadline passed, as a request hanging on
+// a dead connection would, and records each call's deadline.
+type hungLock struct {
+	rl.Interface
+	hung      bool
+	calls     []string
+	deadlines []time.Time
+}
+
+func (h *hungLock) call(ctx context.Context, verb string) error {
+	d, _ := ctx.Deadline()
+	h.calls = append(h.calls, verb)
+	h.deadlines = append(h.deadlines, d)
+	if h.hung {
+		return fmt.Errorf("%s: %w", verb, context.DeadlineExceeded)
+	}
+	return nil
+}
+
+func (h *hungLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
+	return h.call(ctx, "update")
+}
+
+func (h *hungLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+	return nil, nil, h.call(ctx, "get")
+}
+
+// P11: a renewal attempt is client-go's write and, when it fails, its slow path's read and
+// write; the three share one short deadline, so a hung connection costs one attempt of the
+// renew deadline, and the connections are dropped so that the next attempt dials anew.
+// The next attempt gets a deadline of its own, and a success moves the fence deadline.
+func TestEachRenewalAttemptHasItsOwnShortDeadline(t *testing.T) {
+	ctx := context.Background()
+	h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true}
+	dropped := 0
+	lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, func() { dropped++ })
+	acquired := time.Now().Truncate(time.Microsecond)
+	lock.begin(acquired)
+	rec := leaseRecord("replica-a", acquired)
+	// One attempt as client-go makes it: fast-path write, then the slow path.
+	for range 2 {
+		if err := lock.Update(ctx, rec); err == nil {
+			t.Fatal("a hung write succeeded")
+		}
+		if _, _, err := lock.Get(ctx); err == nil {
+			t.Fatal("a hung read succeeded")
+		}
+	}
+	if want := []string{"update", "get", "update", "get"}; fmt.Sprint(h.calls) != fmt.Sprint(want) {
+		t.Fatalf("calls %v, want %v", h.calls, want)
+	}
+	first, second := h.deadlines[0], h.deadlines[2]
+	if first.IsZero() || time.Until(first) > time.Minute {
+		t.Errorf("the attempt's deadline %v is not within the attempt timeout", first)
+	}
+	if !h.deadlines[1].Equal(first) {
+		t.Errorf("the slow path's read has deadline %v, want the attempt's %v", h.deadlines[1], first)
+	}
+	if !second.After(first) || !h.deadlines[3].Equal(second) {
+		t.Errorf("the second attempt's deadlines %v, want one later than the first attempt's %v", h.deadlines[2:], first)
+	}
+	if dropped != 4 {
+		t.Errorf("connections dropped %d times after 4 timed-out calls, want 4", dropped)
+	}
+	h.hung = false
+	before := time.Now()
+	if err := lock.Update(ctx, rec); err != nil {
+		t.Fatalf("renewing once the API server answers: %v", err)
+	}
+	lock.mu.Lock()
+	renewed := lock.renewed
+	lock.mu.Unlock()
+	if renewed.Before(before) {
+		t.Errorf("a successful renewal did not move the fence deadline")
+	}
+}
+
+// The renewal timing: a failure is retried within half a second at upstream's defaults,
+// each attempt bounded well inside the renew deadline; client-go accepts the tick.
+func TestRenewalTimingRetriesOftenWithinTheDeadline(t *testing.T) {
+	for _, c := range []struct {
+		lease, renew, retry time.Duration
+		tick, attempt       time.Duration
+	}{
+		{15 * time.Second, 10 * time.Second, 5 * time.Second, 500 * time.Millisecond, 2 * time.Second},
+		{3 * time.Second, 2 * time.Second, 500 * time.Millisecond, 50 * time.Millisecond, time.Second},
+		{6 * time.Second, 4 * time.Second, time.Second, 100 * time.Millisecond, time.Second},
+		{137 * time.Second, 107 * time.Second, 26 * time.Second, 500 * time.Millisecond, 21400 * time.Millisecond},
+	} {
+		o := &Options{LeaseDuration: c.lease, RenewDeadline: c.renew, RetryPeriod: c.retry}
+		got := timingOf(o)
+		if got.tick != c.tick || got.attempt != c.attempt || got.retryPeriod != c.retry {
+			t.Errorf("%v/%v/%v: tick %v attempt %v, want %v and %v", c.lease, c.renew, c.retry, got.tick, got.attempt, c.tick, c.attempt)
+		}
+		if float64(c.renew) <= leaderelection.JitterFactor*float64(got.tick) {
+			t.Errorf("%v/%v/%v: client-go refuses a tick of %v", c.lease, c.renew, c.retry, got.tick)
+		}
 	}
 }

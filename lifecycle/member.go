@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
 )
 
@@ -125,6 +127,9 @@ type member struct {
 	lock      rl.Interface // the Lease; each term wraps it in a termLock
 	watch     *leaseWatch
 	elector   *leaderelection.HealthzAdaptor
+	// leaseConns dials the Lease client's connections, so that a renewal that timed out
+	// can drop them (termLock.newConns).
+	leaseConns *connrotation.Dialer
 	// watchKube watches the Lease: the same budget as the Lease lock's client but no
 	// request timeout, which would cut the watch every half renew deadline.
 	watchKube kubernetes.Interface
@@ -162,7 +167,10 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
-		leKube, err := kubernetes.NewForConfig(p.opts.leaderElectionConfig(cfg))
+		m.leaseConns = connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
+		leCfg := p.opts.leaderElectionConfig(cfg)
+		leCfg.Dial = m.leaseConns.DialContext
+		leKube, err := kubernetes.NewForConfig(leCfg)
 		if err != nil {
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
@@ -206,9 +214,10 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	}
 	for {
 		logger.Info("Standing by for the Lease", "lease", p.opts.LeaderElectionNamespace+"/"+m.leaseName, "identity", p.opts.LeaderElectionIdentity)
-		// client-go renews every retry period; its acquire and first renewal, right after
-		// the write that took the Lease, need no write of their own.
-		lock := newTermLock(m.lock, p.opts.RenewDeadline, p.opts.RetryPeriod/2)
+		// client-go renews through it every tick; it writes once per retry period, and
+		// its acquire and first renewal, right after the write that took the Lease, need
+		// no write of their own.
+		lock := newTermLock(m.lock, timingOf(p.opts), m.leaseConns.CloseAll)
 		if !acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
 			// A standby has nothing in flight: it exits 0 at once (P4).
 			logger.Info("Standby stopping")
@@ -255,7 +264,9 @@ func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end endi
 		Lock:          lock,
 		LeaseDuration: p.opts.LeaseDuration,
 		RenewDeadline: p.opts.RenewDeadline,
-		RetryPeriod:   p.opts.RetryPeriod,
+		// client-go tries every tick; termLock writes once per retry period while the
+		// writes succeed, and at every tick after one failed (P11).
+		RetryPeriod: timingOf(p.opts).tick,
 		// Only termLock.release empties the holder, and only when the term's ending says so.
 		ReleaseOnCancel: false,
 		Name:            m.leaseName,
@@ -340,6 +351,12 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	defer context.AfterFunc(p.intake, stopIntake)()
 	// From the end of intake on, no new driver call starts (P14).
 	defer context.AfterFunc(intake, m.csi.drain)()
+	// A term that starts after an API server outage acts on caches that have watched
+	// again since, or relisted (P7); the wait is bounded, as a collection whose watch
+	// cannot resume must not keep the sidecar from its other work.
+	if stale := p.caches.current(intake, p.opts.LeaseDuration); len(stale) > 0 && intake.Err() == nil {
+		logger.Info("Warning: leading with caches that have not watched again since the API server was unreachable", "collections", stale, "waited", p.opts.LeaseDuration)
+	}
 	done := make(chan error, 1)
 	logger.Info("Leading: starting work")
 	go func() { done <- m.sidecar.Run(intake, m.env) }()

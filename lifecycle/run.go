@@ -79,6 +79,8 @@ type process struct {
 
 	metrics *coreMetrics
 	health  *health
+	// caches keeps the informers current through API server outages.
+	caches *caches
 }
 
 // stop ends intake for every sidecar and starts the drain clock, once.
@@ -129,6 +131,9 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		logger.Error(err, "Cannot build the Kubernetes client configuration")
 		return ExitError
 	}
+	// Every client is built from cfg: their lists and watches wait out API server outages.
+	p.caches = newCaches()
+	p.caches.wrap(cfg)
 	kube, err := kubernetes.NewForConfig(withProtobuf(cfg))
 	if err != nil {
 		logger.Error(err, "Cannot create the Kubernetes client")

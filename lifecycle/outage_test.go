@@ -1,0 +1,103 @@
+package lifecycle
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// A list that finds the API server gone waits for it instead of failing (so client-go's
+// reflector never backs off), answers as soon as the server is back, and marks the caches
+// stale until every watch that was open has opened again.
+func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	mux := http.NewServeMux()
+	mux.HandleFunc("/api/v1/pods", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		if r.URL.Query().Get("watch") == "true" {
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}
+	})
+	serve := func(l net.Listener) *http.Server {
+		srv := &http.Server{Handler: mux}
+		go srv.Serve(l)
+		return srv
+	}
+	srv := serve(l)
+	c := newCaches()
+	c.retry = 20 * time.Millisecond
+	client := &http.Client{Transport: &outageTransport{next: &http.Transport{}, caches: c}}
+	get := func(ctx context.Context, query string) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/pods?"+query, nil)
+		return client.Do(req)
+	}
+	watch, err := get(context.Background(), "watch=true&resourceVersion=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stale := c.current(context.Background(), time.Minute); len(stale) != 0 {
+		t.Fatalf("stale %v before any outage", stale)
+	}
+
+	// The server goes away: the watch ends, and a list waits.
+	srv.Close()
+	io.Copy(io.Discard, watch.Body)
+	watch.Body.Close()
+	listed := make(chan error, 1)
+	go func() {
+		resp, err := get(context.Background(), "resourceVersion=0&limit=500")
+		if err == nil {
+			resp.Body.Close()
+		}
+		listed <- err
+	}()
+	// A plain read is not held: it fails as it would without the wrapper.
+	if _, err := get(context.Background(), ""); err == nil {
+		t.Fatal("a GET by name succeeded with no server")
+	}
+	deadline, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := get(deadline, "watch=true"); err == nil {
+		t.Fatal("a watch succeeded with no server")
+	}
+	for c.current(context.Background(), 0) == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-listed:
+		t.Fatalf("the list returned while the server was away: %v", err)
+	default:
+	}
+
+	// The server comes back on the same address.
+	l, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	srv = serve(l)
+	defer srv.Close()
+	if err := <-listed; err != nil {
+		t.Fatalf("the list failed instead of waiting for the server: %v", err)
+	}
+	if stale := c.current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
+		t.Fatalf("stale %v before the watch opened again, want /api/v1/pods", stale)
+	}
+	watched := make(chan []string, 1)
+	go func() { watched <- c.current(context.Background(), time.Minute) }()
+	watch, err = get(context.Background(), "watch=true&resourceVersion=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Body.Close()
+	if stale := <-watched; len(stale) != 0 {
+		t.Errorf("stale %v once the watch opened again", stale)
+	}
+}
