@@ -94,7 +94,10 @@ type ControlPlane struct {
 	caData       []byte // PEM of the apiserver's self-signed serving chain
 	kubeconfig   string
 	readyTimeout time.Duration
-	etcd         *process
+	// etcd's command line, which StartEtcd reuses: same ports and data.
+	etcdURL  string
+	etcdPath string
+	etcdArgs []string
 	// The first kube-apiserver's command line, which StartAPIServer reuses
 	// as is: same port and etcd, and the same --cert-dir, so the serving
 	// certificate in caData stays valid.
@@ -104,6 +107,8 @@ type ControlPlane struct {
 	mu sync.Mutex
 	// apiserver is the latest kube-apiserver started, possibly exited.
 	apiserver *process
+	// etcd is the latest etcd started, possibly exited.
+	etcd *process
 	// stopped is set once Stop begins; no kube-apiserver may start after it,
 	// so the one Stop kills is the last one.
 	stopped bool
@@ -216,7 +221,9 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
 	cp.url = "https://127.0.0.1:" + strconv.Itoa(securePort)
 
-	cp.etcd, err = startProcess(filepath.Join(assets, "etcd"), filepath.Join(cp.logDir, "etcd.log"),
+	cp.etcdURL = etcdURL
+	cp.etcdPath = filepath.Join(assets, "etcd")
+	cp.etcdArgs = []string{
 		"--name", "controlplane",
 		"--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL,
@@ -233,7 +240,8 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 		"--heartbeat-interval", "10",
 		"--election-timeout", "100",
 		"--log-level", "warn",
-	)
+	}
+	etcd, err := cp.startEtcdProcess()
 	if err != nil {
 		return cp, err
 	}
@@ -244,8 +252,8 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 	// The apiserver would retry a missing etcd, but waiting here turns an etcd
 	// failure into an error about etcd instead of a vague apiserver timeout.
 	httpClient := &http.Client{Timeout: 2 * time.Second}
-	if err := waitHTTP(readyCtx, httpClient, etcdURL+"/health", "", cp.etcd); err != nil {
-		return cp, cp.startError("etcd", cp.etcd, err)
+	if err := waitHTTP(readyCtx, httpClient, etcdURL+"/health", "", etcd); err != nil {
+		return cp, cp.startError("etcd", etcd, err)
 	}
 
 	apiArgs, err := cp.writeAPIServerFiles(etcdURL, securePort)
@@ -468,7 +476,7 @@ func (cp *ControlPlane) waitAPIServerReady(ctx context.Context, p *process) erro
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // readiness probe only, see above
 	}
 	defer probe.CloseIdleConnections()
-	if err := waitHTTP(ctx, probe, cp.url+"/readyz", cp.token, p, cp.etcd); err != nil {
+	if err := waitHTTP(ctx, probe, cp.url+"/readyz", cp.token, p, cp.etcdProcess()); err != nil {
 		return cp.startError("kube-apiserver", p, err)
 	}
 	return nil
@@ -597,11 +605,11 @@ func (cp *ControlPlane) Stop() error {
 	cp.stopOnce.Do(func() {
 		cp.mu.Lock()
 		cp.stopped = true
-		apiserver := cp.apiserver
+		apiserver, etcd := cp.apiserver, cp.etcd
 		cp.mu.Unlock()
 		// apiserver first, so it does not log a storm of etcd errors.
 		var errs []error
-		for _, p := range []*process{apiserver, cp.etcd} {
+		for _, p := range []*process{apiserver, etcd} {
 			if err := p.stop(); err != nil {
 				errs = append(errs, err)
 			}
@@ -619,9 +627,9 @@ func (cp *ControlPlane) Stop() error {
 // is removed.
 func (cp *ControlPlane) abort(logsInTempDir bool) {
 	cp.mu.Lock()
-	apiserver := cp.apiserver
+	apiserver, etcd := cp.apiserver, cp.etcd
 	cp.mu.Unlock()
-	for _, p := range []*process{apiserver, cp.etcd} {
+	for _, p := range []*process{apiserver, etcd} {
 		_ = p.stop() // the start error matters more than a kill error
 	}
 	if !logsInTempDir {

@@ -138,3 +138,68 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context) error {
 	}
 	return cp.StartAPIServer(ctx)
 }
+
+// KillAPIServer SIGKILLs kube-apiserver, as a crash or an OOM kill would: no graceful
+// shutdown, connections reset. StartAPIServer brings it back.
+func (cp *ControlPlane) KillAPIServer() error {
+	cp.mu.Lock()
+	p := cp.apiserver
+	cp.mu.Unlock()
+	return p.stop()
+}
+
+// KillEtcd SIGKILLs etcd; its data stays, and StartEtcd brings it back. kube-apiserver
+// keeps running and fails or hangs the requests that need etcd meanwhile.
+func (cp *ControlPlane) KillEtcd() error {
+	cp.mu.Lock()
+	p := cp.etcd
+	cp.mu.Unlock()
+	return p.stop()
+}
+
+// StartEtcd starts etcd again after KillEtcd, with the first start's command line (same
+// ports, same data), and returns once it answers /health.
+func (cp *ControlPlane) StartEtcd(ctx context.Context) error {
+	cp.mu.Lock()
+	if cp.stopped {
+		cp.mu.Unlock()
+		return errors.New("control plane: start etcd: the control plane was stopped")
+	}
+	if p := cp.etcd; p != nil {
+		select {
+		case <-p.done:
+		default:
+			cp.mu.Unlock()
+			return fmt.Errorf("control plane: start etcd: it is still running (pid %d); call KillEtcd first", p.pid)
+		}
+	}
+	p, err := cp.startEtcdProcess()
+	cp.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	readyCtx, cancel := context.WithTimeout(ctx, cp.readyTimeout)
+	defer cancel()
+	if err := waitHTTP(readyCtx, &http.Client{Timeout: 2 * time.Second}, cp.etcdURL+"/health", "", p); err != nil {
+		return cp.startError("etcd", p, err)
+	}
+	return nil
+}
+
+// startEtcdProcess starts etcd with the first start's command line and records it. The
+// caller holds mu, or is Start before the control plane is shared.
+func (cp *ControlPlane) startEtcdProcess() (*process, error) {
+	p, err := startProcess(cp.etcdPath, filepath.Join(cp.logDir, "etcd.log"), cp.etcdArgs...)
+	if err != nil {
+		return nil, err
+	}
+	cp.etcd = p
+	return p, nil
+}
+
+// etcdProcess is the latest etcd started.
+func (cp *ControlPlane) etcdProcess() *process {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return cp.etcd
+}

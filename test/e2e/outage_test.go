@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testsidecar"
+)
+
+// outageLease leaves a window between a retry period and the renew deadline wide enough for
+// a kube-apiserver to start again in: a leader that retried only once per retry period
+// (client-go's own cadence) would try at +9 s, while the server is still down, and next at
+// +18 s, past its deadline at +17 s.
+var outageLease = []string{"--leader-election-lease-duration=25s", "--leader-election-renew-deadline=17s", "--leader-election-retry-period=9s"}
+
+// outageScenario is a leader with four calls in flight, a standby, and a watch of the
+// Lease's writes.
+type outageScenario struct {
+	*scenario
+	a, b   *e2e.Replica
+	writes *leaseWrites
+	// acquired is the leader's record before the outage.
+	acquired time.Time
+}
+
+func startOutageScenario(t *testing.T, latency time.Duration, lease ...string) *outageScenario {
+	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: latency}})
+	a := s.leaderBusy("replica-a", 4, lease...)
+	b := s.startReplica("replica-b", lease...)
+	b.WaitReady(t)
+	return &outageScenario{scenario: s, a: a, b: b, writes: s.watchLeaseWrites(), acquired: s.lease().Spec.AcquireTime.Time}
+}
+
+// nextRenewal waits for the leader's next write of the Lease and returns when the test saw
+// it.
+func (o *outageScenario) nextRenewal() time.Time {
+	o.T.Helper()
+	from := time.Now()
+	var at time.Time
+	o.WaitUntil("the leader's next renewal", func() bool {
+		for _, w := range o.writes.since(from) {
+			if w.holder == "replica-a" {
+				at = w.at
+				return true
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// leaderKeptLeading checks what a user sees when an outage inside the renew deadline is
+// ridden out: the leader runs, holds the Lease on the record it took, finishes every call
+// uncancelled and records each result; the standby never calls the driver.
+func (o *outageScenario) leaderKeptLeading(returned time.Time) {
+	o.T.Helper()
+	// The test's watch of the Lease may not survive the restart; the record tells.
+	o.WaitUntil("a renewal after the return", func() bool {
+		l, err := o.Client.CoordinationV1().Leases(o.Namespace).Get(context.Background(), o.leaseName, metav1.GetOptions{})
+		return err == nil && l.Spec.RenewTime != nil && e2e.Holder(l) == "replica-a" && l.Spec.RenewTime.After(returned)
+	})
+	o.WaitUntil("all 4 results recorded", func() bool { return countResults(o.results(), "ok") == 4 })
+	if !o.a.Running() {
+		o.T.Fatalf("replica-a exited with %d; want it leading through the outage", o.a.ExitCode)
+	}
+	l := o.lease()
+	if h := e2e.Holder(l); h != "replica-a" || !l.Spec.AcquireTime.Time.Equal(o.acquired) {
+		o.T.Errorf("Lease holder %q acquired %v, want replica-a's record of %v", h, l.Spec.AcquireTime.Time, o.acquired)
+	}
+	calls := o.Driver.Journal()
+	for _, c := range callsOn(calls, o.a) {
+		if c.Canceled || c.Code != "OK" {
+			o.T.Errorf("replica-a's call for %s: code %s, cancelled %v; want OK, not cancelled", c.VolumeName, c.Code, c.Canceled)
+		}
+	}
+	if n := len(callsOn(calls, o.b)); n != 0 {
+		o.T.Errorf("the standby made %d calls, want none: the leader never lost the Lease", n)
+	}
+	if ov := o.Driver.Overlaps(); len(ov) != 0 {
+		o.T.Errorf("driver saw %d overlapping operations: %+v", len(ov), ov)
+	}
+}
+
+// P11: kube-apiserver killed half a second after a renewal, while four calls run, and
+// started again 8 s later (down about 10 s in all, as a control-plane node's restart). The
+// leader retries its renewal often, so the server's return inside the renew deadline finds
+// it leading: it keeps its Lease and its calls, and exits nothing.
+func TestLeaderKeepsItsLeaseThroughAnAPIServerRestartInsideTheRenewDeadline(t *testing.T) {
+	o := startOutageScenario(t, 20*time.Second, outageLease...)
+	renewed := o.nextRenewal()
+	time.Sleep(time.Until(renewed.Add(500 * time.Millisecond)))
+	if err := o.CP.KillAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	// Started again just before the leader's renewal at the retry period, so that attempt
+	// finds no server.
+	time.Sleep(time.Until(renewed.Add(8700 * time.Millisecond)))
+	if err := o.CP.StartAPIServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	returned := time.Now()
+	t.Logf("FIGURE kube-apiserver down %v, back %v after the leader's last renewal (renew deadline 17s)",
+		returned.Sub(killed).Round(time.Millisecond), returned.Sub(renewed).Round(time.Millisecond))
+	o.leaderKeptLeading(returned)
+}
+
+// P11: etcd killed two seconds after a renewal, while four calls run, and started again 5 s
+// later (upstream's timings, as in a control-plane upgrade). Requests hang in the API
+// server meanwhile; each renewal attempt has its own short timeout and drops its
+// connection, so the leader still leads when etcd is back.
+func TestLeaderKeepsItsLeaseThroughAnEtcdRestartInsideTheRenewDeadline(t *testing.T) {
+	o := startOutageScenario(t, 15*time.Second)
+	renewed := o.nextRenewal()
+	time.Sleep(time.Until(renewed.Add(2 * time.Second)))
+	if err := o.CP.KillEtcd(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	time.Sleep(5 * time.Second)
+	if err := o.CP.StartEtcd(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	returned := time.Now()
+	t.Logf("FIGURE etcd down %v, back %v after the leader's last renewal (renew deadline 10s)",
+		returned.Sub(killed).Round(time.Millisecond), returned.Sub(renewed).Round(time.Millisecond))
+	o.leaderKeptLeading(returned)
+}
+
+// P7, P11: kube-apiserver down for 20 s, past the renew deadline. The leader fences (no call
+// starts after its deadline) and exits; the standby takes the Lease once the server is
+// back, and its caches, which waited for the server instead of backing off, see work
+// created after the return at once: its first call on that work comes within seconds.
+func TestAfterALongOutageTheNewLeaderServesNewWorkWithinSeconds(t *testing.T) {
+	o := startOutageScenario(t, 2*time.Second, fastLease...)
+	renewed := o.nextRenewal()
+	if err := o.CP.KillAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if code := o.a.Wait(t, 30*time.Second); code == 0 {
+		t.Errorf("replica-a exit code 0 after its renew deadline passed with no API server, want non-zero")
+	}
+	time.Sleep(time.Until(killed.Add(20 * time.Second)))
+	if err := o.CP.StartAPIServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	returned := time.Now()
+	for i := range 4 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name:   fmt.Sprintf("after-%02d", i),
+			Labels: map[string]string{testsidecar.WorkLabel: "yes"},
+		}}
+		if _, err := o.Client.CoreV1().ConfigMaps(o.Namespace).Create(context.Background(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created := time.Now()
+	o.WaitForCalls("replica-b's first call on work created after the return", func(c []testdriver.Call) bool {
+		return len(newWorkCalls(callsOn(c, o.b))) > 0
+	})
+	calls := o.Driver.Journal()
+	first := newWorkCalls(callsOn(calls, o.b))[0].Start
+	t.Logf("FIGURE after a 20s outage: the new leader's first call on new work %v after the server's return (%v after the work was created)",
+		first.Sub(returned).Round(time.Millisecond), first.Sub(created).Round(time.Millisecond))
+	// A cache in client-go's backoff would see the work up to a minute later.
+	if wait := first.Sub(created); wait > 10*time.Second {
+		t.Errorf("the new leader's first call on work created after the return came %v after it, want within seconds", wait)
+	}
+	deadline := renewed.Add(4 * time.Second)
+	for _, c := range callsOn(calls, o.a) {
+		if c.Start.After(deadline) {
+			t.Errorf("replica-a started a call %v after its renew deadline", c.Start.Sub(deadline))
+		}
+	}
+	o.WaitUntil("all 8 results recorded", func() bool { return countResults(o.results(), "ok") == 8 })
+	if ov := o.Driver.Overlaps(); len(ov) != 0 {
+		t.Errorf("driver saw %d overlapping operations: %+v", len(ov), ov)
+	}
+}
+
+// newWorkCalls are the calls on work created after the outage.
+func newWorkCalls(calls []testdriver.Call) []testdriver.Call {
+	var out []testdriver.Call
+	for _, c := range calls {
+		if strings.HasPrefix(c.VolumeName, testsidecar.VolumePrefix+"after-") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
