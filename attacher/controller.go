@@ -501,7 +501,7 @@ func (c *Controller) secrets(ctx context.Context, ref *corev1.SecretReference) (
 	if ref == nil {
 		return nil, nil
 	}
-	secret, err := c.kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	secret, err := lifecycle.GetSecret(ctx, c.kube, ref.Namespace, ref.Name)
 	if err != nil {
 		return nil, fmt.Errorf("failed to load secret \"%s/%s\": %w", ref.Namespace, ref.Name, err)
 	}

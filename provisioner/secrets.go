@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 )
@@ -228,7 +228,7 @@ func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretRe
 	if ref == nil {
 		return nil, nil
 	}
-	secret, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	secret, err := lifecycle.GetSecret(ctx, kube, ref.Namespace, ref.Name)
 	if err != nil {
 		return nil, fmt.Errorf("error getting secret %s in namespace %s: %w", ref.Name, ref.Namespace, err)
 	}

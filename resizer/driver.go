@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
@@ -190,7 +189,7 @@ func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretRe
 	if ref == nil {
 		return nil, nil
 	}
-	s, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	s, err := lifecycle.GetSecret(ctx, kube, ref.Namespace, ref.Name)
 	if err != nil {
 		return nil, fmt.Errorf("reading the %s secret %s/%s: %w", kind, ref.Namespace, ref.Name, err)
 	}

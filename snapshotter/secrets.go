@@ -6,8 +6,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 )
@@ -127,7 +127,7 @@ func credentials(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretR
 	if ref == nil {
 		return nil, nil
 	}
-	secret, err := kube.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	secret, err := lifecycle.GetSecret(ctx, kube, ref.Namespace, ref.Name)
 	if err != nil {
 		return nil, fmt.Errorf("reading secret %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
