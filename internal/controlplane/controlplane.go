@@ -230,7 +230,7 @@ func start(ctx context.Context, assets string, opts Options) (cp *ControlPlane, 
 		"--advertise-client-urls", etcdURL,
 		"--listen-peer-urls", peerURL,
 		"--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "controlplane="+peerURL,
+		"--initial-cluster", "controlplane=" + peerURL,
 		// Durability is pointless for throw-away test data, and fsync is what
 		// makes etcd slow on shared CI disks.
 		"--unsafe-no-fsync",

@@ -22,6 +22,8 @@ type Storage struct {
 	Class     string // StorageClass of the driver (Immediate binding, Delete, expandable)
 	Node      string
 	Driver    string
+	// Parameters are the StorageClass's parameters (none when nil).
+	Parameters map[string]string
 }
 
 // SetUp creates the StorageClass, and a Node with its CSINode naming nodeID (what the
@@ -34,6 +36,7 @@ func (s Storage) SetUp(ctx context.Context, nodeID string) error {
 		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingImmediate),
 		AllowVolumeExpansion: ptr.To(true),
+		Parameters:           s.Parameters,
 	}
 	if _, err := s.Kube.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating StorageClass: %w", err)

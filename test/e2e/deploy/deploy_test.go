@@ -277,7 +277,7 @@ func installSnapshotCRDs(t *testing.T, s *e2e.Scenario) snapclientset.Interface 
 // of the driver and, per volume, the VolumeSnapshotContent the snapshot-controller would
 // create for a dynamic VolumeSnapshot (the snapshotter reads only the content, so none is
 // created); it waits until each content records a ready snapshot, and returns them.
-func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps snapclientset.Interface, store e2e.Storage) []snapv1.VolumeSnapshotContent {
+func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps snapclientset.Interface, store e2e.Storage, classParams ...map[string]string) []snapv1.VolumeSnapshotContent {
 	t.Helper()
 	pvs, err := store.Provisioned(ctx)
 	if err != nil {
@@ -286,6 +286,7 @@ func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps sn
 	class := s.Namespace
 	if _, err := snaps.SnapshotV1().VolumeSnapshotClasses().Create(ctx, &snapv1.VolumeSnapshotClass{
 		ObjectMeta: metav1.ObjectMeta{Name: class}, Driver: store.Driver, DeletionPolicy: snapv1.VolumeSnapshotContentDelete,
+		Parameters: firstOf(classParams),
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -322,6 +323,13 @@ func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps sn
 		return len(ready), nil
 	})
 	return ready
+}
+
+func firstOf(params []map[string]string) map[string]string {
+	if len(params) == 0 {
+		return nil
+	}
+	return params[0]
 }
 
 func waitCount(t *testing.T, s *e2e.Scenario, what string, want int, count func() (int, error)) {

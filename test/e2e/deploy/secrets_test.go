@@ -1,0 +1,142 @@
+package deploy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+)
+
+// secretKinds are the Secrets a StorageClass or VolumeSnapshotClass can name, by the
+// prefix of their parameters.
+var secretKinds = []string{"provisioner", "controller-publish", "controller-expand", "controller-modify", "node-stage", "node-publish", "snapshotter"}
+
+// No secret in any log at any verbosity: every sidecar at -v=10 (where client-go logs
+// every response body whole), as four processes and as one combined process, provisions,
+// attaches, expands and snapshots with a Secret named by every class parameter that
+// carries one. No Secret's value appears in any log, Event or object, in clear, base64 or
+// hex form, while the logs do hold other response bodies (so they are at -v=10).
+func TestNoSecretValueReachesAnyLogAtVerbosity10(t *testing.T) {
+	for _, combined := range []bool{false, true} {
+		name := "four processes"
+		if combined {
+			name = "one combined process"
+		}
+		t.Run(name, func(t *testing.T) { checkNoSecretInLogs(t, combined) })
+	}
+}
+
+func checkNoSecretInLogs(t *testing.T, combined bool) {
+	cp := kube.Get(t)
+	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	snaps := installSnapshotCRDs(t, s)
+	ctx := context.Background()
+	values := map[string]string{}
+	classParams := map[string]string{}
+	snapParams := map[string]string{}
+	for _, kind := range secretKinds {
+		b := make([]byte, 9)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		value := "Zk" + hex.EncodeToString(b) + "-" + kind
+		values[kind] = value
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: kind, Namespace: s.Namespace}, Data: map[string][]byte{"password": []byte(value)}}
+		if _, err := s.Client.CoreV1().Secrets(s.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		params := classParams
+		if kind == "snapshotter" {
+			params = snapParams
+		}
+		params["csi.storage.k8s.io/"+kind+"-secret-name"] = kind
+		params["csi.storage.k8s.io/"+kind+"-secret-namespace"] = s.Namespace
+	}
+	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName(), Parameters: classParams}
+	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
+		t.Fatal(err)
+	}
+	var replicas []*e2e.Replica
+	if combined {
+		replicas = append(replicas, s.Start("combined", []string{"csi-sidecars", allFour}, "-v=10"))
+	} else {
+		for _, sidecar := range sidecars {
+			replicas = append(replicas, s.Start(sidecar, []string{"csi-sidecars", sidecar}, "-v=10"))
+		}
+	}
+	for _, r := range replicas {
+		r.WaitReady(t)
+	}
+	runStorageJob(ctx, t, s, store, "claim-a")
+	runSnapshotJob(ctx, t, s, snaps, store, snapParams)
+
+	// Everything a user or a log pipeline keeps: the logs, the Events, the objects.
+	places := map[string]string{}
+	for _, r := range replicas {
+		log, err := os.ReadFile(filepath.Join(s.Dir, r.Name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		places["log of "+r.Name] = string(log)
+		if !strings.Contains(string(log), "Response Body") {
+			t.Errorf("the log of %s holds no response body: it is not at -v=10, and the test proves nothing", r.Name)
+		}
+	}
+	dump := func(what string, obj any, err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(obj)
+		places[what] = string(b)
+	}
+	events, err := s.Client.CoreV1().Events(s.Namespace).List(ctx, metav1.ListOptions{})
+	dump("Events", events, err)
+	pvs, err := s.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	dump("PersistentVolumes", pvs, err)
+	pvcs, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).List(ctx, metav1.ListOptions{})
+	dump("PersistentVolumeClaims", pvcs, err)
+	vas, err := s.Client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	dump("VolumeAttachments", vas, err)
+	contents, err := snaps.SnapshotV1().VolumeSnapshotContents().List(ctx, metav1.ListOptions{})
+	dump("VolumeSnapshotContents", contents, err)
+
+	hits := 0
+	for kind, value := range values {
+		forms := map[string]string{
+			"clear":             value,
+			"base64":            base64.StdEncoding.EncodeToString([]byte(value)),
+			"hex":               hex.EncodeToString([]byte(value)),
+			"hex dump":          spacedHex([]byte(value)[:6]),
+			"hex dump's column": value[:8],
+		}
+		for where, text := range places {
+			for form, v := range forms {
+				if n := strings.Count(text, v); n > 0 {
+					hits += n
+					t.Errorf("the %s secret's value is in the %s (%s form, %d times)", kind, where, form, n)
+				}
+			}
+		}
+	}
+	t.Logf("FIGURE secret values in logs, Events and objects at -v=10: %d", hits)
+}
+
+// spacedHex is b as a hex dump shows it: two digits a byte, a space between.
+func spacedHex(b []byte) string {
+	parts := make([]string, len(b))
+	for i, c := range b {
+		parts[i] = fmt.Sprintf("%02x", c)
+	}
+	return strings.Join(parts, " ")
+}
