@@ -37,6 +37,10 @@ type cappedSink struct {
 	below int
 }
 
+// Init does nothing: the wrapped sink was set up by the logger it comes from, and is shared
+// with it (setting it up again would write to it while others log through it).
+func (s cappedSink) Init(logr.RuntimeInfo) {}
+
 func (s cappedSink) Enabled(level int) bool { return level < s.below && s.LogSink.Enabled(level) }
 
 func (s cappedSink) Info(level int, msg string, kv ...any) {
