@@ -5,8 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -71,6 +75,32 @@ func TestSecretsAreReadWithoutLoggingTheirBodiesAtAnyVerbosity(t *testing.T) {
 	} {
 		if strings.Contains(strings.ReplaceAll(log, " ", ""), v) {
 			t.Errorf("the Secret's value is in the log (%s):\n%s", form, log)
+		}
+	}
+}
+
+// Every Secret the product reads goes through GetSecret: no other code of the four sidecars,
+// the core or the command reads one (so no flow logs a Secret's body, whichever it is).
+func TestNoOtherCodeReadsSecrets(t *testing.T) {
+	read := regexp.MustCompile(`\.Secrets\(`)
+	for _, dir := range []string{".", "../attacher", "../resizer", "../provisioner", "../snapshotter", "../cmd", "../internal/sidecars"} {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || path == "secrets.go" {
+				return err
+			}
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for i, line := range strings.Split(string(src), "\n") {
+				if read.MatchString(line) {
+					t.Errorf("%s:%d reads Secrets itself; use lifecycle.GetSecret: %s", path, i+1, strings.TrimSpace(line))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }
