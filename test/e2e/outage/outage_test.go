@@ -58,8 +58,10 @@ var faults = []fault{
 	{"kube-apiserver down 25 s, past the renew deadline", (*controlplane.ControlPlane).KillAPIServer, startAPIServer, 25 * time.Second},
 }
 
-func startAPIServer(cp *controlplane.ControlPlane) error { return cp.StartAPIServer(context.Background()) }
-func startEtcd(cp *controlplane.ControlPlane) error      { return cp.StartEtcd(context.Background()) }
+func startAPIServer(cp *controlplane.ControlPlane) error {
+	return cp.StartAPIServer(context.Background())
+}
+func startEtcd(cp *controlplane.ControlPlane) error { return cp.StartEtcd(context.Background()) }
 
 // figures are one run's.
 type figures struct {
