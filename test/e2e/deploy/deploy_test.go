@@ -293,7 +293,7 @@ func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps sn
 	names := map[string]bool{}
 	for _, pv := range pvs {
 		content := &snapv1.VolumeSnapshotContent{
-			ObjectMeta: metav1.ObjectMeta{Name: s.Namespace + "-" + pv.Name},
+			ObjectMeta: metav1.ObjectMeta{Name: s.Namespace + "-" + pv.Name, Annotations: snapshotterSecretOf(firstOf(classParams))},
 			Spec: snapv1.VolumeSnapshotContentSpec{
 				Driver:                  store.Driver,
 				DeletionPolicy:          snapv1.VolumeSnapshotContentDelete,
@@ -323,6 +323,19 @@ func runSnapshotJob(ctx context.Context, t *testing.T, s *e2e.Scenario, snaps sn
 		return len(ready), nil
 	})
 	return ready
+}
+
+// snapshotterSecretOf is what the snapshot-controller annotates on a content for a class's
+// snapshotter secret (the snapshotter reads the secret from there, as upstream's).
+func snapshotterSecretOf(classParams map[string]string) map[string]string {
+	name, ok := classParams["csi.storage.k8s.io/snapshotter-secret-name"]
+	if !ok {
+		return nil
+	}
+	return map[string]string{
+		"snapshot.storage.kubernetes.io/deletion-secret-name":      name,
+		"snapshot.storage.kubernetes.io/deletion-secret-namespace": classParams["csi.storage.k8s.io/snapshotter-secret-namespace"],
+	}
 }
 
 func firstOf(params []map[string]string) map[string]string {
