@@ -49,7 +49,7 @@ func checkNoSecretInLogs(t *testing.T, combined bool) {
 	for _, kind := range secretKinds {
 		// Letters that are no hex digit, so that no UID or hex dump of other data can
 		// match a part of the value by chance.
-		b := make([]byte, 18)
+		b := make([]byte, 30)
 		if _, err := rand.Read(b); err != nil {
 			t.Fatal(err)
 		}
@@ -136,17 +136,19 @@ func checkNoSecretInLogs(t *testing.T, combined bool) {
 	t.Logf("FIGURE secret values in logs, Events and objects at -v=10: %d", hits)
 }
 
-// secretForms are the ways value can show in a log: whole in clear, base64 or hex, and, as
-// client-go's hex dumps cut it into lines of 16 bytes, any 8 characters of its random part
-// (each line of a dump shows them in its right column) or the hex of any 4 of its bytes.
+// secretForms are the ways value can show in a log: whole in clear, base64 or hex, and cut
+// up by client-go's hex dumps, which show 16 bytes a line, the hex in two runs of 8 and the
+// characters in a right column. The random part is 30 characters, so one line of a dump
+// holds 15 of them at least: any 12 characters of it, or the hex of any 7 bytes, give it
+// away; shorter windows would match other data by chance.
 func secretForms(value string) []string {
 	forms := []string{value, base64.StdEncoding.EncodeToString([]byte(value)), hex.EncodeToString([]byte(value))}
 	random := value[:strings.Index(value, "-")]
-	for i := 0; i+8 <= len(random); i++ {
-		forms = append(forms, random[i:i+8])
+	for i := 0; i+12 <= len(random); i++ {
+		forms = append(forms, random[i:i+12])
 	}
-	for i := 0; i+4 <= len(random); i++ {
-		forms = append(forms, spacedHex([]byte(random[i:i+4])))
+	for i := 0; i+7 <= len(random); i++ {
+		forms = append(forms, spacedHex([]byte(random[i:i+7])))
 	}
 	return forms
 }
