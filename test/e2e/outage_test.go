@@ -57,6 +57,25 @@ func (o *outageScenario) nextRenewal() time.Time {
 	return at
 }
 
+// outage stops a control-plane component at renewed+down and starts it again at
+// renewed+up; it returns when the component answers again.
+func (o *outageScenario) outage(renewed time.Time, down, up time.Duration, what string, stop func() error, start func(context.Context) error) time.Time {
+	o.T.Helper()
+	time.Sleep(time.Until(renewed.Add(down)))
+	if err := stop(); err != nil {
+		o.T.Fatal(err)
+	}
+	stopped := time.Now()
+	time.Sleep(time.Until(renewed.Add(up)))
+	if err := start(context.Background()); err != nil {
+		o.T.Fatal(err)
+	}
+	returned := time.Now()
+	o.T.Logf("FIGURE %s down %v, back %v after the leader's last renewal", what,
+		returned.Sub(stopped).Round(time.Millisecond), returned.Sub(renewed).Round(time.Millisecond))
+	return returned
+}
+
 // leaderKeptLeading checks what a user sees when an outage inside the renew deadline is
 // ridden out: the leader runs, holds the Lease on the record it took, finishes every call
 // uncancelled and records each result; the standby never calls the driver.
@@ -102,20 +121,9 @@ func (o *outageScenario) leaderKeptLeading(returned time.Time) {
 func TestLeaderKeepsItsLeaseThroughAnAPIServerRestartInsideTheRenewDeadline(t *testing.T) {
 	o := startOutageScenario(t, 20*time.Second, outageLease...)
 	renewed := o.nextRenewal()
-	time.Sleep(time.Until(renewed.Add(500 * time.Millisecond)))
-	if err := o.CP.KillAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
 	// Started again just after the leader's renewal at the retry period, so that attempt
 	// finds no server (a kube-apiserver that is starting holds requests until it is ready).
-	time.Sleep(time.Until(renewed.Add(9500 * time.Millisecond)))
-	if err := o.CP.StartAPIServer(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	returned := time.Now()
-	t.Logf("FIGURE kube-apiserver down %v, back %v after the leader's last renewal (renew deadline 17s)",
-		returned.Sub(killed).Round(time.Millisecond), returned.Sub(renewed).Round(time.Millisecond))
+	returned := o.outage(renewed, 500*time.Millisecond, 9500*time.Millisecond, "kube-apiserver", o.CP.KillAPIServer, o.CP.StartAPIServer)
 	o.leaderKeptLeading(returned)
 }
 
@@ -126,18 +134,7 @@ func TestLeaderKeepsItsLeaseThroughAnAPIServerRestartInsideTheRenewDeadline(t *t
 func TestLeaderKeepsItsLeaseThroughAnEtcdRestartInsideTheRenewDeadline(t *testing.T) {
 	o := startOutageScenario(t, 15*time.Second)
 	renewed := o.nextRenewal()
-	time.Sleep(time.Until(renewed.Add(2 * time.Second)))
-	if err := o.CP.KillEtcd(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	time.Sleep(5 * time.Second)
-	if err := o.CP.StartEtcd(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	returned := time.Now()
-	t.Logf("FIGURE etcd down %v, back %v after the leader's last renewal (renew deadline 10s)",
-		returned.Sub(killed).Round(time.Millisecond), returned.Sub(renewed).Round(time.Millisecond))
+	returned := o.outage(renewed, 2*time.Second, 7*time.Second, "etcd", o.CP.KillEtcd, o.CP.StartEtcd)
 	o.leaderKeptLeading(returned)
 }
 
