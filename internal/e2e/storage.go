@@ -204,3 +204,15 @@ func (s Storage) Expanded(ctx context.Context, size string) (int, error) {
 	}
 	return n, nil
 }
+
+// SetUpStorage is the scenario's Storage, set up: a StorageClass named after the namespace
+// with params (none when nil), and a Node named after it whose CSINode is the scenario
+// driver's node.
+func (s *Scenario) SetUpStorage(params map[string]string) Storage {
+	s.T.Helper()
+	store := Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName(), Parameters: params}
+	if err := store.SetUp(context.Background(), s.Driver.NodeID()); err != nil {
+		s.T.Fatal(err)
+	}
+	return store
+}

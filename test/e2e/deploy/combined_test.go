@@ -162,10 +162,7 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
-	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName()}
-	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
-		t.Fatal(err)
-	}
+	store := s.SetUpStorage(nil)
 	leases := map[string]string{}
 	for _, sidecar := range sidecars {
 		leases[sidecar] = leaseName(sidecar, store.Driver)

@@ -172,10 +172,7 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
-	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName()}
-	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
-		t.Fatal(err)
-	}
+	store := s.SetUpStorage(nil)
 	replicas := map[string]*e2e.Replica{}
 	for _, sidecar := range sidecars {
 		r := s.Start(sidecar, []string{"csi-sidecars", sidecar},

@@ -69,10 +69,7 @@ func checkNoSecretInLogs(t *testing.T, combined bool) {
 		params["csi.storage.k8s.io/"+kind+"-secret-name"] = kind
 		params["csi.storage.k8s.io/"+kind+"-secret-namespace"] = s.Namespace
 	}
-	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName(), Parameters: classParams}
-	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
-		t.Fatal(err)
-	}
+	store := s.SetUpStorage(classParams)
 	var replicas []*e2e.Replica
 	if combined {
 		replicas = append(replicas, s.Start("combined", []string{"csi-sidecars", allFour}, "-v=10"))

@@ -106,10 +106,7 @@ func run(t testing.TB, f fault) figures {
 		testdriver.MethodCreateVolume: latency, testdriver.MethodControllerPublishVolume: latency, testdriver.MethodControllerExpandVolume: latency,
 	}})
 	ctx := context.Background()
-	store := e2e.Storage{Kube: s.Client, Namespace: s.Namespace, Class: s.Namespace, Node: s.Namespace + "-node", Driver: s.Driver.DriverName()}
-	if err := store.SetUp(ctx, s.Driver.NodeID()); err != nil {
-		t.Fatal(err)
-	}
+	store := s.SetUpStorage(nil)
 	command := []string{"csi-sidecars", "--controllers=attacher,provisioner,resizer"}
 	a := s.Start("replica-a", command, upstreamLease...)
 	a.WaitReady(t)
