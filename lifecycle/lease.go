@@ -41,8 +41,8 @@ var (
 //     that succeeded. A standby that saw that write may take the Lease one lease duration
 //     after it saw it, which is later (P11).
 //   - It writes the record once per minInterval (the retry period): client-go calls it
-//     every renewTick so that a failed renewal is retried within a second, not a retry
-//     period later; the calls in between succeed without a write, as do client-go's
+//     every leaseTiming.tick so that a failed renewal is retried within half a second,
+//     not a retry period later; the calls in between succeed without a write, as do client-go's
 //     acquire and first renewal right after the write that took the Lease. Expiry still
 //     counts from the last real write.
 //   - Each renewal attempt has its own short deadline (attemptTimeout): client-go's write

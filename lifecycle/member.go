@@ -351,11 +351,8 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	defer context.AfterFunc(p.intake, stopIntake)()
 	// From the end of intake on, no new driver call starts (P14).
 	defer context.AfterFunc(intake, m.csi.drain)()
-	// A term that starts after an API server outage acts on caches that have watched
-	// again since, or relisted (P7); the wait is bounded, as a collection whose watch
-	// cannot resume must not keep the sidecar from its other work.
-	if stale := p.caches.current(intake, p.opts.LeaseDuration); len(stale) > 0 && intake.Err() == nil {
-		logger.Info("Warning: leading with caches that have not watched again since the API server was unreachable", "collections", stale, "waited", p.opts.LeaseDuration)
+	if why := m.waitForCaches(intake, p, t); why != "" {
+		return m.fence(ctx, t, stopIntake, nil, endLeaseLost, why)
 	}
 	done := make(chan error, 1)
 	logger.Info("Leading: starting work")
@@ -398,6 +395,39 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 		}
 		return m.fence(ctx, t, stopIntake, done, end, fmt.Sprintf("drain did not finish within --drain-timeout=%v", p.opts.DrainTimeout))
 	}
+}
+
+// waitForCaches holds a term that starts after an API server outage until its caches have
+// watched again since, or relisted (P7). The wait is bounded by the lease duration, as a
+// collection whose watch cannot resume must not keep the sidecar from its other work, and
+// it ends when intake does or the Lease is lost meanwhile; it returns why the Lease was
+// lost, or "" to lead.
+func (m *member) waitForCaches(intake context.Context, p *process, t term) string {
+	waiting, stop := context.WithCancel(intake)
+	defer stop()
+	go func() {
+		select {
+		case <-t.takenOver:
+		case <-t.expired:
+		case <-waiting.Done():
+		}
+		stop()
+	}()
+	stale := p.caches.current(waiting, p.opts.LeaseDuration)
+	select {
+	case <-t.takenOver:
+		return "the Lease holds another record"
+	case <-t.expired:
+		return fmt.Sprintf("no renewal of the Lease succeeded within --leader-election-renew-deadline=%v", p.opts.RenewDeadline)
+	default:
+	}
+	if t.leading.Err() != nil {
+		return "client-go stopped renewing the Lease"
+	}
+	if len(stale) > 0 && intake.Err() == nil {
+		klog.FromContext(intake).Info("Warning: leading with caches that have not watched again since the API server was unreachable", "collections", stale, "waited", p.opts.LeaseDuration)
+	}
+	return ""
 }
 
 // fence stops work that may no longer run here: intake and every CSI call are cancelled

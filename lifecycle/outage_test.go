@@ -101,3 +101,35 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 		t.Errorf("stale %v once the watch opened again", stale)
 	}
 }
+
+// P7, P11: a term that starts after an outage waits for its caches, but never past a lost
+// Lease: an expiry while it waits fences the term before the sidecar runs; once every
+// watch has opened again, the term leads.
+func TestANewTermWaitsForItsCachesButNotPastALostLease(t *testing.T) {
+	c := newCaches()
+	opened := time.Now()
+	c.watchOpened("/api/v1/pods", opened)
+	c.sawUnreachable(opened.Add(time.Millisecond))
+	p := &process{opts: &Options{LeaseDuration: time.Hour, RenewDeadline: 10 * time.Second}, caches: c}
+	m := &member{}
+
+	expired := make(chan struct{})
+	lost := make(chan string, 1)
+	go func() { lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired}) }()
+	close(expired)
+	if why := <-lost; why == "" {
+		t.Fatal("a term whose Lease expired while it waited for its caches went on to lead")
+	}
+
+	led := make(chan string, 1)
+	go func() { led <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
+	select {
+	case why := <-led:
+		t.Fatalf("the term went on (%q) with a watch not yet open again", why)
+	default:
+	}
+	c.watchOpened("/api/v1/pods", opened.Add(time.Second))
+	if why := <-led; why != "" {
+		t.Fatalf("the term was fenced (%s) once its caches were current", why)
+	}
+}
