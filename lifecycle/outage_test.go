@@ -115,7 +115,9 @@ func TestANewTermWaitsForItsCachesButNotPastALostLease(t *testing.T) {
 
 	expired := make(chan struct{})
 	lost := make(chan string, 1)
-	go func() { lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired}) }()
+	go func() {
+		lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired})
+	}()
 	close(expired)
 	if why := <-lost; why == "" {
 		t.Fatal("a term whose Lease expired while it waited for its caches went on to lead")
