@@ -2,86 +2,22 @@ package upstream
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// gitRepo makes a repository with one commit tagged tag in dir.
-func gitRepo(t *testing.T, dir, tag string) {
-	t.Helper()
-	run := func(args ...string) {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
+func TestRepoIsTheModulesNameWithoutItsMajorVersion(t *testing.T) {
+	for module, want := range map[string]string{
+		"github.com/kubernetes-csi/external-resizer/v2":     "external-resizer",
+		"github.com/kubernetes-csi/external-attacher/v4":    "external-attacher",
+		"github.com/kubernetes-csi/external-something":      "external-something",
+		"github.com/kubernetes-csi/external-vsomething":     "external-vsomething",
+		"github.com/kubernetes-csi/external-snapshotter/v8": "external-snapshotter",
+	} {
+		if got := (Release{Module: module}).Repo(); got != want {
+			t.Errorf("Repo of %s: %q, want %q", module, got, want)
 		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	run("init", "-q")
-	if err := os.WriteFile(filepath.Join(dir, "README"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	run("add", "README")
-	run("commit", "-q", "-m", "x")
-	run("tag", tag)
-}
-
-func release(t *testing.T, sidecar string) Release {
-	t.Helper()
-	for _, r := range Releases() {
-		if r.Sidecar == sidecar {
-			return r
-		}
-	}
-	t.Fatalf("no release of %s", sidecar)
-	return Release{}
-}
-
-func TestMirrorIsFoundInAnyFolderOfTheList(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("no git")
-	}
-	r := release(t, "attacher")
-	empty, withClone := t.TempDir(), t.TempDir()
-	gitRepo(t, filepath.Join(withClone, r.Repo), r.Tag)
-	got, err := r.Mirror(empty + string(filepath.ListSeparator) + withClone)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := filepath.Join(withClone, r.Repo, ".git"); got != want {
-		t.Errorf("mirror %s, want %s", got, want)
-	}
-}
-
-func TestMirrorWithoutTheTagOrWithoutARepositorySaysWhereItLooked(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("no git")
-	}
-	r := release(t, "resizer")
-	dir := t.TempDir()
-	if _, err := r.Mirror(dir); err == nil || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), MirrorsEnv) {
-		t.Errorf("no repository: %v, want an error naming %s and %s", err, dir, MirrorsEnv)
-	}
-	gitRepo(t, filepath.Join(dir, r.Repo), "v0.0.1")
-	if _, err := r.Mirror(dir); err == nil || !strings.Contains(err.Error(), "no tag "+r.Tag) {
-		t.Errorf("repository without the tag: %v, want an error naming the tag", err)
-	}
-}
-
-func TestDefaultMirrorsFollowsTheEnvironment(t *testing.T) {
-	t.Setenv(MirrorsEnv, "/a:/b")
-	if got := DefaultMirrors(); got != "/a:/b" {
-		t.Errorf("DefaultMirrors with $%s set: %q", MirrorsEnv, got)
-	}
-	t.Setenv(MirrorsEnv, "")
-	if got := DefaultMirrors(); got != "/work/.mirror" {
-		t.Errorf("DefaultMirrors: %q", got)
 	}
 }
 
@@ -102,33 +38,8 @@ func TestAllReleasesAreTheThreeAndTheSnapshotter(t *testing.T) {
 			t.Errorf("AllReleases[%d] = %v, want %v", i, all[i], r)
 		}
 	}
-	if got := NamesOf(all); !strings.HasPrefix(got, Names()+", ") || !strings.HasSuffix(got, "external-snapshotter v8.7.0") {
+	if got := NamesOf(all); got != "external-attacher v4.13.0, external-provisioner v6.4.0, external-resizer v2.3.0, external-snapshotter v8.7.0" {
 		t.Errorf("NamesOf(AllReleases()) = %q", got)
-	}
-}
-
-// The snapshotter's release is built, without a mirror that has its tag, from the module of
-// the source tree that pins that tag and imports the binary's package.
-func TestTheSnapshotterModulePinsItsTagAndImportsItsCommand(t *testing.T) {
-	r := Snapshotter()
-	dir, err := r.moduleDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	modPath, _, ok := strings.Cut(r.Package, "/cmd/")
-	if !ok || !strings.Contains(string(gomod), "\t"+modPath+" "+r.Tag+"\n") && !strings.Contains(string(gomod), "require "+modPath+" "+r.Tag+"\n") {
-		t.Errorf("%s/go.mod does not require %s %s", r.Module, modPath, r.Tag)
-	}
-	tools, err := os.ReadFile(filepath.Join(dir, "tools.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(tools), `_ "`+r.Package+`"`) {
-		t.Errorf("%s/tools.go does not import %s: go.sum may lack its dependencies", r.Module, r.Package)
 	}
 }
 
@@ -139,14 +50,45 @@ func TestAReleaseNotBuiltSaysWhereItWouldBeBuiltFrom(t *testing.T) {
 		t.Fatalf("CachedReleases: %d releases", len(got))
 	}
 	for name, b := range got {
-		if b.Err == nil || !strings.Contains(b.Err.Error(), "make bench") {
+		if b.Err == nil || !strings.Contains(b.Err.Error(), "make bench") || !strings.Contains(b.Err.Error(), b.Module+"@"+b.Tag) {
 			t.Errorf("%s not built: %v", name, b.Err)
 		}
 	}
-	if err := got["snapshotter"].Err; !strings.Contains(err.Error(), Snapshotter().Module) {
-		t.Errorf("snapshotter not built: %v, want it to name %s", err, Snapshotter().Module)
-	}
 	if len(CachedAll()) != 3 {
 		t.Errorf("CachedAll: %d releases, want the three of Releases", len(CachedAll()))
+	}
+}
+
+func TestACachedBinaryIsUsedWithoutABuild(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	r := Release{Sidecar: "resizer", Module: "example.invalid/kubernetes-csi/external-resizer/v2", Tag: "v0.0.0", Cmd: "csi-resizer"}
+	if _, err := r.Build(); err == nil || !strings.Contains(err.Error(), "go mod download") {
+		t.Fatalf("build of a module no proxy has: %v, want the download's error", err)
+	}
+	root, _ := CacheDir()
+	bin := filepath.Join(root, "external-resizer-v0.0.0", "csi-resizer")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Build(); err != nil || got != bin {
+		t.Errorf("Build with the binary cached: %q, %v; want %s", got, err, bin)
+	}
+}
+
+// The download is what a build starts from: the proxy (or the module cache) has the tag,
+// and the module holds the command's package. Only with network access or a warm cache.
+func TestEveryReleaseDownloadsWithItsCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("downloads modules")
+	}
+	for _, r := range AllReleases() {
+		dir, err := r.Download()
+		if err != nil {
+			t.Errorf("%s: %v", r, err)
+			continue
+		}
+		if goFiles, _ := filepath.Glob(filepath.Join(dir, "cmd", r.Cmd, "*.go")); len(goFiles) == 0 {
+			t.Errorf("%s: no Go files in cmd/%s of %s", r, r.Cmd, dir)
+		}
 	}
 }

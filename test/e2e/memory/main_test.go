@@ -12,9 +12,8 @@
 // whole data set. Figures are printed, never asserted. The tests check, on a small data
 // set, that each of our processes gets ready and leads and leaves the steady data alone.
 //
-// Upstream's binaries are built by TestMain from their repositories' tags (git mirrors,
-// -memory.mirrors; csi-snapshotter without a mirror of its tag from hack/snapshot-controller)
-// and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; without a mirror, or when a
+// Upstream's binaries are built by TestMain from their tagged modules on the Go module proxy
+// (internal/upstream) and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; when a
 // build fails, the benchmark says so and reports ours only.
 //
 // BenchmarkMemory takes 7-8 minutes on 2 cores with the defaults (two sizes, four rounds of
@@ -45,7 +44,6 @@ var (
 	flagResync       = flag.Duration("memory.resync", 30*time.Second, "resync period given to the sidecars (attacher --resync, resizer --resync-period); memory is read one resync plus -memory.margin after each leads and is ready")
 	flagMargin       = flag.Duration("memory.margin", 10*time.Second, "wait after the resync period before reading the memory")
 	flagUpstream     = flag.Bool("memory.upstream", true, "build and measure upstream's sidecars too (benchmark only)")
-	flagMirrors      = flag.String("memory.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
 	flagSnapshots    = flag.Int("memory.snapshots", 5000, "BenchmarkMemorySnapshots: ready VolumeSnapshotContents (two per claim with the default -memory.pairs); the snapshotters are also measured on half of it for the growth per 1,000 contents")
 	flagOnly         = flag.String("memory.only", "", "measure only these of attacher, provisioner, resizer, snapshotter, combined (comma-separated; default all; in BenchmarkMemory combined is the three, in BenchmarkMemorySnapshots the four)")
 	flagOurEnv       = flag.String("memory.our-env", "", "extra environment of our processes, comma-separated NAME=value (for experiments, e.g. GOGC=50)")
@@ -65,7 +63,7 @@ func TestMain(m *testing.M) {
 	// start, so it does not count against -timeout, and only when benchmarks run.
 	if bench := flag.Lookup("test.bench"); bench != nil && bench.Value.String() != "" && *flagUpstream && !testing.Short() &&
 		os.Getenv(controlplane.SkipEnv) != "1" {
-		upstreamBinaries = upstream.BuildReleases(upstream.AllReleases(), *flagMirrors, os.Stderr)
+		upstreamBinaries = upstream.BuildReleases(upstream.AllReleases(), os.Stderr)
 	}
 	os.Exit(e2e.Main(m, "../../..", &kube, &binDir))
 }

@@ -9,8 +9,8 @@
 // kube-controller-manager or kube-scheduler is not built (`make testenv`).
 //
 // BenchmarkRealControlLoop (make bench) runs the same workload with ours and with upstream's
-// three binaries (internal/upstream builds them from git mirrors before the benchmark
-// starts; without mirrors it measures ours only and says why) and prints them side by side:
+// three binaries (internal/upstream builds them from the Go module proxy before the
+// benchmark starts; when a build fails it measures ours only and says why) and prints them side by side:
 // per-stage latency and throughput, what is left after settling, the API writes per
 // operation from the API server's audit log, and goodput against offered load. Figures are
 // printed, never asserted.
@@ -54,8 +54,7 @@ var (
 	// -timeout); nil otherwise.
 	upstreamBinaries map[string]upstream.Binary
 
-	flagUpstream      = flag.Bool("realloop.upstream", true, "run upstream's sidecars too (the benchmarks, the rolling upgrade from upstream's images), built from git mirrors")
-	flagMirrors       = flag.String("realloop.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of kubernetes-csi's sidecar repositories; $"+upstream.MirrorsEnv)
+	flagUpstream      = flag.Bool("realloop.upstream", true, "run upstream's sidecars too (the benchmarks, the rolling upgrade from upstream's images), built from the Go module proxy")
 	flagLifePods      = flag.Int("realloop.life-pods", 30, "benchmark: Pods of the life run")
 	flagLifeInterval  = flag.Duration("realloop.life-interval", 2*time.Second, "benchmark: a new Pod of the life run this often")
 	flagInUse         = flag.Duration("realloop.in-use", 10*time.Second, "benchmark: a life run's Pod is deleted this long after its volume is attached")
@@ -100,7 +99,7 @@ func run(m *testing.M) int {
 	auditLog = log
 	if *flagUpstream && !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" && runsUpstream() {
 		if e2e.Benchmarks() {
-			upstreamBinaries = upstream.BuildAll(*flagMirrors, os.Stderr)
+			upstreamBinaries = upstream.BuildAll(os.Stderr)
 		} else {
 			// Tests use upstream's binaries only when a benchmark run built them: a first
 			// build takes many minutes, too long for `make test`.

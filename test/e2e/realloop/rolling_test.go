@@ -90,8 +90,8 @@ func TestRollingUpgradeOfCombinedReplicas(t *testing.T) {
 	r.log(t)
 }
 
-// An image swap: the starting replicas run upstream's three sidecars (built from git
-// mirrors; skipped without them) and every new one is ours, single-sidecar. Upstream's Lease
+// An image swap: the starting replicas run upstream's three sidecars (built from the Go
+// module proxy by a benchmark run; skipped until then) and every new one is ours, single-sidecar. Upstream's Lease
 // names are ours, so each Lease passes from upstream to ours; upstream does not release its
 // Lease on SIGTERM, so a handover from an upstream leader waits for the Lease to expire
 // (15 s). Ours still never run two leaders, and the claims' lives complete. (TestMain

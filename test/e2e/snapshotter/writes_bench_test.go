@@ -23,7 +23,6 @@ import (
 var (
 	flagWritesSnapshots = flag.Int("snapshotter.writes-snapshots", 20, "BenchmarkSnapshotWrites: VolumeSnapshots per run")
 	flagWritesEvery     = flag.Duration("snapshotter.writes-every", 500*time.Millisecond, "BenchmarkSnapshotWrites: a VolumeSnapshot created, and later deleted, this often")
-	flagWritesMirrors   = flag.String("snapshotter.mirrors", upstream.DefaultMirrors(), "folders (list separated by the OS path separator) holding git mirrors of external-snapshotter; $"+upstream.MirrorsEnv)
 )
 
 var (
@@ -70,7 +69,7 @@ func benchSetup() (opts controlplane.Options, cleanup func(), err error) {
 		return opts, func() {}, err
 	}
 	auditLog = log
-	upstreamSnapshotter = upstream.BuildReleases([]upstream.Release{upstream.Snapshotter()}, *flagWritesMirrors, os.Stderr)["snapshotter"]
+	upstreamSnapshotter = upstream.BuildReleases([]upstream.Release{upstream.Snapshotter()}, os.Stderr)["snapshotter"]
 	return controlplane.Options{APIServerArgs: args}, cleanup, nil
 }
 
