@@ -33,8 +33,9 @@ import (
 //     API server bounds a request itself. A write that times out in the limiter and is
 //     retried with a fresh read spends the budget twice and is a congestion collapse.
 //
-// The core builds one budget per hosted sidecar and sets it as the RateLimiter of that
-// sidecar's clients (Env.Kube, Env.RestConfig).
+// The core builds one budget per hosted sidecar; that sidecar's clients (Env.Kube,
+// Env.RestConfig) wait for its tokens in their transport (restclient.go), where the wait
+// is measured. A nil budget (a negative --kube-api-qps) means no client-side limit.
 type budget struct {
 	qps     float32
 	limiter *rate.Limiter
@@ -68,16 +69,6 @@ var _ flowcontrol.RateLimiter = &budget{}
 
 func newBudget(qps float32, burst int) *budget {
 	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
-}
-
-// withBudget returns a copy of cfg whose clients draw from b; a nil b (no client-side
-// limit: a negative --kube-api-qps) leaves cfg's own rules.
-func withBudget(cfg *rest.Config, b *budget) *rest.Config {
-	out := rest.CopyConfig(cfg)
-	if b != nil {
-		out.RateLimiter = b
-	}
-	return out
 }
 
 // budgetFor is the budget of qps and burst by client-go's rules: 0 is client-go's default

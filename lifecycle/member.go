@@ -154,7 +154,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	if limit != nil {
 		limit.owed = func() int { return int(m.csi.InFlight()) }
 	}
-	own := withBudget(cfg, limit)
+	own := p.rest.client(cfg, s.Name(), limit)
 	own.UserAgent = cfg.UserAgent + "/" + s.Name()
 	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
@@ -168,13 +168,13 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 
 	if p.opts.LeaderElection {
 		m.leaseConns = connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-		leCfg := p.opts.leaderElectionConfig(cfg)
+		leCfg := p.rest.client(p.opts.leaderElectionConfig(cfg), s.Name(), nil)
 		leCfg.Dial = m.leaseConns.DialContext
 		leKube, err := kubernetes.NewForConfig(leCfg)
 		if err != nil {
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
-		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(cfg)); err != nil {
+		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, s.Name(), nil))); err != nil {
 			return nil, fmt.Errorf("creating the Lease watch client: %w", err)
 		}
 		m.leaseName = SanitizeName(s.LeaseName(shared.DriverName))

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -78,6 +79,7 @@ type process struct {
 	members     []*member
 
 	metrics *coreMetrics
+	rest    *restMetrics
 	health  *health
 	// caches keeps the informers current through API server outages.
 	caches *caches
@@ -106,6 +108,7 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	defer endLifetime()
 	registry := k8smetrics.NewKubeRegistry()
 	p.metrics = newCoreMetrics(registry)
+	p.rest = newRestMetrics(registry)
 	registry.CustomMustRegister(newBacklogCollector(p.backlogs))
 	p.health = &health{notReady: "starting"}
 	// The CSI call metrics exist once the driver is connected; served from then on.
@@ -134,7 +137,13 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	// Every client is built from cfg: their lists and watches wait out API server outages.
 	p.caches = newCaches()
 	p.caches.wrap(cfg)
-	kube, err := kubernetes.NewForConfig(withProtobuf(cfg))
+	// The shared informers' client is the hosted sidecars' together: its series carry
+	// their names joined by commas (just the one name for a single sidecar).
+	var names []string
+	for _, s := range sidecars {
+		names = append(names, s.Name())
+	}
+	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, strings.Join(names, ","), budgetFor(cfg.QPS, cfg.Burst))))
 	if err != nil {
 		logger.Error(err, "Cannot create the Kubernetes client")
 		return ExitError

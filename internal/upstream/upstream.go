@@ -212,6 +212,7 @@ func copyTree(from, to string) error {
 		return os.WriteFile(dst, data, 0o644)
 	})
 }
+
 // Binary is a built release, or why there is none.
 type Binary struct {
 	Release

@@ -206,6 +206,12 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 		}
 	}
 
+	// client-go's REST client metrics, one series set per hosted sidecar: the requests of
+	// each sidecar's own clients, and the waits for its --kube-api-qps budget. A standby run
+	// as deploy/example runs it serves its own too.
+	checkRESTClientMetrics(t, a, sidecars...)
+	checkRESTClientMetrics(t, standbys["attacher"], "attacher")
+
 	signalled := a.Signal(t, syscall.SIGTERM)
 	if code := a.Wait(t, 60*time.Second); code != 0 {
 		t.Errorf("combined-a exited %d after one SIGTERM; want 0 (a clean drain of all four)", code)
@@ -228,6 +234,27 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 	for _, o := range s.Driver.Overlaps() {
 		if o.First.Method == o.Second.Method {
 			t.Errorf("two %s calls on volume %s at once (sockets %s and %s)", o.First.Method, o.Volume, o.First.Socket, o.Second.Socket)
+		}
+	}
+}
+
+// checkRESTClientMetrics checks that r's /metrics has rest_client_requests_total and
+// rest_client_rate_limiter_duration_seconds samples of each of sidecars.
+func checkRESTClientMetrics(t *testing.T, r *e2e.Replica, sidecars ...string) {
+	t.Helper()
+	code, body := r.Get("/metrics")
+	if code != 200 {
+		t.Fatalf("%s /metrics: %d %s", r.Name, code, body)
+	}
+	for _, sidecar := range sidecars {
+		for _, name := range []string{"rest_client_requests_total", "rest_client_request_duration_seconds", "rest_client_rate_limiter_duration_seconds"} {
+			n, _, err := e2e.MetricTotal(body, name, map[string]string{"sidecar": sidecar})
+			if err != nil {
+				t.Fatalf("%s /metrics: %v", r.Name, err)
+			}
+			if n == 0 {
+				t.Errorf("%s /metrics: no %s{sidecar=%q} samples", r.Name, name, sidecar)
+			}
 		}
 	}
 }
