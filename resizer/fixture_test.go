@@ -68,11 +68,11 @@ func newFixtureOf(t *testing.T, cfg testdriver.Config, objs ...runtime.Object) *
 		factory:  informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(cachetest.Transform())),
 		recorder: record.NewFakeRecorder(100),
 	}
-	w, err := newWriter(kube, context.Background, 5*time.Second, f.recorder, cfg.DriverName, f.factory)
+	w, err := newWriter(kube, context.Background, f.recorder, cfg.DriverName, f.factory)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.w = w
+	f.w = w.withCallTimeout(5 * time.Second)
 	f.add(objs...)
 	return f
 }

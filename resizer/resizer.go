@@ -25,8 +25,10 @@ const (
 	// AnnotateFsResize records a PV's capacity before a resize that needs node expansion in
 	// the volume.alpha.kubernetes.io/pre-resize-capacity annotation.
 	AnnotateFsResize featuregate.Feature = "AnnotateFsResize"
-	// RecoverVolumeExpansionFailure lets a user lower a request that failed, and records
-	// allocatedResources and allocatedResourceStatuses.
+	// RecoverVolumeExpansionFailure was removed in upstream v2.3.0, where recovery (a user
+	// may lower a request that failed; allocatedResources and allocatedResourceStatuses are
+	// recorded) is always on. It is still accepted, deprecated and without effect, so that
+	// manifests written for v2.2 keep working; upstream v2.3.0 refuses it.
 	RecoverVolumeExpansionFailure featuregate.Feature = "RecoverVolumeExpansionFailure"
 	// VolumeAttributesClass runs the modify controller.
 	VolumeAttributesClass featuregate.Feature = "VolumeAttributesClass"
@@ -34,8 +36,12 @@ const (
 
 // Sidecar is the resizer.
 type Sidecar struct {
-	workers             int
-	timeout             time.Duration
+	workers int
+	// timeout bounds the driver probes at start; set on the command line, it is also the
+	// timeout of every expand and modify call, in place of resizeTimeout and modifyTimeout.
+	timeout             explicitDuration
+	resizeTimeout       time.Duration
+	modifyTimeout       time.Duration
 	resync              time.Duration
 	retryStart          time.Duration
 	retryMax            time.Duration
@@ -54,12 +60,14 @@ type Sidecar struct {
 // New returns the resizer sidecar.
 func New() *Sidecar {
 	return &Sidecar{
-		workers:     10,
-		timeout:     10 * time.Second,
-		resync:      10 * time.Minute,
-		retryStart:  time.Second,
-		retryMax:    5 * time.Minute,
-		handleInUse: true,
+		workers:       10,
+		timeout:       explicitDuration{value: 10 * time.Second},
+		resizeTimeout: 10 * time.Second,
+		modifyTimeout: 10 * time.Second,
+		resync:        10 * time.Minute,
+		retryStart:    time.Second,
+		retryMax:      5 * time.Minute,
+		handleInUse:   true,
 		// About 15 s in all: enough for an API server that restarts, short enough for
 		// a start-up.
 		discoveryBackoff: lifecycle.DiscoveryBackoff(),
@@ -78,7 +86,9 @@ func (*Sidecar) Name() string { return "resizer" }
 // AddFlags implements lifecycle.Sidecar with upstream's names and defaults.
 func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&s.workers, "workers", s.workers, "Concurrency to process multiple resize requests.")
-	fs.DurationVar(&s.timeout, "timeout", s.timeout, "Timeout of each CSI call.")
+	fs.Var(&s.timeout, "timeout", "Timeout of the CSI driver probes at start. If set explicitly on the command line, also the timeout of every ControllerExpandVolume and ControllerModifyVolume call, in place of --resize-timeout and --modify-timeout.")
+	fs.DurationVar(&s.resizeTimeout, "resize-timeout", s.resizeTimeout, "Timeout of each ControllerExpandVolume call. Ignored if --timeout is set explicitly on the command line.")
+	fs.DurationVar(&s.modifyTimeout, "modify-timeout", s.modifyTimeout, "Timeout of each ControllerModifyVolume call. Ignored if --timeout is set explicitly on the command line.")
 	fs.DurationVar(&s.resync, "resync-period", s.resync, "Resync period for cache.")
 	fs.DurationVar(&s.retryStart, "retry-interval-start", s.retryStart, "Initial retry interval of failed volume resize. It exponentially increases with each failure, up to retry-interval-max.")
 	fs.DurationVar(&s.retryMax, "retry-interval-max", s.retryMax, "Maximum retry interval of failed volume resize.")
@@ -89,8 +99,8 @@ func (s *Sidecar) AddFlags(fs *pflag.FlagSet) {
 // Features implements lifecycle.FeatureGated.
 func (*Sidecar) Features() map[featuregate.Feature]featuregate.FeatureSpec {
 	return map[featuregate.Feature]featuregate.FeatureSpec{
-		AnnotateFsResize:              {Default: false, PreRelease: featuregate.Alpha},
-		RecoverVolumeExpansionFailure: {Default: true, PreRelease: featuregate.GA},
+		AnnotateFsResize:              {Default: true, PreRelease: featuregate.Beta},
+		RecoverVolumeExpansionFailure: {Default: true, PreRelease: featuregate.Deprecated},
 		VolumeAttributesClass:         {Default: true, PreRelease: featuregate.GA},
 	}
 }
@@ -100,8 +110,17 @@ func (s *Sidecar) ValidateFlags() error {
 	if s.workers <= 0 {
 		lifecycle.WarnFlag("workers", s.workers, "no workers: nothing is resized or modified")
 	}
-	if s.timeout <= 0 {
-		lifecycle.WarnFlag("timeout", s.timeout, "every CSI call times out at once")
+	switch {
+	case s.timeout.set && s.timeout.value <= 0:
+		lifecycle.WarnFlag("timeout", s.timeout.value, "every CSI call times out at once")
+	case s.timeout.value <= 0:
+		lifecycle.WarnFlag("timeout", s.timeout.value, "every driver probe at start times out at once")
+	}
+	if !s.timeout.set && s.resizeTimeout <= 0 {
+		lifecycle.WarnFlag("resize-timeout", s.resizeTimeout, "every ControllerExpandVolume call times out at once")
+	}
+	if !s.timeout.set && s.modifyTimeout <= 0 {
+		lifecycle.WarnFlag("modify-timeout", s.modifyTimeout, "every ControllerModifyVolume call times out at once")
 	}
 	if s.resync < 0 {
 		lifecycle.WarnFlag("resync-period", s.resync, "treated as the informers' default resync")
@@ -118,8 +137,18 @@ func (s *Sidecar) ValidateFlags() error {
 // LeaseName implements lifecycle.Sidecar with upstream's Lease name.
 func (*Sidecar) LeaseName(driver string) string { return "external-resizer-" + driver }
 
-// CallTimeout implements lifecycle.CallTimeout: --timeout also bounds each driver probe.
-func (s *Sidecar) CallTimeout() time.Duration { return s.timeout }
+// CallTimeout implements lifecycle.CallTimeout: --timeout bounds each driver probe.
+func (s *Sidecar) CallTimeout() time.Duration { return s.timeout.value }
+
+// callTimeouts are the timeouts of each ControllerExpandVolume and ControllerModifyVolume
+// call: --timeout for both when it was set on the command line, as upstream v2.3.0, else
+// --resize-timeout and --modify-timeout.
+func (s *Sidecar) callTimeouts() (expand, modify time.Duration) {
+	if s.timeout.set {
+		return s.timeout.value, s.timeout.value
+	}
+	return s.resizeTimeout, s.modifyTimeout
+}
 
 // Setup implements lifecycle.Sidecar: it decides from the driver's capabilities which
 // controllers run, and registers their informers on every replica (P7).
@@ -132,16 +161,17 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	recorder := env.Events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "external-resizer " + env.DriverName})
 	// One writer for both controllers: each reads the PVCs and PVs through the other's
 	// writes as well as its own.
-	base, err := newWriter(env.Kube, env.Ops, s.timeout, recorder, env.DriverName, env.Informers)
+	base, err := newWriter(env.Kube, env.Ops, recorder, env.DriverName, env.Informers)
 	if err != nil {
 		return err
 	}
+	expandTimeout, modifyTimeout := s.callTimeouts()
 
 	expandQueue, modifyQueue := queueNames(env.DriverName, caps.expand != nil)
 	if caps.expand != nil {
 		logger.Info("Volume expansion enabled", "mode", caps.expand.mode(), "queue", expandQueue)
 		s.expansion, err = newExpansionController(expansionConfig{
-			writer:          base,
+			writer:          base.withCallTimeout(expandTimeout),
 			expander:        caps.expand,
 			queueName:       expandQueue,
 			queueMetrics:    s.queueMetrics,
@@ -152,7 +182,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 			retryMax:        s.retryMax,
 			handleInUse:     s.handleInUse,
 			annotateFs:      env.Gates.Enabled(AnnotateFsResize),
-			recoverFailures: env.Gates.Enabled(RecoverVolumeExpansionFailure),
+			recoverFailures: true,
 		})
 		if err != nil {
 			return err
@@ -161,7 +191,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if caps.modify != nil {
 		logger.Info("Volume modification enabled", "queue", modifyQueue)
 		s.modification, err = newModifyController(modifyConfig{
-			writer:        base,
+			writer:        base.withCallTimeout(modifyTimeout),
 			modifier:      caps.modify,
 			queueName:     modifyQueue,
 			queueMetrics:  s.queueMetrics,
@@ -220,7 +250,7 @@ func (s *Sidecar) capabilities(env *lifecycle.Env) (driverCapabilities, error) {
 			singleNodeMultiWr: env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],
 		}
 	default:
-		node, err := nodeExpands(env, s.timeout)
+		node, err := nodeExpands(env, s.timeout.value)
 		if err != nil {
 			return caps, err
 		}
@@ -270,5 +300,27 @@ func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
 		wg.Go(func() { s.modification.run(intake, s.workers) })
 	}
 	wg.Wait()
+	return nil
+}
+
+// explicitDuration is a duration flag that knows whether the command line set it. Its
+// value is shared by the subcommand's flag and combined mode's prefixed one, so either
+// spelling counts.
+type explicitDuration struct {
+	value time.Duration
+	set   bool
+}
+
+var _ pflag.Value = &explicitDuration{}
+
+func (d *explicitDuration) String() string { return d.value.String() }
+func (d *explicitDuration) Type() string   { return "duration" }
+
+func (d *explicitDuration) Set(v string) error {
+	parsed, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	d.value, d.set = parsed, true
 	return nil
 }

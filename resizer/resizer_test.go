@@ -31,7 +31,7 @@ func TestFlagDefaultsAreUpstreams(t *testing.T) {
 	fs := pflag.NewFlagSet("resizer", pflag.ContinueOnError)
 	New().AddFlags(fs)
 	for name, want := range map[string]string{
-		"workers": "10", "timeout": "10s", "resync-period": "10m0s",
+		"workers": "10", "timeout": "10s", "resize-timeout": "10s", "modify-timeout": "10s", "resync-period": "10m0s",
 		"retry-interval-start": "1s", "retry-interval-max": "5m0s",
 		"handle-volume-inuse-error": "true", "extra-modify-metadata": "false",
 	} {
@@ -48,17 +48,43 @@ func TestFlagDefaultsAreUpstreams(t *testing.T) {
 	if err := gates.Add(New().Features()); err != nil {
 		t.Fatal(err)
 	}
-	// Upstream v2.2.1's defaults.
-	for g, want := range map[featuregate.Feature]bool{AnnotateFsResize: false, RecoverVolumeExpansionFailure: true, VolumeAttributesClass: true} {
+	// Upstream v2.3.0's defaults.
+	for g, want := range map[featuregate.Feature]bool{AnnotateFsResize: true, VolumeAttributesClass: true} {
 		if gates.Enabled(g) != want {
 			t.Errorf("gate %s on by default: %v, want %v", g, gates.Enabled(g), want)
 		}
 	}
 }
 
+// As upstream v2.3.0: each expand call has --resize-timeout, each modify call
+// --modify-timeout, unless --timeout is set on the command line, even to its default: then
+// it is the timeout of both. --timeout also bounds the driver probes at start.
+func TestCallTimeouts(t *testing.T) {
+	for _, c := range []struct {
+		args                  []string
+		expand, modify, probe time.Duration
+	}{
+		{nil, 10 * time.Second, 10 * time.Second, 10 * time.Second},
+		{[]string{"--resize-timeout=1m", "--modify-timeout=2m"}, time.Minute, 2 * time.Minute, 10 * time.Second},
+		{[]string{"--timeout=30s", "--resize-timeout=1m", "--modify-timeout=2m"}, 30 * time.Second, 30 * time.Second, 30 * time.Second},
+		{[]string{"--resize-timeout=1m", "--timeout=10s"}, 10 * time.Second, 10 * time.Second, 10 * time.Second},
+	} {
+		s := New()
+		fs := pflag.NewFlagSet("resizer", pflag.ContinueOnError)
+		s.AddFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		expand, modify := s.callTimeouts()
+		if expand != c.expand || modify != c.modify || s.CallTimeout() != c.probe {
+			t.Errorf("%v: expand %v, modify %v, probe %v; want %v, %v, %v", c.args, expand, modify, s.CallTimeout(), c.expand, c.modify, c.probe)
+		}
+	}
+}
+
 // Upstream validates none of the resizer's own flags: odd values get a warning, not exit 2.
 func TestValidateFlags(t *testing.T) {
-	for _, args := range [][]string{{"--workers=0"}, {"--timeout=0s"}, {"--retry-interval-start=0s"}, {"--retry-interval-start=10s", "--retry-interval-max=1s"}} {
+	for _, args := range [][]string{{"--workers=0"}, {"--timeout=0s"}, {"--resize-timeout=0s"}, {"--modify-timeout=-1s"}, {"--retry-interval-start=0s"}, {"--retry-interval-start=10s", "--retry-interval-max=1s"}} {
 		s := New()
 		fs := pflag.NewFlagSet("resizer", pflag.ContinueOnError)
 		s.AddFlags(fs)

@@ -45,7 +45,7 @@ const (
 type writer struct {
 	kube     kubernetes.Interface
 	ops      func() context.Context
-	timeout  time.Duration
+	timeout  time.Duration // of each CSI call
 	recorder record.EventRecorder
 	driver   string
 	// claims and volumes are the PVC and PV informer caches read through this sidecar's
@@ -59,7 +59,7 @@ type writer struct {
 }
 
 // newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
-func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout time.Duration, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) (writer, error) {
+func newWriter(kube kubernetes.Interface, ops func() context.Context, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) (writer, error) {
 	logger := klog.FromContext(ops())
 	claims, err := lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](logger, factory.Core().V1().PersistentVolumeClaims().Informer())
 	if err != nil {
@@ -69,7 +69,13 @@ func newWriter(kube kubernetes.Interface, ops func() context.Context, timeout ti
 	if err != nil {
 		return writer{}, fmt.Errorf("PV cache: %w", err)
 	}
-	return writer{kube: kube, ops: ops, timeout: timeout, recorder: recorder, driver: driver, claims: claims, volumes: volumes}, nil
+	return writer{kube: kube, ops: ops, recorder: recorder, driver: driver, claims: claims, volumes: volumes}, nil
+}
+
+// withCallTimeout is w for a controller whose CSI calls each take at most timeout.
+func (w writer) withCallTimeout(timeout time.Duration) writer {
+	w.timeout = timeout
+	return w
 }
 
 // claim is the PVC ns/name as the informer or our last write of it knows it, the newer.
@@ -82,7 +88,8 @@ func (w *writer) volume(name string) (*v1.PersistentVolume, bool, error) {
 	return w.volumes.Get(name)
 }
 
-// callContext bounds one CSI call by --timeout, on Ops() (P1). API writes run on Ops()
+// callContext bounds one CSI call by the controller's timeout (--resize-timeout or
+// --modify-timeout, or --timeout when set), on Ops() (P1). API writes run on Ops()
 // itself: a write waits for its token of the client budget as long as it takes, and
 // client-go bounds the request once sent (P14).
 func (w *writer) callContext() (context.Context, context.CancelFunc) {

@@ -114,6 +114,12 @@ func TestValuesAndFlagsUpstreamAcceptsAreAccepted(t *testing.T) {
 		{"resizer", "--workers=0", "--timeout=0", "--master=https://127.0.0.1:6443", "--retry-interval-max=1ms"},
 		{"resizer", "--leader-election-labels=a:b", "--leader-election-labels=c:d"},
 		{"resizer", "--log-flush-frequency=10s"},
+		{"resizer", "--resize-timeout=1m", "--modify-timeout=2m", "--timeout=0"},
+		// Removed in v2.3.0, which refuses it; accepted here, without effect, for manifests
+		// written for v2.2.
+		{"resizer", "--feature-gates=RecoverVolumeExpansionFailure=true"},
+		{"resizer", "--feature-gates=RecoverVolumeExpansionFailure=false,AnnotateFsResize=false"},
+		{"--controllers=resizer", "--resizer-timeout=5s", "--resizer-resize-timeout=1m", "--resizer-modify-timeout=2m"},
 	} {
 		if err := lifecycle.ValidateArgs(newRoot(), args); err != nil {
 			t.Errorf("%v: %v", args, err)

@@ -57,6 +57,9 @@ type Call struct {
 	SecretKeys string `json:"secretKeys,omitempty"`
 	// Start is when the driver received the call.
 	Start time.Time `json:"start"`
+	// Deadline is how long the caller gave the call, as its gRPC deadline said when the
+	// call was received (never more than the caller's timeout); zero without a deadline.
+	Deadline time.Duration `json:"deadline,omitempty"`
 	// End is when the backend operation ended (not when the handler
 	// returned); zero while it still runs.
 	End time.Time `json:"end,omitzero"`

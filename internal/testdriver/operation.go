@@ -40,6 +40,9 @@ type opResult[T any] struct {
 func runOp[T any](ctx context.Context, b *Backend, spec opSpec, apply func(call *Call) (T, error)) (T, error) {
 	b.mu.Lock()
 	seq := b.startLocked(spec)
+	if deadline, ok := ctx.Deadline(); ok {
+		b.calls[seq].Deadline = time.Until(deadline)
+	}
 	latency := b.latencyLocked(spec.method)
 	fault := b.takeFaultLocked(spec)
 	b.mu.Unlock()

@@ -19,7 +19,7 @@ import (
 
 // 20 PVCs are resized; those whose driver answer asks for node expansion wait for the
 // kubelet with the upstream fields, and once it has caught up the PV's pre-resize
-// annotation goes (AnnotateFsResize, alpha and off by default as upstream, is turned on).
+// annotation goes (AnnotateFsResize, beta and on by default as in upstream v2.3.0).
 func TestResizesTwentyPVCsSomeNeedingNodeExpansion(t *testing.T) {
 	s := newScenario(t, testdriver.Config{})
 	const n = 20
@@ -31,7 +31,7 @@ func TestResizesTwentyPVCsSomeNeedingNodeExpansion(t *testing.T) {
 		}
 		pairs = append(pairs, p)
 	}
-	a := s.startReplica("replica-a", "--feature-gates=AnnotateFsResize=true")
+	a := s.startReplica("replica-a")
 	s.WaitForHolder(s.leaseName, "replica-a")
 	a.WaitReady(t)
 	counter := writeCounter{s}
