@@ -68,8 +68,8 @@ type topologyInput struct {
 }
 
 // accessibilityRequirements computes the TopologyRequirement of CreateVolume as upstream:
-// requisite from allowedTopologies, else from the topology of every node that carries the
-// driver's topology keys (or only the selected node with strict topology); preferred is the
+// requisite from allowedTopologies, else aggregated from the nodes where the driver
+// registered its topology keys (aggregate; only the selected node with strict topology); preferred is the
 // requisite list starting at the first term the selected node's segment satisfies (a
 // subset of it: allowedTopologies may name fewer keys than the node has), or, with no node
 // selected, shifted by a hash of the claim name so that a StatefulSet's volumes spread.
@@ -135,36 +135,62 @@ func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, erro
 	return &csi.TopologyRequirement{Requisite: toCSI(requisite), Preferred: toCSI(preferred)}, nil
 }
 
-// aggregate collects the segments of every node that has the driver's topology keys: the
-// keys of the selected node, or with none selected those of the first CSINode (by name)
-// that lists the driver with keys.
+// aggregate collects the segments of the cluster's nodes, as upstream v6.4: with a node
+// selected, of every node whose CSINode registered all of that node's topology keys for
+// the driver; with none (immediate binding), of every set of keys the driver registered
+// on some node, each from the nodes whose CSINode registered that set. A node's labels
+// alone never count: a node where the driver did not register the keys is left out.
 func aggregate(in topologyInput) ([]term, error) {
-	var keys []string
+	registered := map[string][]string{}
+	for _, n := range in.csiNodes {
+		if keys := topologyKeys(n, in.driver); len(keys) > 0 {
+			registered[n.Name] = keys
+		}
+	}
+	var keySets [][]string
 	if in.selectedNode != nil {
-		keys = topologyKeys(in.selectedCSINode, in.driver)
+		keySets = [][]string{topologyKeys(in.selectedCSINode, in.driver)}
 	} else {
-		csiNodes := slices.Clone(in.csiNodes)
-		slices.SortFunc(csiNodes, func(a, b *storagev1.CSINode) int { return strings.Compare(a.Name, b.Name) })
-		for _, n := range csiNodes {
-			if keys = topologyKeys(n, in.driver); len(keys) > 0 {
-				break
+		for _, keys := range registered {
+			keys = slices.Sorted(slices.Values(keys))
+			if !slices.ContainsFunc(keySets, func(k []string) bool { return slices.Equal(k, keys) }) {
+				keySets = append(keySets, keys)
 			}
 		}
-		if len(keys) == 0 {
+		if len(keySets) == 0 {
 			// No node reported topology for the driver (yet): the caller waits for one.
 			return nil, nil
 		}
+		slices.SortFunc(keySets, slices.Compare)
 	}
 	var terms []term
-	for _, n := range in.nodes {
-		if t, ok := nodeTerm(n, keys); ok {
-			terms = append(terms, t)
+	for _, keys := range keySets {
+		for _, n := range in.nodes {
+			if !registersAll(registered[n.Name], keys) {
+				continue
+			}
+			if t, ok := nodeTerm(n, keys); ok {
+				terms = append(terms, t)
+			}
 		}
 	}
 	if len(terms) == 0 {
-		return nil, fmt.Errorf("topologyKeys %v were not found on any nodes", keys)
+		if len(keySets) == 1 {
+			return nil, fmt.Errorf("topologyKeys %v were not found on any nodes", keySets[0])
+		}
+		return nil, fmt.Errorf("topologyKeys %v were not found on any nodes", keySets)
 	}
 	return terms, nil
+}
+
+// registersAll tells whether registered holds every one of keys.
+func registersAll(registered, keys []string) bool {
+	for _, k := range keys {
+		if !slices.Contains(registered, k) {
+			return false
+		}
+	}
+	return true
 }
 
 // topologyKeys are the keys the driver registered on a node.

@@ -170,6 +170,33 @@ func TestAccessibilityRequirements(t *testing.T) {
 			wantErr: "is not in requisite",
 		},
 		{
+			// Upstream v6.4: every key set the driver registered, each aggregated over the
+			// nodes that registered it; a node with the labels but without the driver's
+			// registration (n6) is left out.
+			name: "immediate binding, nodes registered different key sets: each set, from its own nodes",
+			in: with(func(in *topologyInput) {
+				in.csiNodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n5", rackKey, zoneKey), csiNode("n6")}
+				in.nodes = []*v1.Node{n1, n2, twoKeys, node("n6", map[string]string{zoneKey: "z9", rackKey: "r9"})}
+			}),
+			want: func() *csi.TopologyRequirement {
+				h, i := claimNameHash("data")
+				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z2", rackKey, "r1")}
+				s := int((h + i) % 3)
+				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
+			}(),
+		},
+		{
+			name: "delayed binding: a node whose driver did not register the keys is left out, labels or not",
+			in: with(func(in *topologyInput) {
+				in.selectedNode, in.selectedCSINode = n2, csiNode("n2", zoneKey)
+				in.csiNodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3")}
+			}),
+			want: &csi.TopologyRequirement{
+				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
+				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+			},
+		},
+		{
 			name:    "keys registered but no node carries them",
 			in:      with(func(in *topologyInput) { in.nodes = []*v1.Node{nUnlabelled} }),
 			wantErr: "were not found on any nodes",

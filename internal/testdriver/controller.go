@@ -3,7 +3,9 @@ package testdriver
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -52,6 +54,13 @@ func (s *controllerServer) ControllerGetCapabilities(ctx context.Context, _ *csi
 func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	spec := s.spec(MethodCreateVolume, req)
 	spec.volumeName = req.GetName()
+	for _, t := range req.GetAccessibilityRequirements().GetRequisite() {
+		var pairs []string
+		for _, k := range slices.Sorted(maps.Keys(t.GetSegments())) {
+			pairs = append(pairs, k+"="+t.GetSegments()[k])
+		}
+		spec.requisite = append(spec.requisite, strings.Join(pairs, ","))
+	}
 	if err := s.unadvertised(spec, csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME); err != nil {
 		return nil, err
 	}

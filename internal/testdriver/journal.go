@@ -51,6 +51,9 @@ type Call struct {
 	// until the operation ends and then hold the members of the group
 	// snapshot cut or found.
 	SnapshotIDs string `json:"snapshotIDs,omitempty"`
+	// Requisite are the segments of CreateVolume's accessibility requirement, each as
+	// "key=value,key=value" with its keys sorted, in request order.
+	Requisite []string `json:"requisite,omitempty"`
 	// SecretKeys are the keys of the request's secrets field, sorted and
 	// joined by commas (see SecretKeyList); empty when the request had no
 	// secrets or has no such field. Secret values are never recorded.

@@ -24,6 +24,7 @@ type opSpec struct {
 	sourceVolumeIDs   []string
 	snapshotIDs       []string
 	secretKeys        []string
+	requisite         []string
 }
 
 type opResult[T any] struct {
@@ -127,6 +128,7 @@ func (b *Backend) startLocked(spec opSpec) int {
 		SourceVolumeIDs:   joinList(spec.sourceVolumeIDs),
 		SnapshotIDs:       joinList(spec.snapshotIDs),
 		SecretKeys:        joinList(spec.secretKeys),
+		Requisite:         spec.requisite,
 		Start:             time.Now(),
 	})
 	if isMutating(spec.method) {

@@ -11,6 +11,7 @@ package provisioner
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -86,14 +87,24 @@ func (s *scenario) createClass(suffix string, change func(*storagev1.StorageClas
 // driver's topology key labels the node with the node's name.
 func (s *scenario) createNode(suffix string) string {
 	s.T.Helper()
+	return s.createNodeWith(suffix, nil, testdriver.TopologyKey)
+}
+
+// createNodeWith creates a Node labelled with the driver's topology key (the node's name)
+// and labels, and its CSINode, which registers keys for the driver; with no keys the
+// driver is not on the node.
+func (s *scenario) createNodeWith(suffix string, labels map[string]string, keys ...string) string {
+	s.T.Helper()
 	name := s.name(suffix)
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{testdriver.TopologyKey: name}}}
+	maps.Copy(node.Labels, labels)
 	if _, err := s.Client.CoreV1().Nodes().Create(s.ctx(), node, metav1.CreateOptions{}); err != nil {
 		s.T.Fatal(err)
 	}
-	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
-		{Name: s.driver, NodeID: name, TopologyKeys: []string{testdriver.TopologyKey}},
-	}}}
+	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if len(keys) > 0 {
+		csiNode.Spec.Drivers = []storagev1.CSINodeDriver{{Name: s.driver, NodeID: name, TopologyKeys: keys}}
+	}
 	if _, err := s.Client.StorageV1().CSINodes().Create(s.ctx(), csiNode, metav1.CreateOptions{}); err != nil {
 		s.T.Fatal(err)
 	}

@@ -1,13 +1,13 @@
 package provisioner
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
@@ -20,18 +20,7 @@ const zoneKey = "topology.example.com/zone"
 // CSINode registering both keys for the driver, as a node plugin with two keys would.
 func (s *scenario) createZonedNode(suffix, zone string) string {
 	s.T.Helper()
-	name := s.name(suffix)
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{testdriver.TopologyKey: name, zoneKey: zone}}}
-	if _, err := s.Client.CoreV1().Nodes().Create(s.ctx(), node, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	csiNode := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
-		{Name: s.driver, NodeID: name, TopologyKeys: []string{testdriver.TopologyKey, zoneKey}},
-	}}}
-	if _, err := s.Client.StorageV1().CSINodes().Create(s.ctx(), csiNode, metav1.CreateOptions{}); err != nil {
-		s.T.Fatal(err)
-	}
-	return name
+	return s.createNodeWith(suffix, map[string]string{zoneKey: zone}, testdriver.TopologyKey, zoneKey)
 }
 
 // Topology as upstream computes it, on the API server's objects:
@@ -82,5 +71,50 @@ func TestTopologyWithTwoKeysAndWithoutRegisteredNodes(t *testing.T) {
 	}
 	if failed := s.events("late", "ProvisioningFailed"); len(failed) > 0 {
 		t.Errorf("ProvisioningFailed events for the delayed claim: %v", failed)
+	}
+}
+
+// As upstream v6.4: an immediate claim's requisite topology covers every set of keys the
+// driver registered, each from the nodes that registered that set, and a delayed claim's
+// covers the nodes that registered the selected node's keys. A node that carries the
+// labels but where the driver did not register them is never in it. (Up to v6.3 the keys
+// of one CSINode were taken for the whole cluster, and every node with the labels counted.)
+func TestRequisiteTopologyCoversEveryRegisteredKeySetAndOnlyRegisteringNodes(t *testing.T) {
+	s := newScenario(t, testdriver.Config{DriverName: "keysets.csi.sidecars.io", Topology: true})
+	immediate := s.createClass("immediate", nil)
+	late := s.createClass("late", func(sc *storagev1.StorageClass) {
+		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	})
+	both := s.createZonedNode("both", "zone-a")
+	nodeOnly := s.createNodeWith("node-only", map[string]string{zoneKey: "zone-b"}, testdriver.TopologyKey)
+	s.createNodeWith("unregistered", map[string]string{zoneKey: "zone-c"})
+	r := s.startReplica("replica-a")
+	s.WaitForHolder(s.leaseName, "replica-a")
+	r.WaitReady(t)
+
+	requisite := func(claim *v1.PersistentVolumeClaim) []string {
+		t.Helper()
+		s.WaitUntil("claim "+claim.Name+"'s PersistentVolume", func() bool { return len(s.pvsByClaim()[claim.UID]) == 1 })
+		for _, c := range createCalls(s.Driver.Journal()) {
+			if c.VolumeName == s.pvsByClaim()[claim.UID][0].Name && c.Code == "OK" {
+				return slices.Sorted(slices.Values(c.Requisite))
+			}
+		}
+		t.Fatalf("no successful CreateVolume for claim %s", claim.Name)
+		return nil
+	}
+	// Each key set over the nodes that registered all of its keys: the node key alone
+	// over both nodes, the node key and the zone over the one that registered the zone.
+	want := slices.Sorted(slices.Values([]string{
+		fmt.Sprintf("%s=zone-a,%s=%s", zoneKey, testdriver.TopologyKey, both),
+		fmt.Sprintf("%s=%s", testdriver.TopologyKey, both),
+		fmt.Sprintf("%s=%s", testdriver.TopologyKey, nodeOnly),
+	}))
+	if got := requisite(s.createClaim("early", immediate.Name, "")); !slices.Equal(got, want) {
+		t.Errorf("immediate binding: requisite %q, want %q", got, want)
+	}
+	want = []string{fmt.Sprintf("%s=zone-a,%s=%s", zoneKey, testdriver.TopologyKey, both)}
+	if got := requisite(s.createClaim("late", late.Name, both)); !slices.Equal(got, want) {
+		t.Errorf("delayed binding on %s: requisite %q, want %q", both, got, want)
 	}
 }
