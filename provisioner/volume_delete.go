@@ -147,9 +147,18 @@ func (c *controller) syncVolume(name string) error {
 	}
 	start := time.Now()
 	err = c.delete(lifecycle.MarkMigrated(ctx, migrated), vol, step == volumeGone)
-	c.metrics.deleted(pv.Spec.StorageClassName, start, err)
 	var pvErr pvRemovalError
+	var attached stillAttachedError
+	if !errors.As(err, &attached) {
+		c.metrics.deleted(pv.Spec.StorageClassName, start, err)
+	}
 	switch {
+	case errors.As(err, &attached):
+		// Expected when a workload and its claim are deleted together: postponed, not
+		// failed, as upstream v6.4 (a Normal event, not counted as a failed deletion).
+		logger.V(4).Info("Volume deletion postponed", "reason", err.Error())
+		c.recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
+		return err
 	case err == nil:
 	case errors.As(err, &pvErr):
 		// The volume is gone: the event a user reads on the PersistentVolume must not say
@@ -163,6 +172,14 @@ func (c *controller) syncVolume(name string) error {
 		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 	}
 	return err
+}
+
+// stillAttachedError postpones the deletion of a volume a VolumeAttachment still attaches
+// to a node; the deletion is retried, and the detach's watch event enqueues it too.
+type stillAttachedError struct{ pv, node string }
+
+func (e stillAttachedError) Error() string {
+	return fmt.Sprintf("persistentvolume %s is still attached to node %s, waiting for detach", e.pv, e.node)
 }
 
 // pvRemovalError is a failure to remove the PersistentVolume of a volume the driver has
@@ -187,7 +204,7 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume, delete
 		}
 		if node := c.attachedTo(pv.Name); node != "" {
 			// Deleting an attached volume would fail in the driver or, worse, succeed.
-			return fmt.Errorf("persistentvolume %s is still attached to node %s", pv.Name, node)
+			return stillAttachedError{pv: pv.Name, node: node}
 		}
 		secrets := c.deletionSecrets(ctx, pv)
 		if err := c.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
