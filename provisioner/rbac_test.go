@@ -32,7 +32,7 @@ import (
 // to verbs.
 type grants map[string][]string
 
-// upstreamRBAC is external-provisioner v6.3.0's deploy/kubernetes/rbac.yaml: the
+// upstreamRBAC is external-provisioner v6.4.0's deploy/kubernetes/rbac.yaml: the
 // ClusterRole external-provisioner-runner and the Role external-provisioner-cfg (leases
 // are the core's, not the provisioner's), with the secrets rule uncommented as the file
 // says to for drivers that use secrets.

@@ -1,5 +1,5 @@
 // Package resizer is the csi-sidecars resizer, the drop-in for upstream external-resizer
-// v2.2, hosted by the lifecycle core. It owns two controllers over the PersistentVolumeClaims
+// v2.3, hosted by the lifecycle core. It owns two controllers over the PersistentVolumeClaims
 // of one CSI driver:
 //
 //   - expansion (expand.go): a bound PVC asking for more storage than it has gets

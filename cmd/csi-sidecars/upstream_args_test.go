@@ -19,18 +19,18 @@ var upstreamManifests = []struct {
 	env     map[string]string
 	args    []string
 }{
-	// kubernetes-csi/external-attacher v4.12.0 deploy/kubernetes/deployment.yaml
+	// kubernetes-csi/external-attacher v4.13.0 deploy/kubernetes/deployment.yaml
 	{"external-attacher/deploy/kubernetes/deployment.yaml", "attacher",
 		map[string]string{"MY_NAME": "csi-attacher-0"},
 		[]string{"--v=5", "--csi-address=/var/lib/csi/sockets/pluginproxy/mock.socket", "--leader-election", "--http-endpoint=:8080"}},
-	// kubernetes-csi/external-provisioner v6.3.0 deploy/kubernetes/deployment.yaml
+	// kubernetes-csi/external-provisioner v6.4.0 deploy/kubernetes/deployment.yaml
 	{"external-provisioner/deploy/kubernetes/deployment.yaml", "provisioner", nil,
 		[]string{"--csi-address=/var/lib/csi/sockets/pluginproxy/mock.socket", "--leader-election", "--http-endpoint=:8080"}},
-	// kubernetes-csi/external-provisioner v6.3.0 deploy/kubernetes/storage-capacity.yaml
+	// kubernetes-csi/external-provisioner v6.4.0 deploy/kubernetes/storage-capacity.yaml
 	{"external-provisioner/deploy/kubernetes/storage-capacity.yaml", "provisioner",
 		map[string]string{"NAMESPACE": "default", "POD_NAME": "csi-provisioner-0"},
 		[]string{"--csi-address=/var/lib/csi/sockets/pluginproxy/mock.socket", "--leader-election", "--enable-capacity", "--capacity-ownerref-level=2"}},
-	// kubernetes-csi/external-resizer v2.2.1 deploy/kubernetes/deployment.yaml
+	// kubernetes-csi/external-resizer v2.3.0 deploy/kubernetes/deployment.yaml
 	{"external-resizer/deploy/kubernetes/deployment.yaml", "resizer", nil,
 		[]string{"--v=5", "--csi-address=/var/lib/csi/sockets/pluginproxy/mock.socket", "--leader-election", "--http-endpoint=:8080"}},
 	// kubernetes-csi/csi-driver-host-path v1.18.0 deploy/kubernetes-1.34/hostpath/csi-hostpath-plugin.yaml

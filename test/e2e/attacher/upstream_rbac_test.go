@@ -12,7 +12,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
-// upstreamRules are the rules of kubernetes-csi/external-attacher v4.12.0
+// upstreamRules are the rules of kubernetes-csi/external-attacher v4.13.0
 // deploy/kubernetes/rbac.yaml: the ClusterRole external-attacher-runner and the Role
 // external-attacher-cfg (the Leases). No events, no Secrets (commented out upstream).
 var upstreamRules = e2e.Rules{

@@ -29,7 +29,7 @@ var (
 )
 
 // upstreamClusterRules is the ClusterRole external-provisioner-runner of
-// external-provisioner v6.3.0's deploy/kubernetes/rbac.yaml, with the secrets rule
+// external-provisioner v6.4.0's deploy/kubernetes/rbac.yaml, with the secrets rule
 // uncommented as the file says to for drivers that use secrets, and the given verbs on
 // volumesnapshots.
 func upstreamClusterRules(snapshotVerbs []string) []rbacv1.PolicyRule {
@@ -73,7 +73,7 @@ func deleteCalls(calls []testdriver.Call, volumeID string) int {
 	return n
 }
 
-// With exactly upstream's RBAC (v6.3.0), the provisioner deletes a released volume once
+// With exactly upstream's RBAC (v6.4.0), the provisioner deletes a released volume once
 // and lets its PersistentVolume go, protects a snapshot while restoring from it, and hands
 // a claim whose node ran out of space back to the scheduler; the API server refuses
 // nothing it asks.

@@ -10,7 +10,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
 )
 
-// upstreamRules are the rules of kubernetes-csi/external-resizer v2.2.1
+// upstreamRules are the rules of kubernetes-csi/external-resizer v2.3.0 (the same as v2.2.0)
 // deploy/kubernetes/rbac.yaml: the ClusterRole external-resizer-runner and the Role
 // external-resizer-cfg (the Leases). No Secrets (commented out upstream).
 var upstreamRules = e2e.Rules{
