@@ -46,9 +46,11 @@ var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Ver
 
 // CRDs returns the six embedded CRDs (see CRDFiles), freshly parsed on each call, so the
 // caller may change them.
-func CRDs() ([]*unstructured.Unstructured, error) {
+func CRDs() ([]*unstructured.Unstructured, error) { return crdsOf(CRDFiles) }
+
+func crdsOf(files []string) ([]*unstructured.Unstructured, error) {
 	var crds []*unstructured.Unstructured
-	for _, name := range CRDFiles {
+	for _, name := range files {
 		data, err := crdFS.ReadFile(path.Join("crd", name))
 		if err != nil {
 			return nil, fmt.Errorf("snapshot CRDs: %w", err)
@@ -68,13 +70,21 @@ func CRDs() ([]*unstructured.Unstructured, error) {
 // not deprecated version of its resource answers a list. It uses server-side apply with force, so calling
 // it again, from several tests at once, or over CRDs of another version is fine: the
 // result is these CRDs. ctx bounds it; without a deadline it gives up after 60 s.
-func InstallCRDs(ctx context.Context, cfg *rest.Config) error {
+func InstallCRDs(ctx context.Context, cfg *rest.Config) error { return install(ctx, cfg, CRDFiles) }
+
+// InstallVolumeSnapshotCRDs is InstallCRDs of the three VolumeSnapshot CRDs alone: a
+// cluster without VolumeGroupSnapshots, as one installed before they existed.
+func InstallVolumeSnapshotCRDs(ctx context.Context, cfg *rest.Config) error {
+	return install(ctx, cfg, CRDFiles[:3])
+}
+
+func install(ctx context.Context, cfg *rest.Config, files []string) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, installTimeout)
 		defer cancel()
 	}
-	crds, err := CRDs()
+	crds, err := crdsOf(files)
 	if err != nil {
 		return err
 	}
