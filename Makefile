@@ -37,8 +37,8 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-test: lint testenv test-race ## lint, the race detector, then every test: unit, integration and end-to-end against a real local control plane
-	$(GO) test $(TEST_FLAGS) ./...
+test: lint testenv test-race ## lint, the race detector, then every test: unit, integration and end-to-end against a real local control plane; ends with the ten slowest tests
+	set -o pipefail; $(GO) test -json $(TEST_FLAGS) ./... | $(GO) run ./hack/testreport -slowest 10
 
 test-race: ## the race detector over the unit tests and the tests that host sidecars in the test process
 	$(GO) test -race -count=1 -short -p 1 ./...
