@@ -134,7 +134,11 @@ func TestJournal(t *testing.T) {
 		if c.Canceled {
 			t.Errorf("call %d marked canceled", i)
 		}
-		c.Start, c.End, c.Message = time.Time{}, time.Time{}, ""
+		// The test's context has a deadline of 20 s; the journal records what is left of it.
+		if c.Deadline <= 0 || c.Deadline > 20*time.Second {
+			t.Errorf("call %d came with %v to its deadline, want some of the caller's 20 s", i, c.Deadline)
+		}
+		c.Start, c.End, c.Message, c.Deadline = time.Time{}, time.Time{}, "", 0
 		if c != want[i] {
 			t.Errorf("call %d = %+v, want %+v", i, c, want[i])
 		}

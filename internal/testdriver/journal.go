@@ -52,8 +52,9 @@ type Call struct {
 	// snapshot cut or found.
 	SnapshotIDs string `json:"snapshotIDs,omitempty"`
 	// Requisite are the segments of CreateVolume's accessibility requirement, each as
-	// "key=value,key=value" with its keys sorted, in request order.
-	Requisite []string `json:"requisite,omitempty"`
+	// "key=value,key=value" with its keys sorted, in request order, joined by spaces (see
+	// RequisiteList).
+	Requisite string `json:"requisite,omitempty"`
 	// SecretKeys are the keys of the request's secrets field, sorted and
 	// joined by commas (see SecretKeyList); empty when the request had no
 	// secrets or has no such field. Secret values are never recorded.
@@ -87,6 +88,9 @@ func (c Call) Done() bool { return !c.End.IsZero() }
 
 // SecretKeyList returns SecretKeys as a list; nil for none.
 func (c Call) SecretKeyList() []string { return splitList(c.SecretKeys) }
+
+// RequisiteList splits Requisite.
+func (c Call) RequisiteList() []string { return strings.Fields(c.Requisite) }
 
 // SourceVolumeIDList returns SourceVolumeIDs as a list; nil for none.
 func (c Call) SourceVolumeIDList() []string { return splitList(c.SourceVolumeIDs) }

@@ -3,6 +3,7 @@ package testdriver
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -128,7 +129,7 @@ func (b *Backend) startLocked(spec opSpec) int {
 		SourceVolumeIDs:   joinList(spec.sourceVolumeIDs),
 		SnapshotIDs:       joinList(spec.snapshotIDs),
 		SecretKeys:        joinList(spec.secretKeys),
-		Requisite:         spec.requisite,
+		Requisite:         strings.Join(spec.requisite, " "),
 		Start:             time.Now(),
 	})
 	if isMutating(spec.method) {

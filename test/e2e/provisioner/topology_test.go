@@ -97,7 +97,7 @@ func TestRequisiteTopologyCoversEveryRegisteredKeySetAndOnlyRegisteringNodes(t *
 		s.WaitUntil("claim "+claim.Name+"'s PersistentVolume", func() bool { return len(s.pvsByClaim()[claim.UID]) == 1 })
 		for _, c := range createCalls(s.Driver.Journal()) {
 			if c.VolumeName == s.pvsByClaim()[claim.UID][0].Name && c.Code == "OK" {
-				return slices.Sorted(slices.Values(c.Requisite))
+				return slices.Sorted(slices.Values(c.RequisiteList()))
 			}
 		}
 		t.Fatalf("no successful CreateVolume for claim %s", claim.Name)
