@@ -21,7 +21,7 @@ demo: build testenv ## the main job, live under the real control loop (kube-cont
 
 build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/csi-sidecars ./cmd/csi-sidecars
-	$(GO) build -o $(BIN)/csi-test-driver ./internal/testdriver/csi-test-driver
+	$(GO) build -o $(BIN)/csi-test-driver ./internal/testkit/testdriver/csi-test-driver
 
 image: ## build the container image (needs a container engine; not available on the CI machines)
 	docker build --build-arg VERSION=$(VERSION) -t csi-sidecars:$(VERSION) .

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/featuregate"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

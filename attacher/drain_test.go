@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc"
 	storagev1 "k8s.io/api/storage/v1"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/draintest"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/draintest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	csitrans "k8s.io/csi-translation-lib"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 const (

@@ -32,8 +32,8 @@ import (
 	"k8s.io/component-base/metrics"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 const capNS = "kube-system"

@@ -23,7 +23,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // servedWorld is a world whose controller talks to an API server that deletes as the real

@@ -9,8 +9,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/queuenames"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

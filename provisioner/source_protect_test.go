@@ -19,7 +19,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 func TestAClonePutsTheCloningFinalizerOnItsSourceUntilItsVolumeIsRecorded(t *testing.T) {

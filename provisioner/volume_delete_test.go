@@ -16,7 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // pvProtection is kube-controller-manager's finalizer on every PersistentVolume: it keeps

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/snapshotcontroller"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/snapshotcontroller"
 )
 
 // `make demo DEMO_FLAGS="-short -combined"`: every handover is clean and the summaries are

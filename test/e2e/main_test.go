@@ -11,10 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
-	"github.com/csi-sidecars/csi-sidecars/internal/testsidecar"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testsidecar"
 )
 
 var (

@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // The attacher's counterpart of the provisioner's chaos run: every round SIGKILLs the

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 )
 
 // Bad input gets a clear Warning Event or status error and loses nothing, with the four

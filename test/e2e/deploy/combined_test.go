@@ -16,9 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
 	hosted "github.com/csi-sidecars/csi-sidecars/internal/sidecars"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

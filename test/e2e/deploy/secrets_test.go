@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 )
 
 // secretKinds are the Secrets a StorageClass or VolumeSnapshotClass can name, by the

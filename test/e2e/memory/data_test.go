@@ -25,7 +25,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

@@ -13,7 +13,7 @@
 // set, that each of our processes gets ready and leads and leaves the steady data alone.
 //
 // Upstream's binaries are built by TestMain from their tagged modules on the Go module proxy
-// (internal/upstream) and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; when a
+// (internal/testkit/upstream) and cached in ~/.cache/csi-sidecars/upstream/<repo>-<tag>/; when a
 // build fails, the benchmark says so and reports ours only.
 //
 // BenchmarkMemory takes 7-8 minutes on 2 cores with the defaults (two sizes, four rounds of
@@ -31,9 +31,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/upstream"
 )
 
 var (

@@ -12,8 +12,8 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // CSI migration: the test driver registered under the name of the CSI driver that replaces

@@ -12,10 +12,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
-	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/upstream"
 )
 
 const (

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // handover is what happened to one sidecar's Lease at a step of a rolling upgrade, from the

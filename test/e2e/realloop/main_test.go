@@ -1,6 +1,6 @@
 // Package realloop runs the three sidecars (`csi-sidecars provisioner`, `attacher` and
 // `resizer`, one process each, with upstream's default flags) under the real control loop:
-// a real kube-controller-manager and kube-scheduler with fake nodes (internal/cluster), so
+// a real kube-controller-manager and kube-scheduler with fake nodes (internal/testkit/cluster), so
 // that Pods with claims go through their whole life as in a cluster. The scheduler picks a
 // node for each Pod, kube-controller-manager hands the claim to the provisioner, binds it,
 // creates the VolumeAttachment for the attacher, hands growth to the resizer, and detaches
@@ -9,7 +9,7 @@
 // kube-controller-manager or kube-scheduler is not built (`make testenv`).
 //
 // BenchmarkRealControlLoop (make bench) runs the same workload with ours and with upstream's
-// three binaries (internal/upstream builds them from the Go module proxy before the
+// three binaries (internal/testkit/upstream builds them from the Go module proxy before the
 // benchmark starts; when a build fails it measures ours only and says why) and prints them side by side:
 // per-stage latency and throughput, what is left after settling, the API writes per
 // operation from the API server's audit log, and goodput against offered load. Figures are
@@ -31,11 +31,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
-	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/upstream"
 )
 
 var (

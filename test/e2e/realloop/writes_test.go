@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
-	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
-	"github.com/csi-sidecars/csi-sidecars/internal/upstream"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/upstream"
 )
 
 // opKey is an operation of a sidecar.

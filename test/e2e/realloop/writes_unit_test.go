@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
-	"github.com/csi-sidecars/csi-sidecars/internal/cluster"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
 )
 
 // write is an audit event of a write, for countWrites' tests.

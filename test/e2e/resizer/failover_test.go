@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // P1, P2, P7 for the resizer: SIGTERM during slow expansions lets every in-flight

@@ -7,7 +7,7 @@ import (
 
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // As upstream v2.3.0: each ControllerExpandVolume call gets --resize-timeout and each

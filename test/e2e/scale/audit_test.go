@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
 )
 
 // auditUpTo returns the audit log once it holds every request received before now.

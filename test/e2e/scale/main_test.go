@@ -17,9 +17,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/audit"
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 )
 
 var (

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 )
 
 // The benchmarks of `make bench` print figures (b.ReportMetric) and assert none: a failed

@@ -20,7 +20,7 @@ import (
 	// main does: the reference the sidecar's are compared with.
 	_ "k8s.io/component-base/metrics/prometheus/workqueue"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // The CSI methods the snapshotter calls, as csi-lib-utils labels them (method_name).

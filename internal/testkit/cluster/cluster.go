@@ -31,7 +31,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 )
 
 // The binaries Start runs, built next to kube-apiserver by hack/control-plane.sh.

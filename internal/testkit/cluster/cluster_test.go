@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 )
 
 func TestAssetsNamesTheMissingBinaryAndHowToBuildIt(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // options is the parsed command line.

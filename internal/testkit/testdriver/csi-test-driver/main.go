@@ -1,5 +1,5 @@
 // Command csi-test-driver serves the project's fake CSI driver
-// (internal/testdriver) on one or more UNIX sockets that share one in-memory
+// (internal/testkit/testdriver) on one or more UNIX sockets that share one in-memory
 // backend, for end-to-end tests and demos of the sidecars.
 package main
 
@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 func main() {

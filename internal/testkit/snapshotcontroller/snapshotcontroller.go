@@ -29,7 +29,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 )
 
 const (

@@ -30,8 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
-	"github.com/csi-sidecars/csi-sidecars/internal/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
 // Binaries builds csi-sidecars and csi-test-sidecar into a new temporary folder and returns
@@ -41,7 +41,7 @@ func Binaries(root string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, pkg := range []string{"./cmd/csi-sidecars", "./internal/testsidecar/csi-test-sidecar"} {
+	for _, pkg := range []string{"./cmd/csi-sidecars", "./internal/testkit/testsidecar/csi-test-sidecar"} {
 		cmd := exec.Command("go", "build", "-o", dir, pkg)
 		cmd.Dir = root
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
@@ -175,7 +175,7 @@ func (s *Scenario) Start(name string, command []string, extra ...string) *Replic
 	return s.start(name, filepath.Join(s.BinDir, command[0]), command[1:], append([]string{"--leader-election-identity=" + name}, extra...))
 }
 
-// StartUpstream runs an upstream sidecar's binary (a path, such as one internal/upstream
+// StartUpstream runs an upstream sidecar's binary (a path, such as one internal/testkit/upstream
 // built) as replica name with Start's shared flags but the identity, which upstream's
 // sidecars do not have (theirs is the host name): upstream's flags keep these names.
 func (s *Scenario) StartUpstream(name, binary string, extra ...string) *Replica {

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/testsidecar"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testsidecar"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 

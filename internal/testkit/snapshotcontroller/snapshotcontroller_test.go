@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 )
 
 var kube controlplane.Shared

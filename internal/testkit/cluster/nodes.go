@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/csi-sidecars/csi-sidecars/internal/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 )
 
 const (
@@ -31,7 +31,7 @@ const (
 	annCSINodeID = "csi.volume.kubernetes.io/nodeid"
 	// nodeLeaseNamespace holds a Lease per node, renewed by its kubelet.
 	nodeLeaseNamespace = "kube-node-lease"
-	heartbeatMessage   = "heartbeat of a fake node (internal/cluster), no kubelet runs"
+	heartbeatMessage   = "heartbeat of a fake node (internal/testkit/cluster), no kubelet runs"
 )
 
 func defaultNodeCapacity() map[string]string {
