@@ -6,7 +6,7 @@
 //     ControllerExpandVolume (or, for a driver that grows volumes only on the node, the
 //     trivial hand-off to the kubelet), then the PV's capacity and the PVC's status are
 //     recorded as upstream does: conditions, allocatedResources and
-//     allocatedResourceStatuses, RecoverVolumeExpansionFailure's recovery from an infeasible
+//     allocatedResourceStatuses, the recovery from an infeasible
 //     request, the pre-resize-capacity and node-expansion-not-required annotations, events.
 //     An in-tree PV whose plugin is migrated to the driver (CSI migration, csi-translation-lib)
 //     is expanded with the translated volume handle once kube-controller-manager names the

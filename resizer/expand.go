@@ -6,7 +6,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -19,25 +18,23 @@ import (
 // expansionConfig is what the expansion controller is built from.
 type expansionConfig struct {
 	writer
-	expander        expander
-	queueName       string
-	queueMetrics    workqueue.MetricsProvider // nil: client-go's process-wide provider
-	backlog         *lifecycle.Backlog
-	informers       informers.SharedInformerFactory
-	resync          time.Duration
-	retryStart      time.Duration
-	retryMax        time.Duration
-	handleInUse     bool
-	annotateFs      bool
-	recoverFailures bool
+	expander     expander
+	queueName    string
+	queueMetrics workqueue.MetricsProvider // nil: client-go's process-wide provider
+	backlog      *lifecycle.Backlog
+	informers    informers.SharedInformerFactory
+	resync       time.Duration
+	retryStart   time.Duration
+	retryMax     time.Duration
+	handleInUse  bool
+	annotateFs   bool
 }
 
 // expansionController grows the volumes of PVCs that ask for more storage.
 type expansionController struct {
 	writer
-	expander        expander
-	annotateFs      bool
-	recoverFailures bool
+	expander   expander
+	annotateFs bool
 
 	queue *lifecycle.Queue[string]
 	// inUse is nil without --handle-volume-inuse-error.
@@ -52,10 +49,9 @@ type expansionController struct {
 // when in-use errors are handled) and their handlers; handlers only enqueue.
 func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 	c := &expansionController{
-		writer:          cfg.writer,
-		expander:        cfg.expander,
-		annotateFs:      cfg.annotateFs,
-		recoverFailures: cfg.recoverFailures,
+		writer:     cfg.writer,
+		expander:   cfg.expander,
+		annotateFs: cfg.annotateFs,
 		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
 			Metrics: cfg.queueMetrics, Backlog: cfg.backlog}),
 		attempts: newAttempts(cfg.retryMax),
@@ -107,7 +103,7 @@ func (c *expansionController) claimUpdated(oldObj, newObj any) {
 	if newReq.Cmp(oldReq) != 0 || newCap.Cmp(oldCap) != 0 ||
 		old.Annotations[annResizer] != pvc.Annotations[annResizer] ||
 		old.Status.Phase != pvc.Status.Phase ||
-		c.recoverFailures && kubeletResizeStatus(old, pvc) {
+		kubeletResizeStatus(old, pvc) {
 		c.enqueue(pvc)
 	}
 }
@@ -189,12 +185,7 @@ func (c *expansionController) sync(key string) error {
 		return nil
 	}
 
-	var plan expansion
-	if c.recoverFailures {
-		plan = planExpansion(pvc, pv, c.expander.controllerExpands(), c.attempts.finalError(key))
-	} else {
-		plan = planLegacyExpansion(pvc, pv)
-	}
+	plan := planExpansion(pvc, pv, c.expander.controllerExpands(), c.attempts.finalError(key))
 	if plan.wait {
 		return nil
 	}
@@ -241,7 +232,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 		logger.V(2).Info("Volume expanded already, recording it", "pv", pv.Name, "size", plan.size.String())
 	} else {
 		var err error
-		if pvc, err = c.startClaim(pvc, markInProgress(pvc, plan, c.recoverFailures)); err != nil {
+		if pvc, err = c.startClaim(pvc, markInProgress(pvc, plan)); err != nil {
 			return fmt.Errorf("marking the resize in progress: %w", err)
 		}
 		c.recorder.Eventf(pvc, v1.EventTypeNormal, reasonResizing, "External resizer is resizing volume %s", pv.Name)
@@ -272,7 +263,7 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 		return err
 	}
 	if nodeExpansion {
-		if _, err := c.patchClaim(pvc, markNodePending(pvc, c.recoverFailures), true); err != nil {
+		if _, err := c.patchClaim(pvc, markNodePending(pvc), true); err != nil {
 			return c.markFailed(pvc, fmt.Errorf("mark PVC %q as node expansion required failed: %w", key, err))
 		}
 		c.attempts.recorded(key)
@@ -290,12 +281,9 @@ func (c *expansionController) expand(logger klog.Logger, key string, pvc *v1.Per
 }
 
 // markFailed reports that the volume was expanded but recording it on the PVC failed, as
-// upstream: a VolumeResizeFailed event (without RecoverVolumeExpansionFailure upstream
-// leaves conflicts out, as retried silently), and err for a retry.
+// upstream: a VolumeResizeFailed event, and err for a retry.
 func (c *expansionController) markFailed(pvc *v1.PersistentVolumeClaim, err error) error {
-	if c.recoverFailures || !apierrors.IsConflict(err) {
-		c.recorder.Event(pvc, v1.EventTypeWarning, reasonResizeFailed, err.Error())
-	}
+	c.recorder.Event(pvc, v1.EventTypeWarning, reasonResizeFailed, err.Error())
 	return err
 }
 
@@ -315,13 +303,13 @@ func (c *expansionController) recordFailure(key string, pvc *v1.PersistentVolume
 	}
 	err := fmt.Errorf("resize volume %q by resizer %q failed: %w", pv.Name, c.driver, callErr)
 	if final {
-		if _, werr := c.patchClaim(pvc, markFailed(pvc, callErr, infeasible, c.recoverFailures), false); werr != nil {
+		if _, werr := c.patchClaim(pvc, markFailed(pvc, callErr, infeasible), false); werr != nil {
 			err = fmt.Errorf("resizing failed in controller with %w but failed to update PVC %s with: %v", callErr, key, werr)
 		}
 	}
 	c.recorder.Event(pvc, v1.EventTypeWarning, reasonResizeFailed, err.Error())
 	switch {
-	case infeasible && c.recoverFailures:
+	case infeasible:
 		// Retried slowly, or at once when the user changes the request.
 		c.queue.AddAfter(key, c.attempts.retryMax)
 		return nil

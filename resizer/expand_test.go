@@ -21,7 +21,6 @@ import (
 type expansionOpts struct {
 	trivial     bool
 	handleInUse bool
-	legacy      bool          // RecoverVolumeExpansionFailure off
 	retryStart  time.Duration // default 1ms
 }
 
@@ -125,7 +124,7 @@ func newExpansionFixtureWith(t *testing.T, f *fixture, o expansionOpts, objs ...
 	c, err := newExpansionController(expansionConfig{
 		writer: f.w, expander: exp, informers: f.factory,
 		retryStart: o.retryStart, retryMax: time.Minute,
-		handleInUse: o.handleInUse, annotateFs: true, recoverFailures: !o.legacy,
+		handleInUse: o.handleInUse, annotateFs: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -319,25 +318,6 @@ func TestExpansionIgnores(t *testing.T) {
 	}
 }
 
-// Without RecoverVolumeExpansionFailure, allocatedResources and their statuses are not written.
-func TestLegacyExpansion(t *testing.T) {
-	f := newFixture(t, testdriver.Config{})
-	id := f.createVolume("vol", gi(1))
-	pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-	f, c := newExpansionFixtureWith(t, f, expansionOpts{legacy: true}, pvc, pv)
-	f.start()
-	if err := c.sync("ns/claim"); err != nil {
-		t.Fatal(err)
-	}
-	got := f.pvc("claim")
-	if got.Status.AllocatedResources != nil || got.Status.AllocatedResourceStatuses != nil {
-		t.Errorf("allocated fields written with the gate off: %v %v", got.Status.AllocatedResources, got.Status.AllocatedResourceStatuses)
-	}
-	if capacity := got.Status.Capacity[v1.ResourceStorage]; capacity.Cmp(resource.MustParse("2Gi")) != 0 {
-		t.Errorf("capacity %s, want 2Gi", capacity.String())
-	}
-}
-
 // The controller-expand secret named on the PV is read and a missing one stops the call.
 func TestExpansionSecrets(t *testing.T) {
 	f := newFixture(t, testdriver.Config{})
@@ -366,29 +346,25 @@ func TestExpansionSecrets(t *testing.T) {
 }
 
 // The volume was expanded but the PVC could not be marked: VolumeResizeFailed with the
-// error, as upstream (which, without RecoverVolumeExpansionFailure, leaves conflicts out),
-// and no success event. The sync fails, so the PVC is retried.
+// error, as upstream, and no success event. The sync fails, so the PVC is retried.
 func TestExpansionRecordingFailureIsAnEvent(t *testing.T) {
 	conflict := apierrors.NewConflict(schema.GroupResource{Resource: "persistentvolumeclaims"}, "claim", errors.New("injected"))
 	internal := apierrors.NewInternalError(errors.New("injected"))
 	for _, tc := range []struct {
 		name          string
 		nodeExpansion bool
-		legacy        bool
 		err           error
 		wantEvent     string // "" for none
 	}{
 		{name: "finished, write fails", err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
 		{name: "node expansion required, write fails", nodeExpansion: true, err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as node expansion required failed`},
 		{name: "conflict", err: conflict, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
-		{name: "legacy, write fails", legacy: true, err: internal, wantEvent: `Warning VolumeResizeFailed mark PVC "ns/claim" as resize finished failed`},
-		{name: "legacy, conflict: retried silently", legacy: true, err: conflict},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, testdriver.Config{NodeExpansionRequired: tc.nodeExpansion})
 			id := f.createVolume("vol", gi(1))
 			pvc, pv := boundPair("claim", id, "2Gi", "1Gi")
-			f, c := newExpansionFixtureWith(t, f, expansionOpts{legacy: tc.legacy}, pvc, pv)
+			f, c := newExpansionFixtureWith(t, f, expansionOpts{}, pvc, pv)
 			f.start()
 			// Every PVC write after the driver expanded the volume fails.
 			f.kube.PrependReactor("patch", "persistentvolumeclaims", func(k8stesting.Action) (bool, runtime.Object, error) {

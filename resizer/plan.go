@@ -92,17 +92,6 @@ func planExpansion(pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, contr
 	return expansion{size: size, sameAsAllocated: hasAllocated && allocated.Cmp(size) == 0}
 }
 
-// planLegacyExpansion is the decision without RecoverVolumeExpansionFailure: always the
-// request, and nothing while the node finishes a resize the PV already covers.
-func planLegacyExpansion(pvc *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) expansion {
-	request := pvc.Spec.Resources.Requests[v1.ResourceStorage]
-	pvSize := pv.Spec.Capacity[v1.ResourceStorage]
-	if pvSize.Cmp(request) >= 0 && hasFileSystemResizePending(pvc) {
-		return expansion{wait: true}
-	}
-	return expansion{size: request}
-}
-
 func hasFileSystemResizePending(pvc *v1.PersistentVolumeClaim) bool {
 	for _, c := range pvc.Status.Conditions {
 		if c.Type == v1.PersistentVolumeClaimFileSystemResizePending && c.Status == v1.ConditionTrue {
@@ -130,12 +119,13 @@ func isResizeCondition(t v1.PersistentVolumeClaimConditionType) bool {
 }
 
 // Status changes of a resize, each a pure function from the current PVC to the one to
-// record. recover says whether RecoverVolumeExpansionFailure's fields are written.
+// record, with the fields of the recovery from expansion failures (allocatedResources,
+// allocatedResourceStatuses), always on since upstream v2.3.0.
 
 // markInProgress: Resizing before the driver is called, with the size it will be asked for
 // recorded in allocatedResources first, so a lowered request never loses track of what the
 // driver may be doing.
-func markInProgress(pvc *v1.PersistentVolumeClaim, e expansion, recover bool) *v1.PersistentVolumeClaim {
+func markInProgress(pvc *v1.PersistentVolumeClaim, e expansion) *v1.PersistentVolumeClaim {
 	out := pvc.DeepCopy()
 	conds := out.Status.Conditions
 	if !e.sameAsAllocated {
@@ -144,27 +134,23 @@ func markInProgress(pvc *v1.PersistentVolumeClaim, e expansion, recover bool) *v
 	}
 	out.Status.Conditions = setCondition(conds, newCondition(v1.PersistentVolumeClaimResizing, ""))
 	delete(out.Annotations, annNodeExpansionNotRequired)
-	if recover {
-		if !e.sameAsAllocated {
-			setResizeStatus(out, v1.PersistentVolumeClaimControllerResizeInProgress)
-		}
-		if out.Status.AllocatedResources == nil {
-			out.Status.AllocatedResources = v1.ResourceList{}
-		}
-		out.Status.AllocatedResources[v1.ResourceStorage] = e.size
+	if !e.sameAsAllocated {
+		setResizeStatus(out, v1.PersistentVolumeClaimControllerResizeInProgress)
 	}
+	if out.Status.AllocatedResources == nil {
+		out.Status.AllocatedResources = v1.ResourceList{}
+	}
+	out.Status.AllocatedResources[v1.ResourceStorage] = e.size
 	return out
 }
 
 // markNodePending: the controller part is done, the kubelet must grow the file system.
-func markNodePending(pvc *v1.PersistentVolumeClaim, recover bool) *v1.PersistentVolumeClaim {
+func markNodePending(pvc *v1.PersistentVolumeClaim) *v1.PersistentVolumeClaim {
 	out := pvc.DeepCopy()
 	out.Status.Conditions = setCondition(out.Status.Conditions, newCondition(v1.PersistentVolumeClaimFileSystemResizePending,
 		"Waiting for user to (re-)start a pod to finish file system resize of volume on node."))
 	delete(out.Annotations, annNodeExpansionNotRequired)
-	if recover {
-		setResizeStatus(out, v1.PersistentVolumeClaimNodeResizePending)
-	}
+	setResizeStatus(out, v1.PersistentVolumeClaimNodeResizePending)
 	return out
 }
 
@@ -189,11 +175,11 @@ func markFinished(pvc *v1.PersistentVolumeClaim, size resource.Quantity) *v1.Per
 
 // markFailed: the controller call ended with a final error; infeasible ones are recorded
 // as ControllerResizeInfeasible so the user may lower the request.
-func markFailed(pvc *v1.PersistentVolumeClaim, err error, infeasible, recover bool) *v1.PersistentVolumeClaim {
+func markFailed(pvc *v1.PersistentVolumeClaim, err error, infeasible bool) *v1.PersistentVolumeClaim {
 	out := pvc.DeepCopy()
 	out.Status.Conditions = setCondition(out.Status.Conditions, newCondition(v1.PersistentVolumeClaimControllerResizeError,
 		"failed to expand pvc with "+err.Error()))
-	if recover && infeasible {
+	if infeasible {
 		setResizeStatus(out, v1.PersistentVolumeClaimControllerResizeInfeasible)
 	}
 	return out

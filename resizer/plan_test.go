@@ -86,28 +86,17 @@ func TestPlanExpansion(t *testing.T) {
 	}
 }
 
-// Without RecoverVolumeExpansionFailure the request is taken, unless the node is finishing.
-func TestPlanLegacyExpansion(t *testing.T) {
-	if got := planLegacyExpansion(claimState("2Gi", "1Gi", "", "", true), volumeOf("2Gi")); !got.wait {
-		t.Errorf("FileSystemResizePending with the PV expanded: want wait, got %+v", got)
-	}
-	got := planLegacyExpansion(claimState("2Gi", "1Gi", "", "", false), volumeOf("1Gi"))
-	if got.wait || got.size.String() != "2Gi" {
-		t.Errorf("want 2Gi, got %+v", got)
-	}
-}
-
 // Repeating a status step changes nothing, so no write is sent.
 func TestStatusStepsAreIdempotent(t *testing.T) {
 	pvc := claimState("2Gi", "1Gi", "", "", false)
 	plan := planExpansion(pvc, volumeOf("1Gi"), true, false)
-	once := markInProgress(pvc, plan, true)
-	again := markInProgress(once, planExpansion(once, volumeOf("1Gi"), true, false), true)
+	once := markInProgress(pvc, plan)
+	again := markInProgress(once, planExpansion(once, volumeOf("1Gi"), true, false))
 	if p, err := twoWayPatch(once, again, &v1.PersistentVolumeClaim{}, true, "1"); err != nil || p != nil {
 		t.Errorf("marking in progress twice: patch %s, err %v; want none", p, err)
 	}
-	failed := markFailed(once, errTest("boom"), false, true)
-	if p, _ := twoWayPatch(failed, markFailed(failed, errTest("boom"), false, true), &v1.PersistentVolumeClaim{}, false, ""); p != nil {
+	failed := markFailed(once, errTest("boom"), false)
+	if p, _ := twoWayPatch(failed, markFailed(failed, errTest("boom"), false), &v1.PersistentVolumeClaim{}, false, ""); p != nil {
 		t.Errorf("recording the same failure twice: patch %s, want none", p)
 	}
 	if p, _ := twoWayPatch(once, markFinished(once, resource.MustParse("2Gi")), &v1.PersistentVolumeClaim{}, true, "7"); p == nil {

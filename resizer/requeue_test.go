@@ -121,13 +121,11 @@ func TestExpansionEnqueuesKubeletResizeStatus(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		from, to v1.ClaimResourceStatus
-		legacy   bool
 		want     bool
 	}{
 		{name: "kubelet: node expansion infeasible", from: nodeProgress, to: nodeInfeasible, want: true},
 		{name: "kubelet: infeasible straight from pending", from: nodePending, to: nodeInfeasible, want: true},
 		{name: "kubelet: node expansion started", from: nodePending, to: nodeProgress, want: true},
-		{name: "without RecoverVolumeExpansionFailure", from: nodeProgress, to: nodeInfeasible, legacy: true},
 		{name: "unchanged", from: nodeInfeasible, to: nodeInfeasible},
 		{name: "ours: controller resize started", from: none, to: controllerProgress},
 		{name: "ours: controller resize infeasible", from: controllerProgress, to: controllerInfeasble},
@@ -136,7 +134,7 @@ func TestExpansionEnqueuesKubeletResizeStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, testdriver.Config{})
-			_, c := newExpansionFixtureWith(t, f, expansionOpts{legacy: tc.legacy})
+			_, c := newExpansionFixtureWith(t, f, expansionOpts{})
 			old, _ := boundPair("claim", "vol", "2Gi", "1Gi")
 			old.ResourceVersion = "1"
 			set := func(pvc *v1.PersistentVolumeClaim, s v1.ClaimResourceStatus) {

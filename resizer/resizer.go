@@ -171,18 +171,17 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if caps.expand != nil {
 		logger.Info("Volume expansion enabled", "mode", caps.expand.mode(), "queue", expandQueue)
 		s.expansion, err = newExpansionController(expansionConfig{
-			writer:          base.withCallTimeout(expandTimeout),
-			expander:        caps.expand,
-			queueName:       expandQueue,
-			queueMetrics:    s.queueMetrics,
-			backlog:         env.Backlog,
-			informers:       env.Informers,
-			resync:          s.resync,
-			retryStart:      s.retryStart,
-			retryMax:        s.retryMax,
-			handleInUse:     s.handleInUse,
-			annotateFs:      env.Gates.Enabled(AnnotateFsResize),
-			recoverFailures: true,
+			writer:       base.withCallTimeout(expandTimeout),
+			expander:     caps.expand,
+			queueName:    expandQueue,
+			queueMetrics: s.queueMetrics,
+			backlog:      env.Backlog,
+			informers:    env.Informers,
+			resync:       s.resync,
+			retryStart:   s.retryStart,
+			retryMax:     s.retryMax,
+			handleInUse:  s.handleInUse,
+			annotateFs:   env.Gates.Enabled(AnnotateFsResize),
 		})
 		if err != nil {
 			return err
