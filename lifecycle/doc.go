@@ -5,7 +5,7 @@
 // the exit code. It is the only package that knows about process lifetime.
 //
 // A sidecar implements Sidecar and never handles signals, Leases or os.Exit. The core keeps
-// these promises for every sidecar it hosts (the README states them for users):
+// these promises for every sidecar it hosts (docs/promises.md states them for users):
 //
 //   - P1: the first SIGTERM/SIGINT cancels only the intake context handed to Sidecar.Run;
 //     in-flight operations run on Env.Ops(), which the signal does not cancel.
@@ -35,7 +35,7 @@
 //
 // How a replica ends (each way is a row: drained, fenced, a drain deadline with or without
 // calls in the driver, the driver lost, a standby stopping...) and what that means for the
-// exit code and the Lease is decided in one table, endings in member.go, which the README
+// exit code and the Lease is decided in one table, endings in member.go, which docs/promises.md
 // shows (a test keeps the two equal); nothing else sets an exit code or releases a Lease.
 // When one of several hosted sidecars ends on its own, the process stops: the others drain
 // and release, and the exit code is the worst of them.

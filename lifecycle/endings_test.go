@@ -6,15 +6,15 @@ import (
 	"testing"
 )
 
-// The README's endings table is the one in member.go, row for row: every ending is a row,
-// and no other place decides an exit code or the Lease.
-func TestTheREADMEShowsTheEndingsTable(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// The endings table of docs/promises.md is the one in member.go, row for row: every ending
+// is a row, and no other place decides an exit code or the Lease.
+func TestThePromisesShowTheEndingsTable(t *testing.T) {
+	readme, err := os.ReadFile("../docs/promises.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := endingsTable(); !strings.Contains(string(readme), want) {
-		t.Errorf("README.md does not show the endings table; want exactly:\n%s", want)
+		t.Errorf("docs/promises.md does not show the endings table; want exactly:\n%s", want)
 	}
 	for end, e := range endings {
 		if e.what == "" {

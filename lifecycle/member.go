@@ -61,13 +61,13 @@ func (f leaseFate) String() string {
 // running in the driver: Run has returned, so every worker has finished its call. Otherwise
 // it is left to expire, so that no other replica calls the driver for a volume while the
 // driver may still work on this one's call (P3, P6, P11). A lost Lease is not ours to write
-// at all. The README's table is this one (TestTheREADMEShowsTheEndingsTable).
+// at all. The table of docs/promises.md is this one (TestThePromisesShowTheEndingsTable).
 var endings = [...]struct {
 	code  int
 	lease leaseFate
 	// outcome is the label of csi_sidecars_drain_duration_seconds when the Lease is kept.
 	outcome string
-	// what is the row's first column in the README.
+	// what is the row's first column in docs/promises.md.
 	what string
 }{
 	endDrained:       {ExitOK, leaseReleased, "", "clean drain after SIGTERM/SIGINT"},
@@ -85,7 +85,7 @@ var endings = [...]struct {
 	endStandbyDriverLost: {ExitError, leaseNotHeld, "", "CSI driver lost while not leading"},
 }
 
-// endingsTable is the endings table in Markdown, as the README shows it.
+// endingsTable is the endings table in Markdown, as docs/promises.md shows it.
 func endingsTable() string {
 	var b strings.Builder
 	b.WriteString("| term ended by | exit | Lease |\n|---|---|---|\n")
