@@ -3,13 +3,10 @@ package resizer
 import (
 	"context"
 	"fmt"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -17,17 +14,10 @@ import (
 
 // expansionConfig is what the expansion controller is built from.
 type expansionConfig struct {
-	writer
-	expander     expander
-	queueName    string
-	queueMetrics workqueue.MetricsProvider // nil: client-go's process-wide provider
-	backlog      *lifecycle.Backlog
-	informers    informers.SharedInformerFactory
-	resync       time.Duration
-	retryStart   time.Duration
-	retryMax     time.Duration
-	handleInUse  bool
-	annotateFs   bool
+	controllerConfig
+	expander    expander
+	handleInUse bool
+	annotateFs  bool
 }
 
 // expansionController grows the volumes of PVCs that ask for more storage.
@@ -52,9 +42,8 @@ func newExpansionController(cfg expansionConfig) (*expansionController, error) {
 		writer:     cfg.writer,
 		expander:   cfg.expander,
 		annotateFs: cfg.annotateFs,
-		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
-			Metrics: cfg.queueMetrics, Backlog: cfg.backlog}),
-		attempts: newAttempts(cfg.retryMax),
+		queue:      cfg.newQueue(),
+		attempts:   newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them).
 	pvcInformer := cfg.informers.Core().V1().PersistentVolumeClaims()

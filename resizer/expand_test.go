@@ -122,9 +122,8 @@ func newExpansionFixtureWith(t *testing.T, f *fixture, o expansionOpts, objs ...
 		o.retryStart = time.Millisecond
 	}
 	c, err := newExpansionController(expansionConfig{
-		writer: f.w, expander: exp, informers: f.factory,
-		retryStart: o.retryStart, retryMax: time.Minute,
-		handleInUse: o.handleInUse, annotateFs: true,
+		controllerConfig: controllerConfig{writer: f.w, informers: f.factory, retryStart: o.retryStart, retryMax: time.Minute},
+		expander:         exp, handleInUse: o.handleInUse, annotateFs: true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -14,11 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -34,15 +31,8 @@ const (
 
 // modifyConfig is what the modify controller is built from.
 type modifyConfig struct {
-	writer
+	controllerConfig
 	modifier      *modifier
-	queueName     string
-	queueMetrics  workqueue.MetricsProvider // nil: client-go's process-wide provider
-	backlog       *lifecycle.Backlog
-	informers     informers.SharedInformerFactory
-	resync        time.Duration
-	retryStart    time.Duration
-	retryMax      time.Duration
 	extraMetadata bool
 }
 
@@ -68,9 +58,8 @@ func newModifyController(cfg modifyConfig) (*modifyController, error) {
 		writer:        cfg.writer,
 		modifier:      cfg.modifier,
 		extraMetadata: cfg.extraMetadata,
-		queue: lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
-			Metrics: cfg.queueMetrics, Backlog: cfg.backlog}),
-		attempts: newAttempts(cfg.retryMax),
+		queue:         cfg.newQueue(),
+		attempts:      newAttempts(cfg.retryMax),
 	}
 	// The writer reads PVCs and PVs through these informers (newWriter registered them);
 	// the lister only serves classAdded's scan.

@@ -51,8 +51,8 @@ func newModifyFixtureRetry(t *testing.T, f *fixture, extra bool, retryStart time
 	t.Helper()
 	f.add(objs...)
 	c, err := newModifyController(modifyConfig{
-		writer: f.w, modifier: &modifier{client: f.controllerClient(), kube: f.kube}, informers: f.factory,
-		retryStart: retryStart, retryMax: time.Minute, extraMetadata: extra,
+		controllerConfig: controllerConfig{writer: f.w, informers: f.factory, retryStart: retryStart, retryMax: time.Minute},
+		modifier:         &modifier{client: f.controllerClient(), kube: f.kube}, extraMetadata: extra,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -642,8 +642,8 @@ func TestModifySecrets(t *testing.T) {
 			rec := &secretRecorder{ControllerClient: f.controllerClient()}
 			f.add(pvc, pv, class("silver", "100"), class("gold", "500"), secret("secrets", "expand", "expand"), secret("secrets", "modify", "modify"))
 			c, err := newModifyController(modifyConfig{
-				writer: f.w, modifier: &modifier{client: rec, kube: f.kube}, informers: f.factory,
-				retryStart: time.Millisecond, retryMax: time.Minute,
+				controllerConfig: controllerConfig{writer: f.w, informers: f.factory, retryStart: time.Millisecond, retryMax: time.Minute},
+				modifier:         &modifier{client: rec, kube: f.kube},
 			})
 			if err != nil {
 				t.Fatal(err)

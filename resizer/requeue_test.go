@@ -44,8 +44,8 @@ func TestPVNotYetCachedIsRetried(t *testing.T) {
 				pvc.Status.CurrentVolumeAttributesClassName = ptr.To("silver")
 				f.add(class("silver", "100"), class("gold", "500"))
 				c, err := newModifyController(modifyConfig{
-					writer: f.w, modifier: &modifier{client: f.controllerClient(), kube: f.kube}, informers: f.factory,
-					retryStart: time.Millisecond, retryMax: time.Minute,
+					controllerConfig: controllerConfig{writer: f.w, informers: f.factory, retryStart: time.Millisecond, retryMax: time.Minute},
+					modifier:         &modifier{client: f.controllerClient(), kube: f.kube},
 				})
 				if err != nil {
 					t.Fatal(err)

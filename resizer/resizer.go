@@ -166,22 +166,17 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		return err
 	}
 	expandTimeout, modifyTimeout := s.callTimeouts()
+	shared := controllerConfig{queueMetrics: s.queueMetrics, backlog: env.Backlog, informers: env.Informers,
+		resync: s.resync, retryStart: s.retryStart, retryMax: s.retryMax}
 
 	expandQueue, modifyQueue := queueNames(env.DriverName, caps.expand != nil)
 	if caps.expand != nil {
 		logger.Info("Volume expansion enabled", "mode", caps.expand.mode(), "queue", expandQueue)
 		s.expansion, err = newExpansionController(expansionConfig{
-			writer:       base.withCallTimeout(expandTimeout),
-			expander:     caps.expand,
-			queueName:    expandQueue,
-			queueMetrics: s.queueMetrics,
-			backlog:      env.Backlog,
-			informers:    env.Informers,
-			resync:       s.resync,
-			retryStart:   s.retryStart,
-			retryMax:     s.retryMax,
-			handleInUse:  s.handleInUse,
-			annotateFs:   env.Gates.Enabled(AnnotateFsResize),
+			controllerConfig: shared.forController(base.withCallTimeout(expandTimeout), expandQueue),
+			expander:         caps.expand,
+			handleInUse:      s.handleInUse,
+			annotateFs:       env.Gates.Enabled(AnnotateFsResize),
 		})
 		if err != nil {
 			return err
@@ -190,16 +185,9 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if caps.modify != nil {
 		logger.Info("Volume modification enabled", "queue", modifyQueue)
 		s.modification, err = newModifyController(modifyConfig{
-			writer:        base.withCallTimeout(modifyTimeout),
-			modifier:      caps.modify,
-			queueName:     modifyQueue,
-			queueMetrics:  s.queueMetrics,
-			backlog:       env.Backlog,
-			informers:     env.Informers,
-			resync:        s.resync,
-			retryStart:    s.retryStart,
-			retryMax:      s.retryMax,
-			extraMetadata: s.extraModifyMetadata,
+			controllerConfig: shared.forController(base.withCallTimeout(modifyTimeout), modifyQueue),
+			modifier:         caps.modify,
+			extraMetadata:    s.extraModifyMetadata,
 		})
 		if err != nil {
 			return err

@@ -58,6 +58,32 @@ type writer struct {
 	intake context.Context
 }
 
+// controllerConfig is what the expansion and the modify controller are both built from,
+// besides their own parts: the writer (with the controller's call timeout), the queue's
+// name and settings, and the informers.
+type controllerConfig struct {
+	writer
+	queueName    string
+	queueMetrics workqueue.MetricsProvider // nil: client-go's process-wide provider
+	backlog      *lifecycle.Backlog
+	informers    informers.SharedInformerFactory
+	resync       time.Duration
+	retryStart   time.Duration
+	retryMax     time.Duration
+}
+
+// forController is cfg for one controller: its writer and its queue's name.
+func (cfg controllerConfig) forController(w writer, queueName string) controllerConfig {
+	cfg.writer, cfg.queueName = w, queueName
+	return cfg
+}
+
+// newQueue is the controller's queue, with upstream's retry backoff.
+func (cfg controllerConfig) newQueue() *lifecycle.Queue[string] {
+	return lifecycle.NewQueue[string](lifecycle.QueueOptions{Name: cfg.queueName, RetryStart: cfg.retryStart, RetryMax: cfg.retryMax,
+		Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
+}
+
 // newWriter builds the writer both controllers share, reading PVCs and PVs from factory.
 func newWriter(kube kubernetes.Interface, ops func() context.Context, recorder record.EventRecorder, driver string, factory informers.SharedInformerFactory) (writer, error) {
 	logger := klog.FromContext(ops())
