@@ -180,10 +180,57 @@ func (r Release) build(out string) error {
 	if err := copyTree(mod, src); err != nil {
 		return fmt.Errorf("upstream: building %s: %w", r, err)
 	}
+	if err := r.replaceMissingDirs(src); err != nil {
+		return err
+	}
 	build := exec.Command("go", "build", "-trimpath", "-ldflags=-X main.version="+r.Tag, "-o", out, "./cmd/"+r.Cmd)
 	build.Dir, build.Env = src, goEnv()
 	if output, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("upstream: go build ./cmd/%s of %s: %w\n%s", r.Cmd, r, err, output)
+	}
+	return nil
+}
+
+// replaceMissingDirs points the replace directives of the module in src whose target is a
+// folder the module's zip does not hold (a nested module, such as external-snapshotter's
+// ./client, has a zip of its own) at the module proxy instead: a module of the same
+// repository at r.Tag, any other at the version go.mod requires.
+func (r Release) replaceMissingDirs(src string) error {
+	read := exec.Command("go", "mod", "edit", "-json")
+	read.Dir, read.Env = src, goEnv()
+	out, err := read.Output()
+	if err != nil {
+		return fmt.Errorf("upstream: reading the go.mod of %s: %w", r, err)
+	}
+	var mod struct {
+		Replace []struct {
+			Old, New struct{ Path, Version string }
+		}
+	}
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return fmt.Errorf("upstream: reading the go.mod of %s: %w", r, err)
+	}
+	repo := path.Join(path.Dir(strings.TrimSuffix(r.Module, "/"+path.Base(r.Module))), r.Repo())
+	var args []string
+	for _, rep := range mod.Replace {
+		if rep.New.Version != "" {
+			continue // a module of the proxy already
+		}
+		if _, err := os.Stat(filepath.Join(src, filepath.FromSlash(rep.New.Path))); err == nil {
+			continue
+		}
+		args = append(args, "-dropreplace="+rep.Old.Path)
+		if strings.HasPrefix(rep.Old.Path, repo+"/") {
+			args = append(args, "-require="+rep.Old.Path+"@"+r.Tag)
+		}
+	}
+	if len(args) == 0 {
+		return nil
+	}
+	edit := exec.Command("go", append([]string{"mod", "edit"}, args...)...)
+	edit.Dir, edit.Env = src, goEnv()
+	if output, err := edit.CombinedOutput(); err != nil {
+		return fmt.Errorf("upstream: go mod edit %v of %s: %w\n%s", args, r, err, output)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,5 +91,39 @@ func TestEveryReleaseDownloadsWithItsCommand(t *testing.T) {
 		if goFiles, _ := filepath.Glob(filepath.Join(dir, "cmd", r.Cmd, "*.go")); len(goFiles) == 0 {
 			t.Errorf("%s: no Go files in cmd/%s of %s", r, r.Cmd, dir)
 		}
+	}
+}
+
+// external-snapshotter's go.mod replaces its client module with the folder ./client, a
+// nested module its zip does not hold: the build's copy requires that module from the
+// proxy at the release's tag instead, and the command's packages then load.
+func TestANestedModuleReplacedByAFolderComesFromTheProxyAtTheTag(t *testing.T) {
+	if testing.Short() {
+		t.Skip("downloads modules")
+	}
+	r := Snapshotter()
+	mod, err := r.Download()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := copyTree(mod, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.replaceMissingDirs(src); err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(src, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := "github.com/kubernetes-csi/external-snapshotter/client/v8"
+	if strings.Contains(string(gomod), client+" => ./client") || !strings.Contains(string(gomod), client+" "+r.Tag) {
+		t.Errorf("go.mod still replaces %s by ./client, or does not require it at %s:\n%s", client, r.Tag, gomod)
+	}
+	list := exec.Command("go", "list", "./cmd/"+r.Cmd)
+	list.Dir, list.Env = src, goEnv()
+	if out, err := list.CombinedOutput(); err != nil {
+		t.Errorf("go list ./cmd/%s: %v\n%s", r.Cmd, err, out)
 	}
 }
