@@ -67,14 +67,17 @@ func NamesOf(releases []Release) string {
 	return strings.Join(names, ", ")
 }
 
-// Repo is the repository's name under github.com/kubernetes-csi: Module's last element
-// that is not a major-version suffix.
-func (r Release) Repo() string {
+// Repo is the repository's name under github.com/kubernetes-csi: the last element of
+// repoPath.
+func (r Release) Repo() string { return path.Base(r.repoPath()) }
+
+// repoPath is the repository's module path: Module without its major-version suffix.
+func (r Release) repoPath() string {
 	base := path.Base(r.Module)
 	if len(base) > 1 && base[0] == 'v' && strings.Trim(base[1:], "0123456789") == "" {
-		return path.Base(path.Dir(r.Module))
+		return path.Dir(r.Module)
 	}
-	return base
+	return r.Module
 }
 
 func (r Release) String() string { return r.Repo() + " " + r.Tag }
@@ -210,7 +213,7 @@ func (r Release) replaceMissingDirs(src string) error {
 	if err := json.Unmarshal(out, &mod); err != nil {
 		return fmt.Errorf("upstream: reading the go.mod of %s: %w", r, err)
 	}
-	repo := path.Join(path.Dir(strings.TrimSuffix(r.Module, "/"+path.Base(r.Module))), r.Repo())
+	repo := r.repoPath()
 	var args []string
 	for _, rep := range mod.Replace {
 		if rep.New.Version != "" {
