@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,5 +129,56 @@ func TestRESTClientMetricsArePerSidecarAndTheBudgetStillPaces(t *testing.T) {
 	}
 	if s := series("rest_client_rate_limiter_duration_seconds", map[string]string{"sidecar": "resizer"}); len(s) != 0 {
 		t.Errorf("a client without a budget reports rate-limiter waits: %v", s)
+	}
+}
+
+// P1, P14 through a real client: the budget now waits in the transport, and a request
+// that would start work (StartingWork) still waits there behind its class, ends when
+// intake ends, is never sent, and is recognised as not started.
+func TestAStartingRequestWaitingInTheTransportEndsWithIntake(t *testing.T) {
+	var sent atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}`))
+	}))
+	defer srv.Close()
+	b := newBudget(5, 1)
+	// No dispatcher: every request waits for a token until its context ends.
+	b.mu.Lock()
+	b.started = true
+	b.mu.Unlock()
+	kube, err := kubernetes.NewForConfig(newRestMetrics(k8smetrics.NewKubeRegistry()).client(&rest.Config{Host: srv.URL}, "provisioner", b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	intake, endIntake := context.WithCancel(context.Background())
+	ctx, cancel := StartingWork(context.Background(), intake)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := kube.CoreV1().Namespaces().Get(ctx, "x", metav1.GetOptions{})
+		done <- err
+	}()
+	for waiting, start := 0, time.Now(); waiting == 0; {
+		if time.Since(start) > time.Minute {
+			t.Fatal("the request never waited for the budget as one that starts work")
+		}
+		time.Sleep(time.Millisecond)
+		b.mu.Lock()
+		waiting = len(b.waiting[classStarting])
+		b.mu.Unlock()
+	}
+	endIntake()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the request still waits for a token a minute after intake ended")
+	}
+	if err == nil || !NotStarted(IfNotStarted(ctx, err)) {
+		t.Errorf("the request ended with %v; want an error IfNotStarted recognises as not started", err)
+	}
+	if n := sent.Load(); n != 0 {
+		t.Errorf("the server received %d requests; a request whose intake ended waiting must not be sent", n)
 	}
 }
