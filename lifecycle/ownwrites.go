@@ -29,7 +29,9 @@ import (
 // an entry goes as soon as the informer shows its version or a newer one.
 //
 // Echo tells an informer event of the sidecar's own write from a change by someone else,
-// and Gone records an object that a write found deleted.
+// Gone records an object that a write found deleted, and Took a step of the sidecar's work
+// on an object that the object itself does not show (a driver call whose result is not
+// written yet).
 type OwnWrites[T runtime.Object] struct {
 	cache cache.MutationCache
 	// indexer is the informer's, for ByIndex and creations (NewOwnCreations); nil otherwise.
@@ -52,6 +54,17 @@ type OwnWrites[T runtime.Object] struct {
 	// used first out. Unlike the mutation cache's entries it outlives the informer's
 	// catching up: the event of the write comes after that.
 	versions *utilcache.LRUExpireCache
+	// steps holds the steps this sidecar took on each object (Took), until the informer
+	// shows the object deleted.
+	steps map[step]struct{}
+}
+
+// step is one step of a sidecar's work on one object: another object of the same name is
+// other work.
+type step struct {
+	key  string
+	uid  types.UID
+	name string
 }
 
 // version is an object's UID and resourceVersion as the last write of it returned.
@@ -105,6 +118,7 @@ func ownWritesOver[T runtime.Object](logger klog.Logger, informer cache.SharedIn
 		indexer:  indexer,
 		deleted:  map[string]types.UID{},
 		created:  map[string]created[T]{},
+		steps:    map[step]struct{}{},
 		versions: utilcache.NewLRUExpireCache(ownWritesMax),
 	}
 	if indexer != nil {
@@ -159,10 +173,74 @@ func (w *OwnWrites[T]) Get(key string) (T, bool, error) {
 	w.mu.Lock()
 	gone := w.deletedLocked(t)
 	w.mu.Unlock()
-	if gone {
+	if gone || !w.stillShown(key, t) {
 		return zero, false, nil
 	}
 	return t, true, nil
+}
+
+// stillShown tells, after the memory of what this sidecar did to obj was read, whether
+// the informer still holds obj. The informer removes an object from its store before its
+// handlers learn of the deletion (and drop that memory), so an object still held was held
+// when the memory was read: the memory had not been dropped for it. One removed meanwhile
+// (or replaced by another of the name) may have met a memory dropped just before the read,
+// and is reported missing: a sync that reads it missing does nothing, and the informer's
+// event of what replaced it queues another.
+func (w *OwnWrites[T]) stillShown(key string, obj T) bool {
+	if _, isCreation := w.createdOnly(key); isCreation {
+		return true // Get has decided between the creation and the informer's copy
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return true
+	}
+	again, ok, err := w.cache.GetByKey(key)
+	if err != nil || !ok {
+		return false
+	}
+	am, err := meta.Accessor(again)
+	return err == nil && am.GetUID() == m.GetUID()
+}
+
+// Took records that this sidecar took a step of its work on obj that obj does not show,
+// for example a driver call that succeeded while the write recording it is still to be
+// made. GetTaken reports the step until the informer shows obj deleted, so that no later
+// sync of obj takes it again. The memory is this process's only: a new leader takes the
+// step once more, so such a step must be one that may be repeated (as CSI calls may).
+func (w *OwnWrites[T]) Took(obj T, name string) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return
+	}
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.steps[step{key: key, uid: m.GetUID(), name: name}] = struct{}{}
+}
+
+// GetTaken is Get, and whether this sidecar took the step of that name (Took) on the
+// object returned.
+func (w *OwnWrites[T]) GetTaken(key, name string) (obj T, exists, taken bool, err error) {
+	var zero T
+	obj, exists, err = w.Get(key)
+	if !exists || err != nil {
+		return obj, exists, false, err
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return obj, true, false, nil
+	}
+	w.mu.Lock()
+	_, taken = w.steps[step{key: key, uid: m.GetUID(), name: name}]
+	w.mu.Unlock()
+	if !taken && !w.stillShown(key, obj) {
+		// The memory may have been dropped just before it was read: the object is gone.
+		return zero, false, false, nil
+	}
+	return obj, true, taken, nil
 }
 
 // deletedLocked tells whether obj, as the informer shows it, is one a write of this
@@ -406,14 +484,19 @@ func (w *OwnWrites[T]) sawDeleted(obj any) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.deleted, key)
-	if w.seenDeleted == nil {
-		return
-	}
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
 	m, err := meta.Accessor(obj)
 	if err != nil {
+		return
+	}
+	for s := range w.steps {
+		if s.key == key && s.uid == m.GetUID() {
+			delete(w.steps, s)
+		}
+	}
+	if w.seenDeleted == nil {
 		return
 	}
 	w.seenDeleted.Add(key, m.GetUID(), ownWritesTTL)

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -385,5 +386,112 @@ func TestOwnCreationsACreationShownDuringAReadIsFound(t *testing.T) {
 		if inf.indexer.then != nil {
 			t.Errorf("%s did not read the informer", read.name)
 		}
+	}
+}
+
+// onceAfterRead is a store that runs after once, right after its first read of key.
+type onceAfterRead struct {
+	cache.Store
+	key   string
+	once  sync.Once
+	after func()
+}
+
+func (s *onceAfterRead) GetByKey(key string) (any, bool, error) {
+	obj, ok, err := s.Store.GetByKey(key)
+	if key == s.key {
+		s.once.Do(s.after)
+	}
+	return obj, ok, err
+}
+
+// The informer removes a deleted object from its store, then tells its handlers, which
+// drop what OwnWrites remembered of the object. A read that got the object from the store
+// just before, and looks at the memory just after, must not take the object for one this
+// sidecar never touched: the sync would take its steps again (a second DeleteVolume, or the
+// writes after it). It reports the object missing.
+func TestOwnWritesAReadThatMeetsTheInformersDeletionReportsTheObjectMissing(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		remember func(w *OwnWrites[*v1.PersistentVolume], pv *v1.PersistentVolume)
+	}{
+		{"deleted by a write of ours (Gone)", func(w *OwnWrites[*v1.PersistentVolume], pv *v1.PersistentVolume) { w.Gone(pv) }},
+		{"a step taken (Took)", func(w *OwnWrites[*v1.PersistentVolume], pv *v1.PersistentVolume) { w.Took(pv, "DeleteVolume") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &onceAfterRead{Store: cache.NewStore(cache.MetaNamespaceKeyFunc), key: "pv"}
+			inf := &storeInformer{store: store}
+			w, err := NewOwnWrites[*v1.PersistentVolume](klog.Background(), inf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pv := pvAt("5", "Released")
+			if err := store.Add(pv); err != nil {
+				t.Fatal(err)
+			}
+			tc.remember(w, pv)
+			store.after = func() {
+				if err := store.Delete(pv); err != nil {
+					t.Error(err)
+				}
+				inf.handler.OnDelete(pv)
+			}
+			got, exists, taken, err := w.GetTaken("pv", "DeleteVolume")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exists {
+				t.Errorf("read while the informer showed the deletion: %s (step taken %v), want missing", got.ResourceVersion, taken)
+			}
+			if len(w.steps) != 0 || len(w.deleted) != 0 {
+				t.Errorf("memory kept after the informer showed the deletion: steps %v, deleted %v", w.steps, w.deleted)
+			}
+		})
+	}
+}
+
+// A step taken is reported for that object until the informer shows it deleted, and never
+// for another object of the name.
+func TestOwnWritesRemembersAStepTakenUntilTheInformerShowsTheDeletion(t *testing.T) {
+	w, inf := newOwnWrites(t)
+	pv := pvAt("5", "Released")
+	if err := inf.store.Add(pv); err != nil {
+		t.Fatal(err)
+	}
+	taken := func() string {
+		t.Helper()
+		got, exists, taken, err := w.GetTaken("pv", "DeleteVolume")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !exists {
+			return "missing"
+		}
+		return fmt.Sprintf("%s %v", got.UID, taken)
+	}
+	if got := taken(); got != "uid-1 false" {
+		t.Errorf("before the step: %s, want uid-1 false", got)
+	}
+	w.Took(pv, "DeleteVolume")
+	if got := taken(); got != "uid-1 true" {
+		t.Errorf("after the step: %s, want uid-1 true", got)
+	}
+	if _, _, other, _ := w.GetTaken("pv", "another step"); other {
+		t.Errorf("another step reported taken")
+	}
+	if err := inf.store.Delete(pv); err != nil {
+		t.Fatal(err)
+	}
+	inf.handler.OnDelete(pv)
+	recreated := pvAt("8", "Available")
+	recreated.UID = "uid-2"
+	if err := inf.store.Add(recreated); err != nil {
+		t.Fatal(err)
+	}
+	if got := taken(); got != "uid-2 false" {
+		t.Errorf("a new object of the name: %s, want uid-2 false", got)
+	}
+	if len(w.steps) != 0 {
+		t.Errorf("steps kept after the informer showed the deletion: %v", w.steps)
 	}
 }

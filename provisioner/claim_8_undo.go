@@ -79,7 +79,7 @@ func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why s
 }
 
 // deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).
-func (c *controller) deleteBackendVolume(ctx context.Context, id string, secrets map[string]string) error {
+func (c *config) deleteBackendVolume(ctx context.Context, id string, secrets map[string]string) error {
 	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
 	defer cancel()
 	_, err := c.csi.DeleteVolume(callCtx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})

@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/informers"
+	storagev1informers "k8s.io/client-go/informers/storage/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
@@ -80,7 +81,7 @@ type capacityRefresher interface {
 func (c *config) names() driverNames { return driverNames{driver: c.driver, inTree: c.inTree} }
 
 // capacityChanged tells capacity tracking, if on, that an operation changed capacity.
-func (c *controller) capacityChanged(class string, topology []*csi.Topology) {
+func (c *config) capacityChanged(class string, topology []*csi.Topology) {
 	if c.capacity != nil && class != "" {
 		c.capacity.refresh(class, topology)
 	}
@@ -91,15 +92,15 @@ func (c *controller) capacityChanged(class string, topology []*csi.Topology) {
 type controller struct {
 	config
 
-	claims      cache.Indexer
-	classes     storagelisters.StorageClassLister
-	volumes     corelisters.PersistentVolumeLister
-	nodes       corelisters.NodeLister                // nil without topology
-	csiNodes    storagelisters.CSINodeLister          // nil without topology
-	attachments storagelisters.VolumeAttachmentLister // nil unless the driver publishes
+	claims   cache.Indexer
+	classes  storagelisters.StorageClassLister
+	volumes  corelisters.PersistentVolumeLister
+	nodes    corelisters.NodeLister       // nil without topology
+	csiNodes storagelisters.CSINodeLister // nil without topology
 
-	claimQueue  *lifecycle.Queue[string]
-	volumeQueue *lifecycle.Queue[string]
+	claimQueue *lifecycle.Queue[string]
+	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
+	deleter *volumeDeleter
 	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
 	// keyed by sourceRef.key().
 	sourceQueue *lifecycle.Queue[string]
@@ -124,9 +125,6 @@ type controller struct {
 	absent absentVolumes
 	// slow holds the claims whose CreateVolume was infeasible, to be retried slowly.
 	slow slowRetries
-	// deletions holds how far this process got with deleting each PersistentVolume, until
-	// the informer sees it go: no sync repeats a DeleteVolume or the writes after it.
-	deletions deletions
 	// ownPVs reads the PersistentVolume cache through the PersistentVolumes this process
 	// saved: a sync of the claim can come before the informer shows one, and a claim that
 	// looks unprovisioned would be planned, recorded and created again.
@@ -145,7 +143,6 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	// volume queues keep upstream's names (dashboards keep working, P9), which no other
 	// sidecar of the process uses; the source queue has no upstream twin.
 	c.claimQueue = queue(claimQueueName)
-	c.volumeQueue = queue(volumeQueueName)
 	c.sourceQueue = queue(sourceQueueName)
 	c.closer.queue = queue(closeQueueName)
 
@@ -194,15 +191,15 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	c.classes = factory.Storage().V1().StorageClasses().Lister()
 	volumes := factory.Core().V1().PersistentVolumes()
 	c.volumes = volumes.Lister()
-	if _, err := volumes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueueVolume,
-		UpdateFunc: func(_, obj any) { c.enqueueVolume(obj) },
-		DeleteFunc: c.forgetDeletedVolume,
-	}); err != nil {
-		return nil, err
-	}
 	if c.ownPVs, err = lifecycle.NewOwnCreations[*v1.PersistentVolume](klog.Background(), volumes.Informer()); err != nil {
 		return nil, fmt.Errorf("PersistentVolume cache: %w", err)
+	}
+	var attachments storagev1informers.VolumeAttachmentInformer
+	if cfg.controllerCaps[csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME] {
+		attachments = factory.Storage().V1().VolumeAttachments()
+	}
+	if c.deleter, err = newVolumeDeleter(&c.config, queue(volumeQueueName), c.ownPVs, volumes.Informer(), c.classes, attachments); err != nil {
+		return nil, err
 	}
 
 	if cfg.topology {
@@ -212,16 +209,6 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		} else {
 			c.nodes = factory.Core().V1().Nodes().Lister()
 			c.csiNodes = factory.Storage().V1().CSINodes().Lister()
-		}
-	}
-	if cfg.controllerCaps[csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME] {
-		// Deletion waits for the volume to be detached everywhere.
-		attachments := factory.Storage().V1().VolumeAttachments()
-		c.attachments = attachments.Lister()
-		if _, err := attachments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-			DeleteFunc: c.enqueueAttachedVolume,
-		}); err != nil {
-			return nil, err
 		}
 	}
 	return c, nil
@@ -239,7 +226,7 @@ func (c *controller) run(intake context.Context) {
 	}
 	if !cache.WaitForCacheSync(intake.Done(), synced...) {
 		c.claimQueue.ShutDown()
-		c.volumeQueue.ShutDown()
+		c.deleter.queue.ShutDown()
 		c.sourceQueue.ShutDown()
 		c.closer.queue.ShutDown()
 		return
@@ -247,7 +234,7 @@ func (c *controller) run(intake context.Context) {
 	var wg sync.WaitGroup
 	n := int(c.opts.workerThreads)
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.volumeQueue, n, c.syncVolume) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.deleter.queue, n, c.deleter.sync) })
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sourceQueue, int(c.opts.cloningProtectionThreads), c.syncSourceProtection)
 	})

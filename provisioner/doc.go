@@ -39,7 +39,7 @@
 //   - claim_7_close.go: the record closed by ProvisioningSucceeded, off the path;
 //   - claim_8_undo.go: a volume the claim no longer wants, deleted, and its record closed.
 //
-// A released PersistentVolume's way is volume_delete.go; a data source is checked in
+// A released PersistentVolume's way is volumes.go (volumeDeleter); a data source is checked in
 // source_check.go and protected in source_protect.go; capacity*.go is capacity tracking;
 // controller.go wires the informers, queues and workers.
 //

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"encoding/json"
@@ -21,24 +20,66 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	storagev1informers "k8s.io/client-go/informers/storage/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
 
-func (c *controller) enqueueVolume(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, c.names()) {
-		c.volumeQueue.Add(pv.Name)
+// volumeDeleter keeps the finalizer of the driver's PersistentVolumes right and deletes
+// the released ones: DeleteVolume, then the PersistentVolume, then its finalizer. It owns
+// the volume queue (keyed by PersistentVolume name); the claim's way never reaches it.
+type volumeDeleter struct {
+	*config
+	queue *lifecycle.Queue[string]
+	// volumes is the PersistentVolume cache through this process's writes: a PersistentVolume
+	// it let go is missing (Gone), and a DeleteVolume that succeeded is remembered as a step
+	// taken (stepDeleteVolume), until the informer shows the PersistentVolume deleted.
+	volumes *lifecycle.OwnWrites[*v1.PersistentVolume]
+	classes storagelisters.StorageClassLister
+	// attachments is nil unless the driver publishes: then deletion waits for the volume to
+	// be detached everywhere.
+	attachments storagelisters.VolumeAttachmentLister
+}
+
+// stepDeleteVolume is the step of a deletion that its PersistentVolume does not show: the
+// driver deleted the volume, and the PersistentVolume is still to go.
+const stepDeleteVolume = "DeleteVolume"
+
+// newVolumeDeleter queues the driver's PersistentVolumes from informer's events, and the
+// PersistentVolume of each VolumeAttachment that goes when attachments is not nil.
+func newVolumeDeleter(cfg *config, queue *lifecycle.Queue[string], volumes *lifecycle.OwnWrites[*v1.PersistentVolume], informer cache.SharedInformer,
+	classes storagelisters.StorageClassLister, attachments storagev1informers.VolumeAttachmentInformer) (*volumeDeleter, error) {
+	d := &volumeDeleter{config: cfg, queue: queue, volumes: volumes, classes: classes}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    d.enqueue,
+		UpdateFunc: func(_, obj any) { d.enqueue(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	if attachments != nil {
+		d.attachments = attachments.Lister()
+		if _, err := attachments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: d.enqueueAttached}); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (d *volumeDeleter) enqueue(obj any) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, d.names()) {
+		d.queue.Add(pv.Name)
 	}
 }
 
-// enqueueAttachedVolume wakes a deletion that waits for this attachment to go.
-func (c *controller) enqueueAttachedVolume(obj any) {
+// enqueueAttached wakes a deletion that waits for this attachment to go.
+func (d *volumeDeleter) enqueueAttached(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
 	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Source.PersistentVolumeName != nil {
-		c.volumeQueue.Add(*va.Spec.Source.PersistentVolumeName)
+		d.queue.Add(*va.Spec.Source.PersistentVolumeName)
 	}
 }
 
@@ -102,30 +143,32 @@ func shouldDelete(pv *v1.PersistentVolume) bool {
 	return pv.Spec.PersistentVolumeReclaimPolicy == v1.PersistentVolumeReclaimDelete
 }
 
-// syncVolume is what happens to one PersistentVolume of the driver: keep its finalizer
-// right, and when it is released with reclaim policy Delete, delete the volume and then the
+// sync is what happens to one PersistentVolume of the driver: keep its finalizer right,
+// and when it is released with reclaim policy Delete, delete the volume and then the
 // PersistentVolume.
 //
 // Every failure is logged here: the worker only requeues the volume, and a volume stuck
 // Terminating with nothing in the log cannot be diagnosed.
-func (c *controller) syncVolume(name string) error {
-	pv, step, err := c.volumeAndDeletion(name)
-	if pv == nil || err != nil {
+//
+// A PersistentVolume this process let go is missing from d.volumes until the informer
+// shows it deleted, and one whose volume it deleted already comes with that step taken:
+// no sync repeats a DeleteVolume or the writes after it. The memory is this process's
+// only, which is enough for what it prevents (a retry, or a sync queued by the watch event
+// of a write of ours that reads a cache older than the write); a new leader calls
+// DeleteVolume once more, which CSI requires a driver to answer with success for a volume
+// that is gone.
+func (d *volumeDeleter) sync(name string) error {
+	pv, exists, deletedAlready, err := d.volumes.GetTaken(name, stepDeleteVolume)
+	if !exists || err != nil {
 		return err
 	}
-	if !isDriverVolume(pv, c.names()) {
+	if !isDriverVolume(pv, d.names()) {
 		return nil
 	}
 	logger := klog.Background().WithValues("pv", name)
-	ctx := klog.NewContext(c.ops, logger)
-	if step == pvLetGo {
-		// Deleted and let go by this process; the cache does not show it yet. Nothing is
-		// left to call or write.
-		logger.V(5).Info("PersistentVolume let go already, waiting for the cache to show it")
-		return nil
-	}
+	ctx := klog.NewContext(d.ops, logger)
 	if finalizers, changed := desiredFinalizers(pv); changed {
-		if pv, err = c.patchFinalizers(ctx, pv, finalizers); err != nil {
+		if pv, err = d.patchFinalizers(ctx, pv, finalizers); err != nil {
 			logger.Error(err, "Cannot set the finalizers of the PersistentVolume, retrying")
 			return err
 		}
@@ -138,26 +181,26 @@ func (c *controller) syncVolume(name string) error {
 	vol, migrated, err := csiVolume(pv)
 	if err != nil {
 		logger.Error(err, "Volume deletion failed, retrying")
-		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 		return err
 	}
-	if c.node != nil && !c.node.holds(vol) {
+	if d.node != nil && !d.node.holds(vol) {
 		// Another node's provisioner deletes it.
 		return nil
 	}
 	start := time.Now()
-	err = c.delete(lifecycle.MarkMigrated(ctx, migrated), vol, step == volumeGone)
+	err = d.delete(lifecycle.MarkMigrated(ctx, migrated), vol, deletedAlready)
 	var pvErr pvRemovalError
 	var attached stillAttachedError
 	if !errors.As(err, &attached) {
-		c.metrics.deleted(pv.Spec.StorageClassName, start, err)
+		d.metrics.deleted(pv.Spec.StorageClassName, start, err)
 	}
 	switch {
 	case errors.As(err, &attached):
 		// Expected when a workload and its claim are deleted together: postponed, not
 		// failed, as upstream v6.4 (a Normal event, not counted as a failed deletion).
 		logger.V(4).Info("Volume deletion postponed", "reason", err.Error())
-		c.recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
+		d.recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
 		return err
 	case err == nil:
 	case errors.As(err, &pvErr):
@@ -169,7 +212,7 @@ func (c *controller) syncVolume(name string) error {
 		logger.V(2).Info("DeleteVolume not started; left to the next leader")
 	default:
 		logger.Error(err, "Volume deletion failed, retrying")
-		c.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 	}
 	return err
 }
@@ -193,33 +236,33 @@ func (e pvRemovalError) Unwrap() error { return e.err }
 // finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume).
 // deletedAlready says that DeleteVolume succeeded for it in this process already: only the
 // API writes after it are retried, the driver is not called again. Each step that succeeds is
-// remembered (rememberDeletion) until the informer shows the PersistentVolume gone.
-func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
+// remembered in d.volumes (Took, Gone) until the informer shows the PersistentVolume gone.
+func (d *volumeDeleter) delete(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
 	logger := klog.FromContext(ctx)
 	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	} else {
-		if err := checkCapabilities(c.pluginCaps, c.controllerCaps, false); err != nil {
+		if err := checkCapabilities(d.pluginCaps, d.controllerCaps, false); err != nil {
 			return err
 		}
-		if node := c.attachedTo(pv.Name); node != "" {
+		if node := d.attachedTo(pv.Name); node != "" {
 			// Deleting an attached volume would fail in the driver or, worse, succeed.
 			return stillAttachedError{pv: pv.Name, node: node}
 		}
-		secrets := c.deletionSecrets(ctx, pv)
-		if err := c.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
+		secrets := d.secrets(ctx, pv)
+		if err := d.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
 			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
 		}
-		c.rememberDeletion(pv, volumeGone)
+		d.volumes.Took(pv, stepDeleteVolume)
 		logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
-		c.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
+		d.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
 	}
-	letGo, err := c.removePV(ctx, pv)
+	letGo, err := d.removePV(ctx, pv)
 	if err != nil {
 		return pvRemovalError{err}
 	}
 	if letGo {
-		c.rememberDeletion(pv, pvLetGo)
+		d.volumes.Gone(pv)
 	}
 	logger.V(2).Info("PersistentVolume deleted")
 	return nil
@@ -232,8 +275,8 @@ func (c *controller) delete(ctx context.Context, pv *v1.PersistentVolume, delete
 // needs nothing more from the provisioner: the finalizer removal was written, or it had none,
 // or the PersistentVolume is gone. A finalizer removal the API server refused as conflicting
 // or invalid is not retried here; a later sync of the PersistentVolume sees what it is.
-func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
-	pvs := c.kube.CoreV1().PersistentVolumes()
+func (d *volumeDeleter) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
+	pvs := d.kube.CoreV1().PersistentVolumes()
 	if pv.DeletionTimestamp == nil {
 		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			// Gone, or another PersistentVolume of the same name: not this one's to touch.
@@ -263,116 +306,13 @@ func (c *controller) removePV(ctx context.Context, pv *v1.PersistentVolume) (let
 	return false, fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
 }
 
-// deletedKey names one step of the deletion of one PersistentVolume: a PersistentVolume
-// re-created under the same name is another volume.
-type deletedKey struct {
-	name string
-	uid  types.UID
-	step deletionStep
-}
-
-// deletionStep is how far this process got with the deletion of a PersistentVolume.
-type deletionStep int
-
-const (
-	// volumeGone: DeleteVolume succeeded.
-	volumeGone deletionStep = iota + 1
-	// pvLetGo: the PersistentVolume was deleted too and the removal of the provisioner's
-	// finalizer written (or the PersistentVolume found gone): nothing is left to do.
-	pvLetGo
-)
-
-// volumeAndDeletion reads the PersistentVolume of this name from the cache, with how far
-// this process got with deleting it (0: nowhere); nil when the cache does not have it.
-//
-// The memory of the steps is memory only, which is enough for what it prevents: the
-// repetition of a DeleteVolume, or of the writes after it, by the syncs of the same worker
-// queue (a retry, or a sync queued by the watch event of a write of ours that reads a cache
-// older than the write). A new leader calls DeleteVolume once more, which CSI requires a
-// driver to answer with success for a volume that is gone.
-//
-// The memory of a PersistentVolume goes when the informer shows its deletion
-// (forgetDeletedVolume), which the informer does after it removed the PersistentVolume from
-// the cache. A copy read from the cache may therefore meet no memory only because the
-// deletion was shown between the two reads, and the volume would be deleted again. So after
-// a memory that knows nothing the cache is read once more: a copy of the same
-// PersistentVolume still there was there when the memory was read, before the informer
-// removed it, so the memory was not dropped yet and knows nothing because there is nothing
-// to know (only a sync of the same queue item, never two at once, adds to it).
-func (c *controller) volumeAndDeletion(name string) (*v1.PersistentVolume, deletionStep, error) {
-	get := func() (*v1.PersistentVolume, error) {
-		pv, err := c.volumes.Get(name)
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return pv, err
-	}
-	pv, err := get()
-	for pv != nil && err == nil {
-		if step := c.deletionStep(pv); step != 0 {
-			return pv, step, nil
-		}
-		var again *v1.PersistentVolume
-		if again, err = get(); again == nil || err != nil || again.UID == pv.UID {
-			return again, 0, err
-		}
-		pv = again // another PersistentVolume of the name meanwhile: its own memory counts
-	}
-	return nil, 0, err
-}
-
-// deletions holds the deletion steps this process took, per PersistentVolume.
-type deletions struct {
-	mu   sync.Mutex
-	done map[deletedKey]struct{}
-}
-
-// deletionStep is how far this process got with deleting pv: its last step that succeeded.
-func (c *controller) deletionStep(pv *v1.PersistentVolume) deletionStep {
-	d := &c.deletions
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, step := range []deletionStep{pvLetGo, volumeGone} {
-		if _, ok := d.done[deletedKey{pv.Name, pv.UID, step}]; ok {
-			return step
-		}
-	}
-	return 0
-}
-
-// rememberDeletion records that step of pv's deletion succeeded.
-func (c *controller) rememberDeletion(pv *v1.PersistentVolume, step deletionStep) {
-	d := &c.deletions
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.done == nil {
-		d.done = map[deletedKey]struct{}{}
-	}
-	d.done[deletedKey{pv.Name, pv.UID, step}] = struct{}{}
-}
-
-// forgetDeletedVolume drops the memory of a PersistentVolume once the informer saw it go.
-func (c *controller) forgetDeletedVolume(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
-	if pv, ok := obj.(*v1.PersistentVolume); ok {
-		d := &c.deletions
-		d.mu.Lock()
-		for _, step := range []deletionStep{volumeGone, pvLetGo} {
-			delete(d.done, deletedKey{pv.Name, pv.UID, step})
-		}
-		d.mu.Unlock()
-	}
-}
-
 // attachedTo names a node the volume is still attached to, "" for none (or when the
 // driver does not publish).
-func (c *controller) attachedTo(pvName string) string {
-	if c.attachments == nil {
+func (d *volumeDeleter) attachedTo(pvName string) string {
+	if d.attachments == nil {
 		return ""
 	}
-	vas, err := c.attachments.List(labels.Everything())
+	vas, err := d.attachments.List(labels.Everything())
 	if err != nil {
 		return ""
 	}
@@ -387,7 +327,7 @@ func (c *controller) attachedTo(pvName string) string {
 // deletionSecrets reads the provisioner secret named by the PersistentVolume's annotations,
 // or else by its StorageClass. A secret that cannot be read is logged and deletion goes on
 // without it, as upstream: it may have been deleted on purpose.
-func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolume) map[string]string {
+func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[string]string {
 	logger := klog.FromContext(ctx)
 	var ref *v1.SecretReference
 	name, hasName := pv.Annotations[annDeletionSecretName]
@@ -398,13 +338,13 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 			ref = &v1.SecretReference{Name: name, Namespace: namespace}
 		}
 	case pv.Spec.ClaimRef != nil:
-		class, err := c.classes.Get(volumehelpers.GetPersistentVolumeClass(pv))
+		class, err := d.classes.Get(volumehelpers.GetPersistentVolumeClass(pv))
 		if err != nil {
 			logger.Info("StorageClass not found, deleting without secrets", "err", err.Error())
 			return nil
 		}
 		// An in-tree class is read in its CSI translation, as when the volume was made.
-		if class, _, err = c.names().csiClass(class); err != nil {
+		if class, _, err = d.names().csiClass(class); err != nil {
 			logger.Info("Cannot translate the StorageClass, deleting without secrets", "err", err.Error())
 			return nil
 		}
@@ -414,7 +354,7 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 			return nil
 		}
 	}
-	secrets, err := readSecret(ctx, c.kube, ref)
+	secrets, err := readSecret(ctx, d.kube, ref)
 	if err != nil {
 		logger.Error(err, "Cannot read the deletion secret, deleting without it")
 	}
@@ -423,12 +363,12 @@ func (c *controller) deletionSecrets(ctx context.Context, pv *v1.PersistentVolum
 
 // patchFinalizers sets the PersistentVolume's finalizers, on Ops(). It patches: upstream's
 // RBAC grants patch on persistentvolumes, not update.
-func (c *controller) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, finalizers []string) (*v1.PersistentVolume, error) {
+func (d *volumeDeleter) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, finalizers []string) (*v1.PersistentVolume, error) {
 	patch, err := finalizerPatch(pv, finalizers)
 	if err != nil {
 		return pv, err
 	}
-	updated, err := c.kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	updated, err := d.kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return pv, fmt.Errorf("setting finalizers %v on PersistentVolume %s: %w", finalizers, pv.Name, err)
 	}

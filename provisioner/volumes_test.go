@@ -2,7 +2,6 @@ package provisioner
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 
@@ -28,18 +26,13 @@ const pvProtection = "kubernetes.io/pv-protection"
 // control loop this is the sync queued by the watch event of our own Delete: it reads the
 // cache right after the first sync ended, while the watch events of our finalizer
 // removal and of the deletion are on their way. Before, it removed the finalizer a second
-// time; and when the informer showed the deletion (and this process forgot the volume)
-// between that sync's read of the cache and its look at what it had done, it called
-// DeleteVolume a second time.
+// time. (When the informer shows the deletion during the sync's read, lifecycle's
+// TestOwnWritesAReadThatMeetsTheInformersDeletionReportsTheObjectMissing holds it.)
 func TestADeletedVolumeIsDeletedAndLetGoOnceWhateverTheCacheShows(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		// shownDuringRead: the informer shows the deletion right after the second sync
-		// read the PersistentVolume from the cache; otherwise only after that sync.
-		shownDuringRead bool
 	}{
 		{name: "the cache shows the deletion after the sync"},
-		{name: "the cache shows the deletion while the sync reads it", shownDuringRead: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, pvWatch, server := newDeletionWorld(t)
@@ -54,7 +47,7 @@ func TestADeletedVolumeIsDeletedAndLetGoOnceWhateverTheCacheShows(t *testing.T) 
 			}
 			w.show(pvWatch.Add, released)
 
-			if err := w.ctrl.syncVolume("pvc-del"); err != nil {
+			if err := w.ctrl.deleter.sync("pvc-del"); err != nil {
 				t.Fatalf("first sync: %v", err)
 			}
 			if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 1 {
@@ -71,19 +64,7 @@ func TestADeletedVolumeIsDeletedAndLetGoOnceWhateverTheCacheShows(t *testing.T) 
 			deleting.DeletionTimestamp = left.DeletionTimestamp
 			w.show(pvWatch.Modify, deleting)
 
-			if tc.shownDuringRead {
-				// kube-controller-manager lets the PersistentVolume go, and the informer
-				// shows it gone, just after the sync read it.
-				hook := &readHook{PersistentVolumeLister: w.ctrl.volumes, after: func() {
-					if err := w.kube.Tracker().Delete(v1.SchemeGroupVersion.WithResource("persistentvolumes"), "", "pvc-del"); err != nil {
-						t.Error(err)
-					}
-					w.showGone(pvWatch, left)
-				}}
-				w.ctrl.volumes = hook
-				defer func() { w.ctrl.volumes = hook.PersistentVolumeLister }()
-			}
-			if err := w.ctrl.syncVolume("pvc-del"); err != nil {
+			if err := w.ctrl.deleter.sync("pvc-del"); err != nil {
 				t.Errorf("second sync: %v", err)
 			}
 
@@ -141,7 +122,7 @@ func (w *world) showGone(pvWatch *watch.FakeWatcher, pv *v1.PersistentVolume) {
 // nextVolume waits for name in the volume queue and takes it; nothing else may come first.
 func (w *world) nextVolume(name string) {
 	w.t.Helper()
-	q := w.ctrl.volumeQueue
+	q := w.ctrl.deleter.queue
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return q.Len() > 0, nil
 	}); err != nil {
@@ -152,17 +133,4 @@ func (w *world) nextVolume(name string) {
 	if got != name {
 		w.t.Fatalf("queued %q, want %q", got, name)
 	}
-}
-
-// readHook runs after once, right after the first read of a PersistentVolume.
-type readHook struct {
-	corelisters.PersistentVolumeLister
-	once  sync.Once
-	after func()
-}
-
-func (h *readHook) Get(name string) (*v1.PersistentVolume, error) {
-	pv, err := h.PersistentVolumeLister.Get(name)
-	h.once.Do(h.after)
-	return pv, err
 }
