@@ -179,7 +179,7 @@ func (c *controller) syncClaim(uid string) error {
 	// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
 	// (and the claim's record) is then the sign that the source is still in use.
 	c.setPending(uid, p)
-	if err := c.protectSource(ctx, p.source); err != nil {
+	if err := c.sources.protect(ctx, p.source); err != nil {
 		c.finish(uid, p)
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		return err

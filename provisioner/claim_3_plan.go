@@ -4,12 +4,14 @@
 package provisioner
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -222,4 +224,52 @@ func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) erro
 		return c.reschedule(c.ops, claim, err)
 	}
 	return err
+}
+
+// contentSource reads the claim's source and checks it (cloneSource, snapshotSource).
+func (c *controller) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+	var (
+		src *csi.VolumeContentSource
+		err error
+	)
+	switch ref.kind {
+	case sourceClone:
+		source := cachedClaim(c.ownClaims, ref.namespace, ref.name)
+		var sourcePV *v1.PersistentVolume
+		if source != nil && source.Spec.VolumeName != "" {
+			sourcePV, _ = c.volumes.Get(source.Spec.VolumeName)
+		}
+		src, err = cloneSource(claim, class, source, sourcePV)
+	case sourceSnapshot:
+		src, err = c.snapshotContentSource(ctx, claim, class, ref)
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("error getting handle for DataSource Type %s by Name %s: %w", dataSourceKind(claim), ref.name, err)
+	}
+	return src, nil
+}
+
+// snapshotContentSource reads the snapshot and its content from the API server (fresh:
+// the snapshot controller may just have bound them) on ctx.
+func (c *controller) snapshotContentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+	if c.sources.snapshots == nil {
+		return nil, fmt.Errorf("the %s API is not served by the cluster", snapshotv1.SchemeGroupVersion)
+	}
+	snap, err := c.sources.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("error getting snapshot %s from api server: %w", ref.name, err)
+	}
+	var content *snapshotv1.VolumeSnapshotContent
+	if snap.Status != nil && snap.Status.BoundVolumeSnapshotContentName != nil {
+		content, err = c.sources.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, *snap.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("error getting snapshotcontent %s: %w", *snap.Status.BoundVolumeSnapshotContentName, err)
+		}
+		if err != nil {
+			content = nil
+		}
+	}
+	return snapshotSource(claim, class, snap, content, c.opts.preventVolumeModeConversion)
 }

@@ -15,6 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
@@ -108,7 +109,7 @@ func (c *controller) setPending(uid string, p *plan) { c.inFlight.set(uid, p) }
 func (c *controller) finish(uid string, p *plan) {
 	c.setPending(uid, nil)
 	if p.source.kind != sourceNone {
-		c.sourceQueue.Add(p.source.key())
+		c.sources.queue.Add(p.source.key())
 	}
 }
 
@@ -240,4 +241,47 @@ func (c *controller) reschedule(ctx context.Context, claim *v1.PersistentVolumeC
 	c.ownClaims.Wrote(out)
 	logger.V(2).Info("Asked the scheduler for another node", "claim", klog.KObj(claim), "node", node, "reason", why.Error())
 	return nil
+}
+
+// sourceUser names a claim of the driver whose volume is still being made from ref: an
+// operation in flight, a claim carrying a provisioning record, or a claim that names it,
+// is not deleted and has no PersistentVolume yet; "" for none.
+func (c *controller) sourceUser(ref sourceRef) string {
+	if who := c.inFlight.using(ref); who != "" {
+		return who
+	}
+	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
+	// may have a volume in creation from the source, whatever else it says.
+	if who, err := c.records.usesSource(ref); err != nil || who != "" {
+		if err != nil {
+			return "(records unreadable: " + err.Error() + ")"
+		}
+		return who
+	}
+	objs, err := c.claims.ByIndex(cache.NamespaceIndex, ref.namespace)
+	if err != nil {
+		// Keep the finalizer rather than guess.
+		return "(claims unreadable: " + err.Error() + ")"
+	}
+	for _, obj := range objs {
+		claim, ok := obj.(*v1.PersistentVolumeClaim)
+		if !ok {
+			continue
+		}
+		if src, err := claimSource(claim); err != nil || src != ref {
+			continue
+		}
+		// The same for a record of an earlier version, on the claim.
+		if rec, err := recordOf(claim); err == nil && rec != nil && rec.Driver == c.driver {
+			return klog.KObj(claim).String()
+		}
+		if !mayNeedVolume(claim, c.names()) || claim.DeletionTimestamp != nil {
+			continue
+		}
+		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+			continue
+		}
+		return klog.KObj(claim).String()
+	}
+	return ""
 }

@@ -101,13 +101,10 @@ type controller struct {
 	claimQueue *lifecycle.Queue[string]
 	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
 	deleter *volumeDeleter
-	// sourceQueue holds sources (claims, snapshots) whose protection finalizer may go,
-	// keyed by sourceRef.key().
-	sourceQueue *lifecycle.Queue[string]
+	// sources protects the data sources of clones and restores, with a queue of its own.
+	sources *sourceGuard
 	// closer writes the events that close records, off the provisioning's path.
 	closer closer
-	// snapshots is nil without snapshot support.
-	snapshots *snapshotWatch
 	// records keeps the provisioning records (events on the claims).
 	records *recordStore
 
@@ -143,7 +140,6 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	// volume queues keep upstream's names (dashboards keep working, P9), which no other
 	// sidecar of the process uses; the source queue has no upstream twin.
 	c.claimQueue = queue(claimQueueName)
-	c.sourceQueue = queue(sourceQueueName)
 	c.closer.queue = queue(closeQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
@@ -175,22 +171,13 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	}); err != nil {
 		return nil, err
 	}
-	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueueClaimSources,
-		UpdateFunc: func(_, obj any) { c.enqueueClaimSources(obj) },
-		DeleteFunc: c.enqueueClaimSources,
-	}); err != nil {
-		return nil, err
-	}
-	if cfg.snapshotClient != nil {
-		if err := c.watchSnapshots(cfg.snapshotClient); err != nil {
-			return nil, err
-		}
-	}
 
 	c.classes = factory.Storage().V1().StorageClasses().Lister()
 	volumes := factory.Core().V1().PersistentVolumes()
 	c.volumes = volumes.Lister()
+	if c.sources, err = newSourceGuard(&c.config, queue(sourceQueueName), c, claims, own, c.volumes, c.classes, cfg.snapshotClient); err != nil {
+		return nil, err
+	}
 	if c.ownPVs, err = lifecycle.NewOwnCreations[*v1.PersistentVolume](klog.Background(), volumes.Informer()); err != nil {
 		return nil, fmt.Errorf("PersistentVolume cache: %w", err)
 	}
@@ -214,6 +201,13 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	return c, nil
 }
 
+// startInformers starts the informers that are not on the core's factory, the records'
+// and the snapshots', until stop closes (every replica, P7).
+func (c *controller) startInformers(stop <-chan struct{}) {
+	c.records.start(stop)
+	c.sources.start(stop)
+}
+
 // run works both queues until intake ends, then returns when every worker has finished
 // the operation it holds (on Ops(), P1).
 func (c *controller) run(intake context.Context) {
@@ -221,13 +215,13 @@ func (c *controller) run(intake context.Context) {
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
 	synced := []cache.InformerSynced{c.records.informer.HasSynced}
-	if c.snapshots != nil {
-		synced = append(synced, c.snapshots.informer.HasSynced)
+	if c.sources.snapshots != nil {
+		synced = append(synced, c.sources.snapshots.informer.HasSynced)
 	}
 	if !cache.WaitForCacheSync(intake.Done(), synced...) {
 		c.claimQueue.ShutDown()
 		c.deleter.queue.ShutDown()
-		c.sourceQueue.ShutDown()
+		c.sources.queue.ShutDown()
 		c.closer.queue.ShutDown()
 		return
 	}
@@ -236,10 +230,10 @@ func (c *controller) run(intake context.Context) {
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.deleter.queue, n, c.deleter.sync) })
 	wg.Go(func() {
-		lifecycle.RunWorkers(intake, c.sourceQueue, int(c.opts.cloningProtectionThreads), c.syncSourceProtection)
+		lifecycle.RunWorkers(intake, c.sources.queue, int(c.opts.cloningProtectionThreads), c.sources.sync)
 	})
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.queue, 1, c.syncClose) })
-	wg.Go(func() { c.sweepSnapshots(intake, c.opts.snapshotOrphanSweepInterval) })
+	wg.Go(func() { c.sources.sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
 }

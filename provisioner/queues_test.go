@@ -40,7 +40,7 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 		}
 	}
 	c.claimQueue.Add("uid-1")
-	c.sourceQueue.Add("pvc/ns/src")
+	c.sources.queue.Add("pvc/ns/src")
 	tracker.queue.Add(recomputeCapacities)
 	waiting := map[string]int{}
 	for _, q := range backlog.Now(time.Now()) {
