@@ -3,15 +3,18 @@ SHELL := /usr/bin/env bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BIN := _output/bin
-# Integration and end-to-end packages each start a kube-apiserver + etcd; run packages one at
-# a time on a 2-core machine.
-TEST_FLAGS ?= -count=1 -p 1 -timeout 40m
+# Integration and end-to-end packages each start a kube-apiserver + etcd and mostly wait on
+# them and on the processes they run, so several run at once even on a 2-core machine.
+TEST_FLAGS ?= -count=1 -p 3 -timeout 40m
+# The packages whose tests need a control plane, a built binary or upstream's sources; the
+# product's own packages hold unit tests only, which the race stage runs.
+INTEGRATION_PKGS := ./cmd/... ./internal/... ./hack/... ./test/...
 
-.PHONY: help demo bench build image test test-race test-unit test-e2e testenv lint clean
+.PHONY: help demo bench build image test test-race test-integration test-unit test-e2e testenv lint clean
 
 # Tests run with client-go's cache mutation detector: an informer's cached object changed in
 # place (the caches share strings and maps between objects) fails them.
-test test-race test-unit test-e2e: export KUBE_CACHE_MUTATION_DETECTOR := true
+test test-race test-integration test-unit test-e2e: export KUBE_CACHE_MUTATION_DETECTOR := true
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -37,14 +40,17 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt wants to change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-test: lint testenv test-race ## lint, the race detector, then every test: unit, integration and end-to-end against a real local control plane; ends with the ten slowest tests
-	set -o pipefail; $(GO) test -json $(TEST_FLAGS) ./... | $(GO) run ./hack/testreport -slowest 10
+test: lint testenv ## lint, then at once the race detector over the unit tests and every integration and end-to-end test against a real local control plane; ends with the ten slowest tests
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-race test-integration
+
+test-integration: ## the tests that need a control plane or built binaries (and the test kit's own), then the ten slowest tests
+	set -o pipefail; $(GO) test -json $(TEST_FLAGS) $(INTEGRATION_PKGS) | $(GO) run ./hack/testreport -slowest 10
 
 # The race stage runs the unit tests of the product and the test kit; the end-to-end packages
 # under test/ skip in -short (their processes are not built with -race), and building each
 # with -race only to skip took minutes. Those that host sidecars in the test process run.
 test-race: ## the race detector over the unit tests and the tests that host sidecars in the test process
-	$(GO) test -race -count=1 -short -p 1 ./cmd/... ./lifecycle/... ./attacher/... ./resizer/... ./provisioner/... ./snapshotter/... ./internal/... ./hack/...
+	$(GO) test -race -count=1 -short -p 2 ./cmd/... ./lifecycle/... ./attacher/... ./resizer/... ./provisioner/... ./snapshotter/... ./internal/... ./hack/...
 	$(GO) test -race -count=1 -run 'OneProcess|OneFenced' ./test/e2e/
 
 test-unit: ## fast tests only (no control plane)

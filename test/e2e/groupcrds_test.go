@@ -23,6 +23,7 @@ import (
 // plane has no other snapshot CRDs), the snapshotter warns and carries on: it leads, stays
 // up and takes snapshots.
 func TestSnapshotterWithoutTheGroupSnapshotCRDsStillTakesSnapshots(t *testing.T) {
+	t.Parallel()
 	cp := kube.Get(t)
 	ctx := context.Background()
 	if err := snapshotcontroller.InstallVolumeSnapshotCRDs(ctx, cp.Config()); err != nil {

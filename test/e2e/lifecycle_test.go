@@ -25,6 +25,7 @@ const slowCall = 3 * time.Second
 // P1, P2: SIGTERM lets in-flight calls finish and record their results, starts nothing
 // new, releases the Lease and exits 0.
 func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
@@ -63,6 +64,7 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 // P7 (with P1, P2): a warm standby takes the released Lease at once, without waiting for
 // lease-duration or retry-period, and never overlaps the old leader on a volume.
 func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
@@ -107,6 +109,7 @@ func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 // P3: when the drain outlasts --drain-timeout, in-flight calls are cancelled, the Lease is
 // kept (left to expire) and the exit code is non-zero.
 func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 20 * time.Second}})
 	a := s.startReplica("replica-a", "--drain-timeout=1s")
 	s.waitForHolder("replica-a")
@@ -134,6 +137,7 @@ func TestDrainDeadlineCancelsCallsAndKeepsTheLease(t *testing.T) {
 // Lease is released at once instead of left to expire, and no driver call started after
 // the signal.
 func TestDrainDeadlineWithNoCallInTheDriverReleasesTheLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 100 * time.Millisecond}})
 	// One write a second: calls end ten times faster than their results can be recorded,
 	// so at the signal every worker waits for a token.
@@ -173,6 +177,7 @@ func TestDrainDeadlineWithNoCallInTheDriverReleasesTheLease(t *testing.T) {
 
 // P5: a second signal during the drain exits at once, non-zero.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
 	a := s.leaderBusy("replica-a", 1, "--drain-timeout=60s")
 
@@ -189,6 +194,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 
 // P4: a standby exits 0 promptly on SIGTERM and the leader is untouched.
 func TestStandbyExitsPromptlyOnSIGTERM(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
@@ -216,6 +222,7 @@ func TestStandbyExitsPromptlyOnSIGTERM(t *testing.T) {
 // P6: when another identity takes the Lease, the leader cancels its in-flight calls at once
 // and exits non-zero without touching the Lease.
 func TestLeaseTakenAwayFencesInFlightCalls(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 30 * time.Second}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
@@ -248,6 +255,7 @@ func TestLeaseTakenAwayFencesInFlightCalls(t *testing.T) {
 
 // Bad flags fail fast with the flag's name and exit code 2, for both binaries.
 func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
+	t.Parallel()
 	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{
 		{"csi-sidecars", "attacher", "--kube-api-qps=lots"},
@@ -267,6 +275,7 @@ func TestBadFlagsFailFastNamingTheFlag(t *testing.T) {
 
 // Every subcommand shows the shared flags.
 func TestHelpShowsSharedFlags(t *testing.T) {
+	t.Parallel()
 	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{{"--help"}, {"attacher", "--help"}, {"resizer", "--help"}, {"provisioner", "--help"}} {
 		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
@@ -284,6 +293,7 @@ func TestHelpShowsSharedFlags(t *testing.T) {
 // An unreachable driver socket or API server is retried and reported on /readyz, never a
 // crash, and SIGTERM still ends the process cleanly.
 func TestUnreachableDriverAndAPIServerAreReportedAndRetried(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{})
 	cases := []struct {
 		name, want string
@@ -317,6 +327,7 @@ func TestUnreachableDriverAndAPIServerAreReportedAndRetried(t *testing.T) {
 // Losing the driver while leading stops intake and exits 1; the Lease is released only if
 // nothing was in flight, since the driver may still be working on what it was told.
 func TestDriverLossReleasesTheLeaseOnlyWhenIdle(t *testing.T) {
+	t.Parallel()
 	for _, busy := range []bool{false, true} {
 		name := map[bool]string{false: "idle", true: "busy"}[busy]
 		t.Run(name, func(t *testing.T) {
@@ -344,6 +355,7 @@ func TestDriverLossReleasesTheLeaseOnlyWhenIdle(t *testing.T) {
 // The diagnostics endpoint serves standbys too: health, leader-election health and the
 // core's metrics, which tell the leader from the standby and count calls in flight.
 func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 10 * time.Second}})
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
@@ -379,6 +391,7 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 // P7: a leader that dies without releasing (SIGKILL) leaves the Lease to expire; the standby
 // takes it when it expires by the standby's own observation, not at its next retry period.
 func TestStandbyTakesAnExpiredLeaseWhenItExpires(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: time.Second}})
 	timing := []string{"--leader-election-lease-duration=6s", "--leader-election-renew-deadline=4s", "--leader-election-retry-period=2s"}
 	a := s.startReplica("replica-a", timing...)
@@ -404,6 +417,7 @@ func TestStandbyTakesAnExpiredLeaseWhenItExpires(t *testing.T) {
 // --feature-gates=ReleaseLeaderElectionOnExit=false keeps upstream's old behaviour: the
 // drain still completes (exit 0) but the Lease is left to expire.
 func TestReleaseGateOffLeavesTheLeaseToExpire(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: time.Second}})
 	a := s.startReplica("replica-a", "--feature-gates=ReleaseLeaderElectionOnExit=false")
 	s.waitForHolder("replica-a")
@@ -424,6 +438,7 @@ func TestReleaseGateOffLeavesTheLeaseToExpire(t *testing.T) {
 
 // Upstream's --version prints the version and exits 0, on the binary and on a subcommand.
 func TestVersionFlag(t *testing.T) {
+	t.Parallel()
 	e2e.RequireBinaries(t, binDir)
 	for _, args := range [][]string{{"--version"}, {"attacher", "--version"}, {"provisioner", "--version", "--csi-address=/x"}} {
 		out, err := exec.Command(filepath.Join(binDir, "csi-sidecars"), args...).CombinedOutput()
@@ -436,6 +451,7 @@ func TestVersionFlag(t *testing.T) {
 // --enable-pprof serves Go's profiles on the diagnostics endpoint, as upstream's
 // provisioner; without it they are not served.
 func TestEnablePprofServesProfilesOnTheHTTPEndpoint(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{})
 	on := s.startReplica("with-pprof", "--enable-pprof")
 	off := s.startReplica("without-pprof")
@@ -452,6 +468,7 @@ func TestEnablePprofServesProfilesOnTheHTTPEndpoint(t *testing.T) {
 // A driver that replaced an in-tree plugin gets upstream's "migrated" label on its CSI call
 // metrics; any other driver does not.
 func TestMigratedDriverGetsTheMigratedMetricsLabel(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		driver string
 		want   bool
@@ -472,6 +489,7 @@ func TestMigratedDriverGetsTheMigratedMetricsLabel(t *testing.T) {
 // A backlog is visible: the leader exports how many items wait for a worker and the age of
 // the oldest, and with --log-backlog-interval logs them while they wait.
 func TestBacklogIsExportedAndLogged(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 10 * time.Second}})
 	a := s.startReplica("replica-a", "--workers=1", "--log-backlog-interval=100ms")
 	s.waitForHolder("replica-a")

@@ -22,6 +22,11 @@ var (
 	binDir string
 )
 
+// TestMain starts one control plane for the package. Each test has a namespace and a
+// driver name (so Leases) of its own and calls t.Parallel(), except those that stop, restart
+// or cut off the API server or etcd, or host sidecars in the test process: they run first,
+// one at a time, before the parallel ones start (Go runs a package's parallel tests once
+// its other tests have ended).
 func TestMain(m *testing.M) { os.Exit(e2e.Main(m, "../..", &kube, &binDir)) }
 
 // scenario is a harness scenario for the test sidecar, whose Lease is named after the

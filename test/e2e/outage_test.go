@@ -30,14 +30,33 @@ type outageScenario struct {
 	writes *leaseWrites
 	// acquired is the leader's record before the outage.
 	acquired time.Time
+	// release ends the leader's calls, which the driver holds until then; nil when they
+	// end by their latency.
+	release func()
 }
 
+// startOutageScenario starts the scenario with calls that take latency.
 func startOutageScenario(t *testing.T, latency time.Duration, lease ...string) *outageScenario {
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: latency}})
+	return startOutage(s, nil, lease)
+}
+
+// startHeldOutageScenario starts the scenario with calls that the driver holds until the
+// test releases them (leaderKeptLeading does once the leader has renewed after the
+// outage): they are still running during the outage however long it takes.
+func startHeldOutageScenario(t *testing.T, lease ...string) *outageScenario {
+	s := newScenario(t, testdriver.Config{})
+	return startOutage(s, s.Driver.Hold(testdriver.MethodCreateVolume), lease)
+}
+
+func startOutage(s *scenario, release func(), lease []string) *outageScenario {
+	if release != nil {
+		s.T.Cleanup(release)
+	}
 	a := s.leaderBusy("replica-a", 4, lease...)
 	b := s.startReplica("replica-b", lease...)
-	b.WaitReady(t)
-	return &outageScenario{scenario: s, a: a, b: b, writes: s.watchLeaseWrites(), acquired: s.lease().Spec.AcquireTime.Time}
+	b.WaitReady(s.T)
+	return &outageScenario{scenario: s, a: a, b: b, writes: s.watchLeaseWrites(), acquired: s.lease().Spec.AcquireTime.Time, release: release}
 }
 
 // nextRenewal waits for the leader's next write of the Lease and returns when the test saw
@@ -93,6 +112,13 @@ func (o *outageScenario) leaderKeptLeading(returned time.Time) {
 	if !o.a.Running() {
 		o.T.Fatalf("replica-a exited with %d; want it leading through the outage", o.a.ExitCode)
 	}
+	if o.release != nil {
+		// The calls ran through the outage; the driver ends them now.
+		if n := e2e.Running(callsOn(o.Driver.Journal(), o.a)); n != 4 {
+			o.T.Errorf("%d of replica-a's calls running after the outage, want the 4 held ones", n)
+		}
+		o.release()
+	}
 	o.WaitUntil("all 4 results recorded", func() bool { return countResults(o.results(), "ok") == 4 })
 	// The test sidecar calls again for work whose result its cache does not show yet (a
 	// relist after the restart may queue it again): those calls end too before the check.
@@ -118,12 +144,13 @@ func (o *outageScenario) leaderKeptLeading(returned time.Time) {
 	}
 }
 
-// P11: kube-apiserver killed half a second after a renewal, while four calls run, and
-// started again 12 s later (down about 14 s in all, as a control-plane node's restart). The
-// leader retries its renewal often, so the server's return inside the renew deadline finds
-// it leading: it keeps its Lease and its calls, and exits nothing.
+// P11: kube-apiserver killed half a second after a renewal, while four calls run (the
+// driver holds them until the leader has renewed after the outage), and started again 12 s
+// later (down about 14 s in all, as a control-plane node's restart). The leader retries its
+// renewal often, so the server's return inside the renew deadline finds it leading: it
+// keeps its Lease and its calls, and exits nothing.
 func TestLeaderKeepsItsLeaseThroughAnAPIServerRestartInsideTheRenewDeadline(t *testing.T) {
-	o := startOutageScenario(t, 20*time.Second, outageLease...)
+	o := startHeldOutageScenario(t, outageLease...)
 	renewed := o.nextRenewal()
 	// Started again just after the leader's renewal at the retry period, so that attempt
 	// finds no server (a kube-apiserver that is starting holds requests until it is ready).
@@ -131,12 +158,13 @@ func TestLeaderKeepsItsLeaseThroughAnAPIServerRestartInsideTheRenewDeadline(t *t
 	o.leaderKeptLeading(returned)
 }
 
-// P11: etcd killed two seconds after a renewal, while four calls run, and started again 5 s
-// later (upstream's timings, as in a control-plane upgrade). Requests hang in the API
-// server meanwhile; each renewal attempt has its own short timeout and drops its
-// connection, so the leader still leads when etcd is back.
+// P11: etcd killed two seconds after a renewal, while four calls run (held by the driver
+// until the leader has renewed after the outage), and started again 5 s later (upstream's
+// timings, as in a control-plane upgrade). Requests hang in the API server meanwhile; each
+// renewal attempt has its own short timeout and drops its connection, so the leader still
+// leads when etcd is back.
 func TestLeaderKeepsItsLeaseThroughAnEtcdRestartInsideTheRenewDeadline(t *testing.T) {
-	o := startOutageScenario(t, 15*time.Second)
+	o := startHeldOutageScenario(t)
 	renewed := o.nextRenewal()
 	returned := o.outage(renewed, 2*time.Second, 7*time.Second, "etcd", o.CP.KillEtcd, o.CP.StartEtcd)
 	o.leaderKeptLeading(returned)

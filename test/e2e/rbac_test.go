@@ -15,6 +15,7 @@ import (
 // (as older upstream roles do) costs nothing but speed: the replica polls the Lease, drops
 // events after one warning, and never logs a refused request.
 func TestRoleWithoutEventsOrLeaseWatchDegradesWithoutRefusals(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: time.Second}})
 	rules := e2e.Rules{
 		Cluster:   []rbacv1.PolicyRule{e2e.Rule("", []string{"configmaps"}, "get", "list", "watch", "patch")},

@@ -31,6 +31,7 @@ const leaseDuration = 6 * time.Second
 // run the dead process's calls. It leads only once the Lease expired, and no operation
 // overlaps.
 func TestCrashedLeaderRestartedUnderItsOwnNameWaitsForTheLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 4 * time.Second}})
 	a := s.leaderBusy("replica-a", 4, fastLease...)
 	before := s.lease()
@@ -175,6 +176,7 @@ func TestShortAPIServerStallDoesNotFenceTheLeader(t *testing.T) {
 // A driver that dies while the leader drains may still be running what it was told: the
 // Lease is kept (it expires) and the exit code is 1.
 func TestDriverKilledDuringADrainKeepsTheLease(t *testing.T) {
+	t.Parallel()
 	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: 5 * time.Second}})
 	a := s.leaderBusy("replica-a", 2)
 

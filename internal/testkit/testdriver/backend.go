@@ -25,9 +25,11 @@ type Backend struct {
 	lastID        int
 	latency       time.Duration
 	methodLatency map[string]time.Duration
-	faults        []Fault
-	calls         []Call
-	overlaps      []overlapRef
+	// holds has a channel per held method (Hold), closed by its release.
+	holds    map[string]chan struct{}
+	faults   []Fault
+	calls    []Call
+	overlaps []overlapRef
 	// running maps an overlap key (volume id or "name:"+name) to the journal
 	// indices of the mutating operations on it still running in the backend.
 	running map[string][]int
@@ -76,6 +78,7 @@ func New(cfg Config) (*Backend, error) {
 		volumes:        map[string]*Volume{},
 		latency:        cfg.Latency,
 		methodLatency:  maps.Clone(cfg.MethodLatency),
+		holds:          map[string]chan struct{}{},
 		running:        map[string][]int{},
 		runningKeys:    map[int][]string{},
 		changed:        make(chan struct{}),

@@ -74,6 +74,48 @@ func TestOperationContinuesAfterCancel(t *testing.T) {
 	}
 }
 
+// A held call stays running until the test releases it, whatever the time; calls that
+// start after the release are not held.
+func TestHeldCallsRunUntilReleased(t *testing.T) {
+	ctx := testCtx(t)
+	d := startDriver(t, testdriver.Config{}, 1)
+	c := d.ctrl(0)
+	id := mustCreate(ctx, t, c, "pvc-1")
+	release := d.b.Hold(testdriver.MethodControllerPublishVolume)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.ControllerPublishVolume(ctx, publishReq(id, "node-a", false))
+		errc <- err
+	}()
+	if err := d.b.WaitFor(ctx, startedCalls(testdriver.MethodControllerPublishVolume, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// Other methods are not held.
+	if _, err := c.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-b"}); err != nil {
+		t.Fatalf("unpublish while publish is held: %v", err)
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("held publish returned %v before its release", err)
+	default:
+	}
+	if v, _ := d.b.Volume(id); len(v.Published) != 0 {
+		t.Errorf("volume while its publish is held: %+v, want it not published yet", v)
+	}
+	release()
+	if err := <-errc; err != nil {
+		t.Fatalf("released publish: %v", err)
+	}
+	if v, _ := d.b.Volume(id); len(v.Published) != 1 {
+		t.Errorf("volume after the release: %+v, want it published", v)
+	}
+	// After the release, calls are not held.
+	if _, err := c.ControllerPublishVolume(ctx, publishReq(id, "node-a", false)); err != nil {
+		t.Fatalf("publish after the release: %v", err)
+	}
+	release() // a second release is harmless
+}
+
 func TestLatencyChangesAtRunTime(t *testing.T) {
 	ctx := testCtx(t)
 	d := startDriver(t, testdriver.Config{}, 1)

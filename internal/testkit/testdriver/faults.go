@@ -3,6 +3,7 @@ package testdriver
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -130,6 +131,31 @@ func (b *Backend) ClearMethodLatency(method string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.methodLatency, method)
+}
+
+// Hold makes the calls of method that start from now on wait in the backend,
+// after their latency, until release is called: a test that needs a call still
+// running when something happens makes it so, instead of hoping that a latency
+// outlasts it. A caller that gives up on a held call sees it cancelled, as with
+// latency, while the operation itself waits for the release and then runs to its
+// end. Calls that start after the release are not held. Holding a held method
+// again releases nothing: each release is for the calls held since its Hold.
+func (b *Backend) Hold(method string) (release func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	gate := make(chan struct{})
+	b.holds[method] = gate
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			if b.holds[method] == gate {
+				delete(b.holds, method)
+			}
+			b.mu.Unlock()
+			close(gate)
+		})
+	}
 }
 
 // latencyLocked is how long an operation of method takes now. The caller

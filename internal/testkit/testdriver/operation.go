@@ -34,7 +34,8 @@ type opResult[T any] struct {
 }
 
 // runOp journals a call and runs apply as a backend operation: after the
-// method's latency, with the backend lock held. The handler waits for the
+// method's latency and, for a held method (Hold), once it is released, with the
+// backend lock held. The handler waits for the
 // operation or for ctx, whichever ends first; the operation itself always
 // runs to its end, as a cloud API keeps working on a request whose client
 // went away. apply may fill in the journal entry (e.g. the id CreateVolume
@@ -46,6 +47,7 @@ func runOp[T any](ctx context.Context, b *Backend, spec opSpec, apply func(call 
 		b.calls[seq].Deadline = time.Until(deadline)
 	}
 	latency := b.latencyLocked(spec.method)
+	held := b.holds[spec.method]
 	fault := b.takeFaultLocked(spec)
 	b.mu.Unlock()
 
@@ -53,6 +55,9 @@ func runOp[T any](ctx context.Context, b *Backend, spec opSpec, apply func(call 
 	go func() {
 		if latency > 0 {
 			time.Sleep(latency)
+		}
+		if held != nil {
+			<-held
 		}
 		v, err := finishOp(ctx, b, seq, fault, apply)
 		done <- opResult[T]{v, err}
