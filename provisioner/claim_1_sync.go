@@ -125,7 +125,7 @@ func (c *controller) syncClaim(uid string) error {
 		return nil
 	}
 	// Stage 2: does the claim want a volume of this driver now?
-	class, err := c.classFor(claim)
+	class, err := c.planner.classFor(claim)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (c *controller) syncClaim(uid string) error {
 	}
 	// Stage 3 (claim_3_plan.go): the plan.
 	start := time.Now()
-	p, err = c.plan(claim, class)
+	p, err = c.planner.plan(claim, class)
 	if p == nil {
 		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 		return c.planFailed(claim, err)

@@ -53,7 +53,7 @@ func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass,
 }
 
 // classFor returns the claim's StorageClass; nil, nil for a claim without one.
-func (c *controller) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
+func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
 	name := storageClassName(claim)
 	if name == "" {
 		return nil, nil

@@ -17,6 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 )
 
@@ -47,10 +49,28 @@ type rescheduleError struct{ err error }
 func (e rescheduleError) Error() string { return e.err.Error() }
 func (e rescheduleError) Unwrap() error { return e.err }
 
+// planner makes a claim's plan: it reads the claim's class, the cluster's topology, the
+// provisioner secret, the VolumeAttributesClass and the data source, and builds the
+// request. It holds no state of its own beyond its caches and writes nothing.
+type planner struct {
+	*config
+	classes  storagelisters.StorageClassLister
+	volumes  corelisters.PersistentVolumeLister
+	nodes    corelisters.NodeLister       // nil without topology
+	csiNodes storagelisters.CSINodeLister // nil without topology
+	// claims is the claim cache through this process's own writes (a clone's source).
+	claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	// snapshots is nil without snapshot support (a restore's source).
+	snapshots *snapshotWatch
+	// startingWork is the context of the plan's reads: they end with intake and wait
+	// behind the requests that finish work (P14).
+	startingWork func(context.Context) (context.Context, context.CancelFunc)
+}
+
 // plan reads what CreateVolume needs (listers, the provisioner secret, the
 // VolumeAttributesClass) and builds the request. It returns no plan with an error the user
 // must hear about; it makes no CSI call.
-func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (_ *plan, err error) {
+func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (_ *plan, err error) {
 	source, err := claimSource(claim)
 	if err != nil {
 		return nil, err
@@ -159,7 +179,7 @@ func (c *controller) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Stor
 // requirements gathers the topology of the cluster from the listers and computes the
 // accessibility requirement. A selected node that is gone, or that the driver never
 // registered on, sends the claim back to the scheduler.
-func (c *controller) requirements(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, selectedNode string) (*csi.TopologyRequirement, error) {
+func (c *planner) requirements(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, selectedNode string) (*csi.TopologyRequirement, error) {
 	in := topologyInput{
 		driver:    c.driver,
 		claimName: claim.Name,
@@ -227,14 +247,14 @@ func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) erro
 }
 
 // contentSource reads the claim's source and checks it (cloneSource, snapshotSource).
-func (c *controller) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
 	var (
 		src *csi.VolumeContentSource
 		err error
 	)
 	switch ref.kind {
 	case sourceClone:
-		source := cachedClaim(c.ownClaims, ref.namespace, ref.name)
+		source := cachedClaim(c.claims, ref.namespace, ref.name)
 		var sourcePV *v1.PersistentVolume
 		if source != nil && source.Spec.VolumeName != "" {
 			sourcePV, _ = c.volumes.Get(source.Spec.VolumeName)
@@ -253,17 +273,17 @@ func (c *controller) contentSource(ctx context.Context, claim *v1.PersistentVolu
 
 // snapshotContentSource reads the snapshot and its content from the API server (fresh:
 // the snapshot controller may just have bound them) on ctx.
-func (c *controller) snapshotContentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
-	if c.sources.snapshots == nil {
+func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+	if c.snapshots == nil {
 		return nil, fmt.Errorf("the %s API is not served by the cluster", snapshotv1.SchemeGroupVersion)
 	}
-	snap, err := c.sources.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	snap, err := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("error getting snapshot %s from api server: %w", ref.name, err)
 	}
 	var content *snapshotv1.VolumeSnapshotContent
 	if snap.Status != nil && snap.Status.BoundVolumeSnapshotContentName != nil {
-		content, err = c.sources.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, *snap.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
+		content, err = c.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, *snap.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("error getting snapshotcontent %s: %w", *snap.Status.BoundVolumeSnapshotContentName, err)
 		}

@@ -193,7 +193,7 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 	ref := rec.Secret
 	if claim != nil {
 		// While the claim is there its templates resolve (gone, the recorded secret it is).
-		if class, err := c.classFor(claim); err == nil && class != nil {
+		if class, err := c.planner.classFor(claim); err == nil && class != nil {
 			if class, _, err := c.names().csiClass(class); err == nil {
 				if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
 					ref = fromClass

@@ -92,13 +92,13 @@ func (c *config) capacityChanged(class string, topology []*csi.Topology) {
 type controller struct {
 	config
 
-	claims   cache.Indexer
-	classes  storagelisters.StorageClassLister
-	volumes  corelisters.PersistentVolumeLister
-	nodes    corelisters.NodeLister       // nil without topology
-	csiNodes storagelisters.CSINodeLister // nil without topology
+	claims  cache.Indexer
+	classes storagelisters.StorageClassLister
+	volumes corelisters.PersistentVolumeLister
 
 	claimQueue *lifecycle.Queue[string]
+	// planner makes each claim's plan.
+	planner *planner
 	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
 	deleter *volumeDeleter
 	// sources protects the data sources of clones and restores, with a queue of its own.
@@ -189,13 +189,14 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 		return nil, err
 	}
 
+	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: c.sources.snapshots, startingWork: c.startingWork}
 	if cfg.topology {
 		if cfg.node != nil {
 			// A node deployment knows its one node; it does not watch the cluster's.
-			c.nodes, c.csiNodes = cfg.node.listers(cfg.driver)
+			c.planner.nodes, c.planner.csiNodes = cfg.node.listers(cfg.driver)
 		} else {
-			c.nodes = factory.Core().V1().Nodes().Lister()
-			c.csiNodes = factory.Storage().V1().CSINodes().Lister()
+			c.planner.nodes = factory.Core().V1().Nodes().Lister()
+			c.planner.csiNodes = factory.Storage().V1().CSINodes().Lister()
 		}
 	}
 	return c, nil

@@ -294,7 +294,7 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 			// What the dead leader planned, recorded, and maybe made.
 			claim := claimFor("data", "uid-1", "late")
 			claim.Annotations[volumehelpers.AnnSelectedNode] = "n1"
-			p, err := w.ctrl.plan(claim, late)
+			p, err := w.ctrl.planner.plan(claim, late)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -635,7 +635,7 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 	kept, gone := claimFor("kept", "uid-1", "fast"), claimFor("gone", "uid-2", "fast")
 	var records []carriedRecord
 	for _, claim := range []*v1.PersistentVolumeClaim{kept, gone} {
-		p, err := w.ctrl.plan(claim, sc)
+		p, err := w.ctrl.planner.plan(claim, sc)
 		if err != nil {
 			t.Fatal(err)
 		}

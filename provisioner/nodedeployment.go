@@ -96,7 +96,7 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	}
 	if len(csiClass.AllowedTopologies) > 0 && c.topology {
 		// Take it only if the class allows this node.
-		if _, err := c.requirements(claim, csiClass, n.name); err != nil {
+		if _, err := c.planner.requirements(claim, csiClass, n.name); err != nil {
 			klog.FromContext(intake).V(4).Info("Not taking the claim: its class does not allow this node", "claim", klog.KObj(claim), "err", err.Error())
 			return false, nil
 		}
@@ -117,7 +117,7 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 	// not take it, so that one with room can (upstream's becomeOwner). A check that
 	// fails (a plan error, GetCapacity unanswered) does not stop it: provisioning then
 	// fails the same way, with an event the user sees.
-	if ok, err := c.nodeHasCapacity(current, class, n.name); err != nil {
+	if ok, err := c.planner.nodeHasCapacity(current, class, n.name); err != nil {
 		klog.FromContext(intake).V(3).Info("Taking the claim although the capacity check failed", "claim", klog.KObj(claim), "err", err.Error())
 	} else if !ok {
 		klog.FromContext(intake).V(4).Info("Not taking the claim: not enough capacity on this node", "claim", klog.KObj(claim))
@@ -146,7 +146,7 @@ func (n *nodeDeployment) owns(intake context.Context, c *controller, claim *v1.P
 // a segment when there is none), enough in one of them is enough, as upstream's
 // checkCapacity. A claim without a size fits; a driver without GET_CAPACITY is not asked
 // (upstream asks and proceeds on the error). The call runs on Ops() like every CSI call.
-func (c *controller) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, node string) (bool, error) {
+func (c *planner) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, node string) (bool, error) {
 	size := requestedBytes(claim)
 	if size == 0 {
 		return true, nil
