@@ -89,7 +89,7 @@ func (c *controller) syncClaim(uid string) error {
 	ctx := klog.NewContext(c.ops, logger)
 	// Stage 2 (claim_2_decide.go): a volume that may exist already, by an open record or a
 	// plan in flight, is finished, dropped or undone (claim_8_undo.go) before anything new.
-	p := c.pending(uid)
+	p := c.inFlight.get(uid)
 	facts := c.recordFacts(uid, claim, p)
 	action, why := decideRecord(facts)
 	if action != recordNone {
@@ -108,7 +108,7 @@ func (c *controller) syncClaim(uid string) error {
 		logger.Info("Warning: leaving a provisioning record alone", "reason", why)
 		if claim != nil && hasRecord(claim) {
 			c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
-		} else if about := c.eventObject(claim, facts.rec); about != nil {
+		} else if about := eventObject(claim, facts.rec); about != nil {
 			c.recorder.Eventf(about, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume", why)
 		}
 		return nil
@@ -178,7 +178,7 @@ func (c *controller) syncClaim(uid string) error {
 	// of the operation, on Ops(), P1). The plan is pending from before the finalizer
 	// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
 	// (and the claim's record) is then the sign that the source is still in use.
-	c.setPending(uid, p)
+	c.inFlight.set(uid, p)
 	if err := c.sources.protect(ctx, p.source); err != nil {
 		c.finish(uid, p)
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())

@@ -78,7 +78,13 @@ type recordStore struct {
 	informer    cache.SharedIndexInformer
 	// own shows the record events this process created before the informer does.
 	own *lifecycle.OwnWrites[*v1.Event]
-	now func() time.Time
+	// claims is the claim cache through this process's own writes, which include the
+	// removal of an earlier version's record from a claim.
+	claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	// startingWork is the context of the writes that open a record: they end with intake
+	// and wait behind the requests that finish work (P14).
+	startingWork func(context.Context) (context.Context, context.CancelFunc)
+	now          func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
 	// linger is how long a flush lets records gather before it takes the next batch when

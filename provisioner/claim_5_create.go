@@ -52,7 +52,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		}
 		switch outcome {
 		case createInBackground:
-			c.setPending(uid, p)
+			c.inFlight.set(uid, p)
 			return err
 		case createReschedule:
 			c.finish(uid, p)
@@ -66,7 +66,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 		}
 	}
 	// From here the volume exists: until it is recorded or deleted, it stays pending.
-	c.setPending(uid, p)
+	c.inFlight.set(uid, p)
 	id := resp.GetVolume().GetVolumeId()
 	// A claim deleted or rescheduled while CreateVolume ran does not get the volume: it is
 	// deleted now, while its ID is known, rather than recorded for nobody.
@@ -101,13 +101,9 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	return c.recorded(ctx, uid, c.claimByUID(uid), p, p.rec)
 }
 
-func (c *controller) pending(uid string) *plan { return c.inFlight.get(uid) }
-
-func (c *controller) setPending(uid string, p *plan) { c.inFlight.set(uid, p) }
-
 // finish ends a plan: it is no longer pending, and its source, if it has one, may be free.
 func (c *controller) finish(uid string, p *plan) {
-	c.setPending(uid, nil)
+	c.inFlight.set(uid, nil)
 	if p.source.kind != sourceNone {
 		c.sources.queue.Add(p.source.key())
 	}

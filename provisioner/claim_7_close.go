@@ -10,8 +10,6 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -22,7 +20,7 @@ import (
 // supersedes the record, so nothing waits for it, and a provisioning costs two writes on
 // its way to a bound claim (the record and the PersistentVolume), not three (P14).
 func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
-	if err := c.dropLegacyRecord(ctx, claim); err != nil {
+	if err := c.records.dropLegacy(ctx, claim); err != nil {
 		klog.FromContext(ctx).V(2).Info("Cannot remove the provisioning record from the claim, retrying", "err", err.Error())
 		return err
 	}
@@ -30,47 +28,8 @@ func (c *controller) recorded(ctx context.Context, uid string, claim *v1.Persist
 	if p != nil {
 		c.finish(uid, p)
 	}
-	c.closer.later(uid, c.claimRef(claim, rec), rec.Volume)
+	c.closer.later(uid, claimRef(claim, rec), rec.Volume)
 	return nil
-}
-
-// closeRecord ends the claim's record once the volume is known (recorded by a
-// PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
-// earlier version leaves the claim too (one update of the freshest copy this process
-// knows; a conflict goes back to the queue, never to a fresh read, P14).
-func (c *controller) closeRecord(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
-	if err := c.dropLegacyRecord(ctx, claim); err != nil {
-		return err
-	}
-	return c.records.close(ctx, uid, c.claimRef(claim, rec), eventType, reason, message)
-}
-
-// dropLegacyRecord removes a record of an earlier version from the claim, if it has one.
-func (c *controller) dropLegacyRecord(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
-	if claim == nil || !hasRecord(claim) {
-		return nil
-	}
-	update, _ := withoutRecord(claim)
-	out, err := c.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
-	switch {
-	case err == nil:
-		c.ownClaims.Wrote(out)
-	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
-	}
-	return nil
-}
-
-// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
-// one its record's event holds.
-func (c *controller) claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
-	if claim != nil {
-		return claimReference(claim)
-	}
-	if rec != nil {
-		return rec.claim
-	}
-	return v1.ObjectReference{}
 }
 
 // closeQueueName is the record closer's queue (ours: upstream has no record).
@@ -92,7 +51,12 @@ type closing struct {
 
 // closer holds the records to close: its queue, by claim UID, and what to write for each.
 type closer struct {
-	queue *lifecycle.Queue[string]
+	queue   *lifecycle.Queue[string]
+	records *recordStore
+	// ops is the context of the writes (Ops(), P1); intake is Run's intake context, or ops
+	// before Run.
+	ops    context.Context
+	intake func() context.Context
 
 	mu   sync.Mutex
 	todo map[string]closing
@@ -130,21 +94,21 @@ func (q *closer) done(uid string) {
 	delete(q.todo, uid)
 }
 
-// syncClose writes the event that closes the claim's record, if it is still open.
-func (c *controller) syncClose(uid string) error {
-	todo, ok := c.closer.next(uid)
+// sync writes the event that closes the claim's record, if it is still open.
+func (q *closer) sync(uid string) error {
+	todo, ok := q.next(uid)
 	if !ok {
 		return nil
 	}
-	done := func() { c.closer.done(uid) }
-	if !c.records.isOpen(uid) {
+	done := func() { q.done(uid) }
+	if !q.records.isOpen(uid) {
 		// Closed meanwhile (an undo, or a sync that found it closed by another leader).
 		done()
 		return nil
 	}
-	ctx, cancel := lifecycle.Deferrable(klog.NewContext(c.ops, klog.Background().WithValues("claimUID", uid)), c.intakeOr(c.ops))
+	ctx, cancel := lifecycle.Deferrable(klog.NewContext(q.ops, klog.Background().WithValues("claimUID", uid)), q.intake())
 	defer cancel()
-	err := lifecycle.IfNotStarted(ctx, c.records.close(ctx, uid, todo.claim, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", todo.volume)))
+	err := lifecycle.IfNotStarted(ctx, q.records.close(ctx, uid, todo.claim, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", todo.volume)))
 	switch {
 	case lifecycle.NotStarted(err):
 		// Intake ended: the PersistentVolume supersedes the record; the next leader closes it.

@@ -127,7 +127,7 @@ func (a *absentVolumes) is(uid, volume string) bool {
 // plan, if any, is done.
 func (c *controller) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why, what string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
-	if err := c.closeRecord(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
+	if err := c.records.closeFor(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
 		logger.Error(err, "Volume known absent, but the provisioning record cannot be closed; retrying")
 		return err
 	}
@@ -162,7 +162,7 @@ func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeC
 		return err
 	}
 	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; its record stays open until it is known deleted")
-	if about := c.eventObject(claim, rec); about != nil {
+	if about := eventObject(claim, rec); about != nil {
 		c.recorder.Eventf(about, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
 	}
 	return err
@@ -170,7 +170,7 @@ func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeC
 
 // eventObject is what the recorder reports about: the claim, else a stand-in for the gone
 // claim the record names; nil for neither.
-func (c *controller) eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.PersistentVolumeClaim {
+func eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.PersistentVolumeClaim {
 	if claim != nil {
 		return claim
 	}

@@ -104,7 +104,7 @@ type controller struct {
 	// sources protects the data sources of clones and restores, with a queue of its own.
 	sources *sourceGuard
 	// closer writes the events that close records, off the provisioning's path.
-	closer closer
+	closer *closer
 	// records keeps the provisioning records (events on the claims).
 	records *recordStore
 
@@ -140,7 +140,6 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	// volume queues keep upstream's names (dashboards keep working, P9), which no other
 	// sidecar of the process uses; the source queue has no upstream twin.
 	c.claimQueue = queue(claimQueueName)
-	c.closer.queue = queue(closeQueueName)
 
 	claims := factory.Core().V1().PersistentVolumeClaims().Informer()
 	if err := claims.AddIndexers(cache.Indexers{claimUIDIndex: func(obj any) ([]string, error) {
@@ -161,6 +160,8 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	if c.records, err = newRecordStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
 		return nil, err
 	}
+	c.records.claims, c.records.startingWork = own, c.startingWork
+	c.closer = &closer{queue: queue(closeQueueName), records: c.records, ops: cfg.ops, intake: func() context.Context { return c.intakeOr(cfg.ops) }}
 	if _, err := c.records.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
 		return nil, err
 	}
@@ -233,7 +234,7 @@ func (c *controller) run(intake context.Context) {
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sources.queue, int(c.opts.cloningProtectionThreads), c.sources.sync)
 	})
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.queue, 1, c.syncClose) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.queue, 1, c.closer.sync) })
 	wg.Go(func() { c.sources.sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")

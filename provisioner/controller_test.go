@@ -358,7 +358,7 @@ func TestATimedOutCreateVolumeOfAClaimDeletedMeanwhileIsUndone(t *testing.T) {
 	}
 	w.driver.SetMethodLatency(testdriver.MethodCreateVolume, 0)
 	w.waitFor("the volume deleted", func() bool {
-		return len(w.calls(testdriver.MethodDeleteVolume)) > 0 && len(w.driver.Volumes()) == 0 && w.ctrl.pending("uid-1") == nil
+		return len(w.calls(testdriver.MethodDeleteVolume)) > 0 && len(w.driver.Volumes()) == 0 && w.ctrl.inFlight.get("uid-1") == nil
 	})
 	for _, c := range w.calls(testdriver.MethodCreateVolume) {
 		if c.VolumeName != "pvc-uid-1" {

@@ -90,7 +90,7 @@ func TestAVolumeThatDoesNotFitIsCleanedUpAndNotRetriedOnceTheClaimIsGone(t *test
 	// With the claim gone nothing plans again; a plan kept after the cleanup would create
 	// and delete the volume forever.
 	w.waitFor("no pending plan and no volume once the claim is gone", func() bool {
-		return w.ctrl.claimByUID("uid-1") == nil && w.ctrl.pending("uid-1") == nil && len(w.driver.Volumes()) == 0
+		return w.ctrl.claimByUID("uid-1") == nil && w.ctrl.inFlight.get("uid-1") == nil && len(w.driver.Volumes()) == 0
 	})
 	if w.pv("pvc-uid-1") != nil {
 		t.Error("a PersistentVolume was saved for a volume that does not fit")
