@@ -99,7 +99,7 @@ func (c *controller) syncClaim(uid string) error {
 	case recordDrop:
 		return c.recorded(ctx, uid, claim, p, facts.rec)
 	case recordUndo:
-		return c.undo(ctx, uid, claim, p, facts.rec, why)
+		return c.undoer.undo(ctx, uid, claim, p, facts.rec, why)
 	case recordSkip:
 		return nil
 	case recordUntrusted:

@@ -41,7 +41,7 @@ func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existi
 		return nil
 	}
 	if existing != nil && !c.absent.is(uid, existing.Volume) {
-		if err := c.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
+		if err := c.undoer.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)

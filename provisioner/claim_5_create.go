@@ -71,7 +71,7 @@ func (c *controller) provision(ctx context.Context, uid string, p *plan) error {
 	// A claim deleted or rescheduled while CreateVolume ran does not get the volume: it is
 	// deleted now, while its ID is known, rather than recorded for nobody.
 	if act, why := decideRecord(c.recordFacts(uid, c.claimByUID(uid), p)); act == recordUndo {
-		return c.discard(ctx, uid, p, id, why)
+		return c.undoer.discard(ctx, uid, p, id, why)
 	}
 	in := p.pv
 	in.volume = resp.GetVolume()

@@ -19,63 +19,88 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// undoer deletes the volume a claim no longer wants, or that a record says may exist while
+// nothing wants it, and closes the record. It hands back to the claim's way (claimWay) a
+// volume that has a PersistentVolume after all, a plan that ended and a claim to decide
+// again.
+type undoer struct {
+	*config
+	records *recordStore
+	// planner gives the claim's class, whose secret an undo of a recorded request uses.
+	planner *planner
+	// absent is shared with the claim's way, which knows from CreateVolume's answers too.
+	absent *absentVolumes
+	claims claimWay
+}
+
+// claimWay is what the undo needs of the claim's way.
+type claimWay interface {
+	claimByUID(uid string) *v1.PersistentVolumeClaim
+	// recorded ends a record whose volume a PersistentVolume records.
+	recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error
+	// finish ends a plan.
+	finish(uid string, p *plan)
+	// requeue decides the claim again.
+	requeue(uid string)
+}
+
 // undo deletes the volume a claim no longer wants, then closes the record, all on ctx
 // (Ops(), P1). The volume's ID is learned by sending the recorded CreateVolume again: CSI
 // makes it return the volume of that name if there is one; if there is none the driver
 // creates it, and it is deleted the same way. A final error means the driver does not
 // have the volume. Every failure is an event on the claim, and the record stays open until
 // the volume is known deleted.
-func (c *controller) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why string) error {
+func (u *undoer) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
 	// The cache may not show a PersistentVolume saved a moment ago (by the previous
 	// leader): deleting its volume would leave it without one. Ask the API server.
-	_, err := c.kube.CoreV1().PersistentVolumes().Get(ctx, rec.Volume, metav1.GetOptions{})
+	_, err := u.kube.CoreV1().PersistentVolumes().Get(ctx, rec.Volume, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		logger.V(2).Info("The volume has a PersistentVolume after all; closing the record")
-		return c.recorded(ctx, uid, claim, p, rec)
+		return u.claims.recorded(ctx, uid, claim, p, rec)
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("checking for PersistentVolume %s before deleting its volume: %w", rec.Volume, err)
 	}
 	deleted := false
-	if !c.absent.is(uid, rec.Volume) {
-		req, err := c.undoRequest(ctx, claim, p, rec)
+	if !u.absent.is(uid, rec.Volume) {
+		req, err := u.undoRequest(ctx, claim, p, rec)
 		if err != nil {
-			return c.undoFailed(ctx, claim, rec, why, err)
+			return u.undoFailed(ctx, claim, rec, why, err)
 		}
-		id, err := c.learnVolumeID(ctx, req)
+		id, err := u.learnVolumeID(ctx, req)
 		if err != nil {
-			return c.undoFailed(ctx, claim, rec, why, err)
+			return u.undoFailed(ctx, claim, rec, why, err)
 		}
 		if id != "" {
-			if err := c.deleteBackendVolume(ctx, id, req.GetSecrets()); err != nil {
-				return c.undoFailed(ctx, claim, rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
+			if err := u.deleteBackendVolume(ctx, id, req.GetSecrets()); err != nil {
+				return u.undoFailed(ctx, claim, rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 			}
 			deleted = true
 			if owner := p.claimOr(claim); owner != nil {
-				c.capacityChanged(storageClassName(owner), nil)
+				u.capacityChanged(storageClassName(owner), nil)
 			}
 		}
 		// Known absent now: a retry of the write below must not create it again.
-		c.absent.mark(uid, rec.Volume)
+		u.absent.mark(uid, rec.Volume)
 	}
 	what := fmt.Sprintf("the driver had no volume %s", rec.Volume)
 	if deleted {
 		what = fmt.Sprintf("volume %s deleted", rec.Volume)
 	}
-	return c.undone(ctx, uid, claim, p, rec, why, what)
+	return u.undone(ctx, uid, claim, p, rec, why, what)
 }
 
 // discard deletes a volume just created for a claim that no longer wants it, then closes
 // the record; a failure leaves the plan pending, and the retry undoes it.
-func (c *controller) discard(ctx context.Context, uid string, p *plan, id, why string) error {
-	claim := c.claimByUID(uid)
-	if err := c.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
-		return c.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
+func (u *undoer) discard(ctx context.Context, uid string, p *plan, id, why string) error {
+	claim := u.claims.claimByUID(uid)
+	if err := u.deleteBackendVolume(lifecycle.MarkMigrated(ctx, p.pv.migrated), id, p.req.GetSecrets()); err != nil {
+		return u.undoFailed(ctx, claim, p.rec, why, fmt.Errorf("DeleteVolume %s: %w", id, err))
 	}
-	c.absent.mark(uid, p.pvName)
-	c.capacityChanged(p.class.Name, nil)
-	return c.undone(ctx, uid, claim, p, p.rec, why, fmt.Sprintf("volume %s deleted", p.pvName))
+	u.absent.mark(uid, p.pvName)
+	u.capacityChanged(p.class.Name, nil)
+	return u.undone(ctx, uid, claim, p, p.rec, why, fmt.Sprintf("volume %s deleted", p.pvName))
 }
 
 // deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).
@@ -125,21 +150,21 @@ func (a *absentVolumes) is(uid, volume string) bool {
 
 // undone closes the record of a volume known absent with a ProvisioningUndone event; the
 // plan, if any, is done.
-func (c *controller) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why, what string) error {
+func (u *undoer) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why, what string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
-	if err := c.records.closeFor(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
+	if err := u.records.closeFor(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
 		logger.Error(err, "Volume known absent, but the provisioning record cannot be closed; retrying")
 		return err
 	}
-	c.absent.forget(uid)
+	u.absent.forget(uid)
 	if p != nil {
-		c.finish(uid, p)
+		u.claims.finish(uid, p)
 	}
 	logger.V(2).Info("Provisioning undone", "what", what)
 	if claim != nil {
 		// It may want a volume still (on another node, under another name): closing the
 		// record changed nothing that would bring it back.
-		c.claimQueue.Add(uid)
+		u.claims.requeue(uid)
 	}
 	return nil
 }
@@ -155,7 +180,7 @@ func (p *plan) claimOr(claim *v1.PersistentVolumeClaim) *v1.PersistentVolumeClai
 // undoFailed reports a failed undo on the claim, or, the claim gone, on the reference its
 // record names (a stuck backend must not be silence), and returns the error for a retry
 // with backoff.
-func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
+func (u *undoer) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
 	err = fmt.Errorf("undoing the provisioning of volume %s (%s): %w", rec.Volume, why, err)
 	if lifecycle.NotStarted(err) {
 		// Draining or no longer leading: the undo is the next leader's.
@@ -163,7 +188,7 @@ func (c *controller) undoFailed(ctx context.Context, claim *v1.PersistentVolumeC
 	}
 	klog.FromContext(ctx).Error(err, "The volume may exist in the driver; its record stays open until it is known deleted")
 	if about := eventObject(claim, rec); about != nil {
-		c.recorder.Eventf(about, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
+		u.recorder.Eventf(about, v1.EventTypeWarning, reasonUndoFailed, "Volume %s may exist in the driver and %s; retrying: %v", rec.Volume, why, err)
 	}
 	return err
 }
@@ -185,7 +210,7 @@ func eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.Persiste
 // secret read now. The secret is the one the StorageClass names when the class is still
 // there (the record is on an object the claim's owner can edit; the class is not), else
 // the recorded one.
-func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) (*csi.CreateVolumeRequest, error) {
+func (u *undoer) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) (*csi.CreateVolumeRequest, error) {
 	if p != nil {
 		return p.req, nil
 	}
@@ -193,15 +218,15 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 	ref := rec.Secret
 	if claim != nil {
 		// While the claim is there its templates resolve (gone, the recorded secret it is).
-		if class, err := c.planner.classFor(claim); err == nil && class != nil {
-			if class, _, err := c.names().csiClass(class); err == nil {
+		if class, err := u.planner.classFor(claim); err == nil && class != nil {
+			if class, _, err := u.names().csiClass(class); err == nil {
 				if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
 					ref = fromClass
 				}
 			}
 		}
 	}
-	secrets, err := readSecret(ctx, c.kube, ref)
+	secrets, err := readSecret(ctx, u.kube, ref)
 	if err != nil {
 		// Without the secret the driver's answer would not say whether the volume exists.
 		return nil, fmt.Errorf("the provisioner secret is needed to find the volume: %w", err)
@@ -212,10 +237,10 @@ func (c *controller) undoRequest(ctx context.Context, claim *v1.PersistentVolume
 
 // learnVolumeID sends the request again and returns the volume's ID; "" when the driver
 // answers for good that it has no such volume (and is not making it).
-func (c *controller) learnVolumeID(ctx context.Context, req *csi.CreateVolumeRequest) (string, error) {
-	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
+func (u *undoer) learnVolumeID(ctx context.Context, req *csi.CreateVolumeRequest) (string, error) {
+	callCtx, cancel := context.WithTimeout(ctx, u.opts.timeout)
 	defer cancel()
-	resp, err := c.csi.CreateVolume(callCtx, req)
+	resp, err := u.csi.CreateVolume(callCtx, req)
 	switch {
 	case err == nil:
 		return resp.GetVolume().GetVolumeId(), nil

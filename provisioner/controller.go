@@ -99,6 +99,8 @@ type controller struct {
 	claimQueue *lifecycle.Queue[string]
 	// planner makes each claim's plan.
 	planner *planner
+	// undoer deletes the volumes that claims no longer want and closes their records.
+	undoer *undoer
 	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
 	deleter *volumeDeleter
 	// sources protects the data sources of clones and restores, with a queue of its own.
@@ -191,6 +193,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	}
 
 	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: c.sources.snapshots, startingWork: c.startingWork}
+	c.undoer = &undoer{config: &c.config, records: c.records, planner: c.planner, absent: &c.absent, claims: c}
 	if cfg.topology {
 		if cfg.node != nil {
 			// A node deployment knows its one node; it does not watch the cluster's.
@@ -202,6 +205,9 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*contro
 	}
 	return c, nil
 }
+
+// requeue decides the claim again (the undo's way back).
+func (c *controller) requeue(uid string) { c.claimQueue.Add(uid) }
 
 // startInformers starts the informers that are not on the core's factory, the records'
 // and the snapshots', until stop closes (every replica, P7).
