@@ -23,25 +23,25 @@
 // k8s.io/component-helpers (annotations, finalizer name, storage class and node-affinity
 // helpers) and csi-lib-utils (access modes, sanitised logging of requests).
 //
-// Reading order: a claim's way from the informer to its PersistentVolume is in files named
-// by stage, in order, each holding its stage's state:
+// Reading order. The package is cut into parts that each own their state and reach the
+// others through plain values or a small interface; controller.go wires them:
 //
-//   - claim_1_sync.go: the handlers that queue a claim by UID, and syncClaim, which runs
-//     the stages below in order;
-//   - claim_2_decide.go: whether the claim wants a volume, and what an open record asks
-//     for (decideRecord: finish, drop, undo);
-//   - claim_3_plan.go: the plan: name, size, parameters, secrets, topology, data source
-//     (claim_3_plan_request.go: the request's parts);
-//   - claim_4_record.go: the record, opened before the driver is asked for anything
-//     (claim_4_record_store.go: the record events every replica watches);
-//   - claim_5_create.go: CreateVolume and what its answer means; the plans in flight;
-//   - claim_6_save.go: the PersistentVolume, built from the answer and saved;
-//   - claim_7_close.go: the record closed by ProvisioningSucceeded, off the path;
-//   - claim_8_undo.go: a volume the claim no longer wants, deleted, and its record closed.
-//
-// A released PersistentVolume's way is volumes.go (volumeDeleter); a data source is checked in
-// source_check.go and protected in source_protect.go; capacity*.go is capacity tracking;
-// controller.go wires the informers, queues and workers.
+//   - claims.go: the claim's way (controller): the handlers that queue a claim by UID,
+//     and syncClaim, which reads top to bottom: an open record first (decide.go:
+//     finish, drop or undo), then whether the claim wants a volume, its plan, its record,
+//     CreateVolume (create.go), the PersistentVolume (save.go) and the record's closing
+//     (close.go: the closer, with its own queue, off the provisioning's path);
+//   - plan.go: the planner, which reads what CreateVolume needs and writes nothing;
+//     request.go, secrets.go, topology.go, source_check.go and migration.go are its pure
+//     parts, tested by tables;
+//   - record.go and record_store.go: the provisioning record and the events that keep it
+//     (recordStore), read back by every replica;
+//   - undo.go: the undoer, which deletes a volume no claim wants and closes its record;
+//   - volumes.go: the volumeDeleter, a released PersistentVolume's way, with its own queue;
+//   - source_protect.go: the sourceGuard, the data sources' protection, with its own
+//     queue and a sweep;
+//   - capacity*.go: capacity tracking (capacityTracker), with its own queue;
+//   - nodedeployment.go: --node-deployment, which takes claims for its node.
 //
 // No leaked volumes (upstream's issue 486): a provisioning that was started is always
 // finished or undone, even after SIGKILL, because a durable record says it was started.
@@ -51,7 +51,7 @@
 //     provisioner.csi-sidecars.io/record=<driver> and .../claim-uid=<UID>, opens the
 //     record; its annotation provisioner.csi-sidecars.io/provisioning holds it: driver,
 //     volume name, the selected node, the provisioner secret's reference, the data source,
-//     and the CreateVolume request without its secrets (claim_4_record.go, claim_4_record_store.go).
+//     and the CreateVolume request without its secrets (record.go, record_store.go).
 //   - Order of writes: record opened, then the source's protection finalizer, then
 //     CreateVolume, then the PersistentVolume, then upstream's "ProvisioningSucceeded"
 //     event, which closes the record (its annotation names the events it closes). Three

@@ -1,4 +1,4 @@
-// Stage 7 of a claim: the record closed once the PersistentVolume is saved, by
+// The record closed once the PersistentVolume is saved, by
 // ProvisioningSucceeded, written off the provisioning's path (closer).
 
 package provisioner

@@ -1,5 +1,6 @@
-// Stage 1 of a claim: the informer handlers queue it by UID, and syncClaim takes it
-// through the stages of the files that follow, in their order.
+// A claim's way: the informer handlers queue it by UID, and syncClaim takes it from an
+// open record or a decision through its plan, record and CreateVolume to its
+// PersistentVolume (the package doc gives the reading order).
 
 package provisioner
 
@@ -87,8 +88,8 @@ func (c *controller) syncClaim(uid string) error {
 		logger = logger.WithValues("claim", klog.KObj(claim))
 	}
 	ctx := klog.NewContext(c.ops, logger)
-	// Stage 2 (claim_2_decide.go): a volume that may exist already, by an open record or a
-	// plan in flight, is finished, dropped or undone (claim_8_undo.go) before anything new.
+	// A volume that may exist already, by an open record or a plan in flight, is
+	// finished, dropped or undone (decide.go, undo.go) before anything new.
 	p := c.inFlight.get(uid)
 	facts := c.recordFacts(uid, claim, p)
 	action, why := decideRecord(facts)
@@ -124,7 +125,7 @@ func (c *controller) syncClaim(uid string) error {
 	if claim == nil {
 		return nil
 	}
-	// Stage 2: does the claim want a volume of this driver now?
+	// Does the claim want a volume of this driver now?
 	class, err := c.planner.classFor(claim)
 	if err != nil {
 		return err
@@ -151,14 +152,14 @@ func (c *controller) syncClaim(uid string) error {
 			return err
 		}
 	}
-	// Stage 3 (claim_3_plan.go): the plan.
+	// The plan (plan.go).
 	start := time.Now()
 	p, err = c.planner.plan(claim, class)
 	if p == nil {
 		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 		return c.planFailed(claim, err)
 	}
-	// Stage 4 (claim_4_record.go): the record is written before anything is asked of the
+	// The record (record.go) is written before anything is asked of the
 	// driver (the source's finalizer, CreateVolume): from then on whoever leads finds the
 	// volume, finishes it or undoes it.
 	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
@@ -184,8 +185,8 @@ func (c *controller) syncClaim(uid string) error {
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		return err
 	}
-	// Stages 5 to 7 (claim_5_create.go, claim_6_save.go, claim_7_close.go): CreateVolume,
-	// the PersistentVolume, the record's closing.
+	// CreateVolume, the PersistentVolume, the record's closing (create.go, save.go,
+	// close.go).
 	err = c.provision(ctx, uid, p)
 	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 	return err

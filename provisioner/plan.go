@@ -1,4 +1,4 @@
-// Stage 3 of a claim: the plan, everything CreateVolume and the PersistentVolume need,
+// A claim's plan (planner): everything CreateVolume and the PersistentVolume need,
 // read from the claim, its class, secrets, topology and data source.
 
 package provisioner

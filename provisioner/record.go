@@ -1,4 +1,4 @@
-// Stage 4 of a claim: the provisioning record, written before the driver is asked for
+// The provisioning record, written before the driver is asked for
 // anything, so that whoever leads next finishes or undoes what was started.
 
 package provisioner
@@ -120,7 +120,7 @@ func claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectRefere
 
 // The provisioning record: what says that a volume may exist in the driver without a
 // PersistentVolume to say so (the package doc tells the whole story). It is kept in events
-// on the claim (claim_4_record_store.go). Records of earlier csi-sidecars versions were kept on the
+// on the claim (record_store.go). Records of earlier csi-sidecars versions were kept on the
 // claim itself, with a finalizer holding it: such a record is still read, and dropped from
 // the claim when it ends, so that an upgrade leaves no claim held.
 //

@@ -1,5 +1,5 @@
-// Stage 8 of a claim, when it no longer wants the volume a record says may exist: the
-// volume is deleted in the driver and the record closed (ProvisioningUndone).
+// The undo (undoer), when no claim wants the volume a record says may exist: the volume
+// is deleted in the driver and the record closed (ProvisioningUndone).
 
 package provisioner
 

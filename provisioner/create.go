@@ -1,4 +1,4 @@
-// Stage 5 of a claim: CreateVolume, and what its answer means for the claim; the plans
+// CreateVolume, and what its answer means for the claim; the plans
 // that may be running in the driver (inFlight).
 
 package provisioner

@@ -1,4 +1,4 @@
-// Stage 3 of a claim, the parts of its CreateVolume request: the volume's name, size,
+// The parts of a claim's CreateVolume request: the volume's name, size,
 // capabilities and parameters.
 
 package provisioner

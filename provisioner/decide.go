@@ -1,4 +1,4 @@
-// Stage 2 of a claim: does it want a volume of this driver, and what does an open
+// Deciding about a claim: does it want a volume of this driver, and what does an open
 // provisioning record of it ask for (finish, drop, undo)? Plain functions over facts.
 
 package provisioner

@@ -1,4 +1,4 @@
-// Stage 6 of a claim: the PersistentVolume built from the driver's answer, and saved.
+// The PersistentVolume built from the driver's answer, and saved.
 
 package provisioner
 

@@ -1,4 +1,4 @@
-// Stage 4 of a claim, where records live: upstream's Provisioning events, labelled, which
+// Where provisioning records live: upstream's Provisioning events, labelled, which
 // every replica watches.
 
 package provisioner
