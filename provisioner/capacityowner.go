@@ -114,11 +114,11 @@ func lookupCapacityOwner(ctx context.Context, kube kubernetes.Interface, owners 
 	ref := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
 	current := &pod.ObjectMeta
 	for i := 1; i <= level; i++ {
-		controller := metav1.GetControllerOfNoCopy(current)
-		if controller == nil {
+		owner := metav1.GetControllerOfNoCopy(current)
+		if owner == nil {
 			return nil, fmt.Errorf("--capacity-ownerref-level=%d: %s %s/%s has no controller (level %d)", level, ref.Kind, namespace, ref.Name, i)
 		}
-		ref = *controller
+		ref = *owner
 		if i == level {
 			break
 		}

@@ -7,15 +7,19 @@ package provisioner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
 
-func (c *controller) enqueueClaim(obj any) {
+func (c *claimController) enqueueClaim(obj any) {
 	// A claim with a record may be bound, deleted or another provisioner's by now: its
 	// volume must still be finished or undone.
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim) || c.records.isOpen(string(claim.UID))) {
@@ -25,7 +29,7 @@ func (c *controller) enqueueClaim(obj any) {
 
 // enqueueRecorded queues the claim of a record event whose record is open: whoever leads
 // finishes or undoes it, whether the claim is still there or not.
-func (c *controller) enqueueRecorded(obj any) {
+func (c *claimController) enqueueRecorded(obj any) {
 	if ev, ok := obj.(*v1.Event); ok {
 		for _, uid := range recordClaimKeys(ev) {
 			if c.records.isOpen(uid) {
@@ -37,7 +41,7 @@ func (c *controller) enqueueRecorded(obj any) {
 
 // forgetClaim drops what this process remembers about a claim that is gone, and queues it
 // if its record is open: its volume is undone.
-func (c *controller) forgetClaim(obj any) {
+func (c *claimController) forgetClaim(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -54,34 +58,10 @@ func (c *controller) forgetClaim(obj any) {
 	}
 }
 
-// claimByUID returns the claim from the cache, nil when it is gone.
-func (c *controller) claimByUID(uid string) *v1.PersistentVolumeClaim {
-	objs, err := c.claims.ByIndex(claimUIDIndex, uid)
-	if err != nil || len(objs) == 0 {
-		return nil
-	}
-	claim, _ := objs[0].(*v1.PersistentVolumeClaim)
-	if claim == nil {
-		return nil
-	}
-	// The newer of the cached copy and this process's last write of the claim; none when
-	// that write let the API server delete it (the informer may not show it yet).
-	newer, ok, err := c.ownClaims.Get(claim.Namespace + "/" + claim.Name)
-	switch {
-	case err != nil:
-		return claim
-	case !ok:
-		return nil
-	case newer.UID == claim.UID:
-		return newer
-	}
-	return claim
-}
-
 // syncClaim is what happens to one claim: a volume that may exist is finished or undone
 // first; otherwise decide, plan, record, create the volume, record it as a
 // PersistentVolume.
-func (c *controller) syncClaim(uid string) error {
+func (c *claimController) syncClaim(uid string) error {
 	logger := klog.Background().WithValues("claimUID", uid)
 	claim := c.claimByUID(uid)
 	if claim != nil {
@@ -190,4 +170,121 @@ func (c *controller) syncClaim(uid string) error {
 	err = c.provision(ctx, uid, p)
 	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 	return err
+}
+
+// planFailed reports a claim that cannot be provisioned yet and decides how to go on.
+func (c *claimController) planFailed(claim *v1.PersistentVolumeClaim, err error) error {
+	if lifecycle.NotStarted(err) {
+		// The plan's reads were cut short by intake's end: nothing to report.
+		return err
+	}
+	if errors.Is(err, errExternalPopulator) {
+		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
+		return nil
+	}
+	c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
+	if errors.As(err, new(rescheduleError)) {
+		return c.reschedule(c.ops, claim, err)
+	}
+	return err
+}
+
+// recordPlan makes sure the plan's record is open before its CreateVolume. A record of
+// the same request (a retry, or a previous leader's) stays as it is, unless it is old
+// enough for its event to expire soon (recordRefresh). A record of another request stays
+// open while what it asked for is unknown: the volume it may have made is undone first
+// (errRecordChanged sends the claim back to be decided again).
+func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
+	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
+	if err != nil {
+		return err
+	}
+	rec.claim = claimReference(p.claim)
+	if p.source.kind != sourceNone {
+		rec.Source = p.source.key()
+	}
+	if existing != nil && existing.sameAs(rec) && !c.records.aging(uid) {
+		p.rec = existing
+		return nil
+	}
+	if existing != nil && !c.absent.is(uid, existing.Volume) {
+		if err := c.undoer.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
+	}
+	if err := c.records.opening(ctx, p.claim, rec); err != nil {
+		return err
+	}
+	p.rec = rec
+	return nil
+}
+
+// owns tells whether this node provisions the claim now. For an immediate-binding claim no
+// node has taken yet, it waits a random delay and then takes it by selecting its own node;
+// the claim's update brings it back here as owned.
+//
+// The wait ends with intake (a stopping replica takes no new claims); the write that
+// takes the claim runs on Ops().
+func (n *localNode) owns(intake context.Context, c *claimController, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (bool, error) {
+	switch claim.Annotations[volumehelpers.AnnSelectedNode] {
+	case n.name:
+		return true, nil
+	case "":
+	default:
+		return false, nil
+	}
+	if isDelayedBinding(class) || !n.immediateBinding {
+		return false, nil
+	}
+	// The class as the plan reads it: the CSI translation of an in-tree class.
+	csiClass, _, err := c.names().csiClass(class)
+	if err != nil {
+		return false, err
+	}
+	if len(csiClass.AllowedTopologies) > 0 && c.topology {
+		// Take it only if the class allows this node.
+		if _, err := c.planner.requirements(claim, csiClass, n.name); err != nil {
+			klog.FromContext(intake).V(4).Info("Not taking the claim: its class does not allow this node", "claim", klog.KObj(claim), "err", err.Error())
+			return false, nil
+		}
+	}
+	uid := string(claim.UID)
+	select {
+	case <-intake.Done():
+		return false, nil
+	case <-time.After(n.delay(uid)):
+	}
+	current := c.claimByUID(uid)
+	if current == nil || current.Annotations[volumehelpers.AnnSelectedNode] != "" {
+		// Gone, or another node was faster.
+		n.forget(uid)
+		return false, nil
+	}
+	// As late as possible, being a driver call: a node without room for the volume does
+	// not take it, so that one with room can (upstream's becomeOwner). A check that
+	// fails (a plan error, GetCapacity unanswered) does not stop it: provisioning then
+	// fails the same way, with an event the user sees.
+	if ok, err := c.planner.nodeHasCapacity(current, class, n.name); err != nil {
+		klog.FromContext(intake).V(3).Info("Taking the claim although the capacity check failed", "claim", klog.KObj(claim), "err", err.Error())
+	} else if !ok {
+		klog.FromContext(intake).V(4).Info("Not taking the claim: not enough capacity on this node", "claim", klog.KObj(claim))
+		// A later attempt (the claim's next update or resync) waits longer, as after a
+		// lost race.
+		n.failed(uid)
+		return false, nil
+	}
+	current = current.DeepCopy()
+	current.Annotations[volumehelpers.AnnSelectedNode] = n.name
+	apiCtx, cancel := c.startingWork(c.ops)
+	defer cancel()
+	// Update, not patch: the resource version makes exactly one node win.
+	written, err := c.kube.CoreV1().PersistentVolumeClaims(current.Namespace).Update(apiCtx, current, metav1.UpdateOptions{})
+	if err != nil {
+		n.failed(uid)
+		return false, lifecycle.IfNotStarted(apiCtx, fmt.Errorf("selecting node %q for claim %s: %w", n.name, klog.KObj(claim), err))
+	}
+	c.ownClaims.Wrote(written)
+	n.forget(uid)
+	return false, nil
 }

@@ -13,25 +13,6 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// recorded ends a record whose volume a PersistentVolume records, with upstream's
-// ProvisioningSucceeded event, and the plan, if any, is done.
-//
-// The event is written later, by the record closer (the closer below): a PersistentVolume
-// supersedes the record, so nothing waits for it, and a provisioning costs two writes on
-// its way to a bound claim (the record and the PersistentVolume), not three (P14).
-func (c *controller) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
-	if err := c.records.dropLegacy(ctx, claim); err != nil {
-		klog.FromContext(ctx).V(2).Info("Cannot remove the provisioning record from the claim, retrying", "err", err.Error())
-		return err
-	}
-	c.absent.forget(uid)
-	if p != nil {
-		c.finish(uid, p)
-	}
-	c.closer.later(uid, claimRef(claim, rec), rec.Volume)
-	return nil
-}
-
 // closeQueueName is the record closer's queue (ours: upstream has no record).
 const closeQueueName = "provisioner-records"
 

@@ -43,7 +43,7 @@ type world struct {
 	t        *testing.T
 	kube     *fake.Clientset
 	driver   *testdriver.Backend
-	ctrl     *controller
+	ctrl     *claimController
 	recorder *record.FakeRecorder
 	// seenEvents are the API's events events() returned already.
 	seenEvents map[string]bool
@@ -534,7 +534,7 @@ func TestReleasedVolumesWithReclaimDeleteAreDeletedAfterDetachAndRetainedOnesKep
 }
 
 func TestANodeDeploymentTakesFreeClaimsForItsNodeAndLeavesOtherNodesAlone(t *testing.T) {
-	nd := &nodeDeployment{name: "n1", immediateBinding: true, baseDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond,
+	nd := &localNode{name: "n1", immediateBinding: true, baseDelay: 10 * time.Millisecond, maxDelay: 50 * time.Millisecond,
 		failures: map[string]int{},
 		info:     &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{testdriver.TopologyKey: "n1"}}}}
 	other := claimFor("other", "uid-2", "fast")

@@ -12,17 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
-	"k8s.io/klog/v2"
 )
-
-// claimProvisioner is the provisioner a claim asks for (the GA annotation, else the beta
-// one the PV controller still sets).
-func claimProvisioner(claim *v1.PersistentVolumeClaim) string {
-	if p, ok := claim.Annotations[volumehelpers.AnnStorageProvisioner]; ok {
-		return p
-	}
-	return claim.Annotations[volumehelpers.AnnBetaStorageProvisioner]
-}
 
 // mayNeedVolume is the cheap test informer handlers use: the claim is unbound and asks
 // the driver for its volume.
@@ -50,20 +40,6 @@ func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass,
 		return false, "waiting for the scheduler to select a node"
 	}
 	return true, ""
-}
-
-// classFor returns the claim's StorageClass; nil, nil for a claim without one.
-func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
-	name := storageClassName(claim)
-	if name == "" {
-		return nil, nil
-	}
-	class, err := c.classes.Get(name)
-	if err != nil {
-		// It may be created later: retry with backoff.
-		return nil, fmt.Errorf("storageClass %q of claim %s: %w", name, klog.KObj(claim), err)
-	}
-	return class, nil
 }
 
 func isDelayedBinding(class *storagev1.StorageClass) bool {
@@ -209,37 +185,6 @@ func cutLength(uuidLength int) int {
 		return 8
 	}
 	return uuidLength
-}
-
-// recordFacts gathers what decideRecord needs about the claim of uid (nil: gone) and the
-// plan pending in this process (nil: none).
-func (c *controller) recordFacts(uid string, claim *v1.PersistentVolumeClaim, p *plan) recordFacts {
-	f := recordFacts{claim: claim, uid: types.UID(uid), driver: c.driver, inTree: c.inTree, minCut: c.opts.volumeNameUUIDLength}
-	if c.node != nil {
-		f.node = c.node.name
-	}
-	if p != nil && p.rec != nil {
-		// This process wrote it: the cache may not show it yet.
-		f.rec, f.fromMemory = p.rec, true
-	} else if open, err := c.records.open(uid); open != nil || err != nil {
-		f.recErr = err
-		if open != nil {
-			f.rec = open.rec
-		}
-	} else {
-		// A record of an earlier version, on the claim.
-		f.rec, f.recErr = recordOf(claim)
-	}
-	if claim != nil {
-		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
-	}
-	if f.rec != nil {
-		// A record whose closing event this process has yet to write was superseded by a
-		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
-		// deleted, the volume deleted): never undo it.
-		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.pending(uid)
-	}
-	return f
 }
 
 func storageClassName(claim *v1.PersistentVolumeClaim) string {

@@ -24,24 +24,32 @@
 // helpers) and csi-lib-utils (access modes, sanitised logging of requests).
 //
 // Reading order. The package is cut into parts that each own their state and reach the
-// others through plain values or a small interface; controller.go wires them:
+// others through plain values, a func or a small interface. From the top down, each file
+// uses only files listed after it; controller.go, above them all, wires the parts:
 //
-//   - claims.go: the claim's way (controller): the handlers that queue a claim by UID,
-//     and syncClaim, which reads top to bottom: an open record first (decide.go:
-//     finish, drop or undo), then whether the claim wants a volume, its plan, its record,
-//     CreateVolume (create.go), the PersistentVolume (save.go) and the record's closing
-//     (close.go: the closer, with its own queue, off the provisioning's path);
-//   - plan.go: the planner, which reads what CreateVolume needs and writes nothing;
-//     request.go, secrets.go, topology.go, source_check.go and migration.go are its pure
-//     parts, tested by tables;
-//   - record.go and record_store.go: the provisioning record and the events that keep it
-//     (recordStore), read back by every replica;
+//   - claims.go: the claim's way: the handlers that queue a claim by UID, and syncClaim,
+//     which reads top to bottom: an open record first (finish, drop or undo), then
+//     whether the claim wants a volume, its plan, its record and its provisioning;
+//   - provision.go: the claim's way's state (claimController) and its steps: CreateVolume
+//     and what its answer means (create.go: the plans in flight), the PersistentVolume, the
+//     record closed;
 //   - undo.go: the undoer, which deletes a volume no claim wants and closes its record;
 //   - volumes.go: the volumeDeleter, a released PersistentVolume's way, with its own queue;
+//   - plan.go: the planner, which reads what CreateVolume needs and writes nothing;
 //   - source_protect.go: the sourceGuard, the data sources' protection, with its own
 //     queue and a sweep;
-//   - capacity*.go: capacity tracking (capacityTracker), with its own queue;
-//   - nodedeployment.go: --node-deployment, which takes claims for its node.
+//   - close.go: the closer, which writes the event closing a record off the
+//     provisioning's path, with its own queue; config.go: what every part needs from the
+//     outside world;
+//   - record_store.go: the events that keep the provisioning records (recordStore), read
+//     back by every replica; metrics.go; capacityowner.go;
+//   - save.go (the PersistentVolume built from CreateVolume's answer), capacity.go
+//     (capacity tracking, with its own queue), source_check.go (a data source checked as
+//     upstream checks it);
+//   - decide.go (does a claim want a volume, what does its open record ask for), request.go
+//     (the request's parts), nodedeployment.go (--node-deployment: localNode);
+//   - record.go (the record itself), secrets.go, topology.go, migration.go, flags.go,
+//     slowretry.go, rbac.go, vac.go: plain types and functions, tested by tables.
 //
 // No leaked volumes (upstream's issue 486): a provisioning that was started is always
 // finished or undone, even after SIGKILL, because a durable record says it was started.

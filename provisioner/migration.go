@@ -119,3 +119,12 @@ func inTreePV(pv *v1.PersistentVolume) (*v1.PersistentVolume, error) {
 	}
 	return translated, nil
 }
+
+// claimProvisioner is the provisioner a claim asks for (the GA annotation, else the beta
+// one the PV controller still sets).
+func claimProvisioner(claim *v1.PersistentVolumeClaim) string {
+	if p, ok := claim.Annotations[volumehelpers.AnnStorageProvisioner]; ok {
+		return p
+	}
+	return claim.Annotations[volumehelpers.AnnBetaStorageProvisioner]
+}

@@ -20,6 +20,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/klog/v2"
 )
 
 // plan is one claim's CreateVolume, made once and retried as it is: the same name and
@@ -229,23 +230,6 @@ func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.Controller
 	return nil
 }
 
-// planFailed reports a claim that cannot be provisioned yet and decides how to go on.
-func (c *controller) planFailed(claim *v1.PersistentVolumeClaim, err error) error {
-	if lifecycle.NotStarted(err) {
-		// The plan's reads were cut short by intake's end: nothing to report.
-		return err
-	}
-	if errors.Is(err, errExternalPopulator) {
-		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
-		return nil
-	}
-	c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
-	if errors.As(err, new(rescheduleError)) {
-		return c.reschedule(c.ops, claim, err)
-	}
-	return err
-}
-
 // contentSource reads the claim's source and checks it (cloneSource, snapshotSource).
 func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
 	var (
@@ -292,4 +276,58 @@ func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.Persisten
 		}
 	}
 	return snapshotSource(claim, class, snap, content, c.opts.preventVolumeModeConversion)
+}
+
+// classFor returns the claim's StorageClass; nil, nil for a claim without one.
+func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
+	name := storageClassName(claim)
+	if name == "" {
+		return nil, nil
+	}
+	class, err := c.classes.Get(name)
+	if err != nil {
+		// It may be created later: retry with backoff.
+		return nil, fmt.Errorf("storageClass %q of claim %s: %w", name, klog.KObj(claim), err)
+	}
+	return class, nil
+}
+
+// nodeHasCapacity asks the driver whether node has room for the claim's volume, with the
+// request a plan for the node would make: GetCapacity per requisite segment (once without
+// a segment when there is none), enough in one of them is enough, as upstream's
+// checkCapacity. A claim without a size fits; a driver without GET_CAPACITY is not asked
+// (upstream asks and proceeds on the error). The call runs on Ops() like every CSI call.
+func (c *planner) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, node string) (bool, error) {
+	size := requestedBytes(claim)
+	if size == 0 {
+		return true, nil
+	}
+	if !c.controllerCaps[csi.ControllerServiceCapability_RPC_GET_CAPACITY] {
+		return false, errors.New("the driver does not report the GET_CAPACITY controller capability")
+	}
+	selected := claim.DeepCopy()
+	if selected.Annotations == nil {
+		selected.Annotations = map[string]string{}
+	}
+	selected.Annotations[volumehelpers.AnnSelectedNode] = node
+	p, err := c.plan(selected, class)
+	if err != nil {
+		return false, err
+	}
+	topologies := []*csi.Topology{nil}
+	if ar := p.req.GetAccessibilityRequirements(); len(ar.GetRequisite()) > 0 {
+		topologies = ar.GetRequisite()
+	}
+	for _, t := range topologies {
+		ctx, cancel := context.WithTimeout(lifecycle.MarkMigrated(c.ops, p.pv.migrated), c.opts.timeout)
+		resp, err := c.csi.GetCapacity(ctx, &csi.GetCapacityRequest{VolumeCapabilities: p.req.GetVolumeCapabilities(), Parameters: p.req.GetParameters(), AccessibleTopology: t})
+		cancel()
+		if err != nil {
+			return false, fmt.Errorf("GetCapacity: %w", err)
+		}
+		if size <= resp.GetAvailableCapacity() {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -60,7 +60,7 @@ func TestSavingAPersistentVolumeReportsTheNameTakenNotAnEarlierTransientError(t 
 	kube.PrependReactor("get", "persistentvolumes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, theirs, nil
 	})
-	c := &controller{config: config{kube: kube}}
+	c := &claimController{config: config{kube: kube}}
 	mine := theirs.DeepCopy()
 	mine.Spec.ClaimRef = &v1.ObjectReference{Namespace: "ns", Name: "data", UID: "uid-1"}
 	err := c.savePV(context.Background(), mine)

@@ -4,7 +4,6 @@
 package provisioner
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -12,111 +11,10 @@ import (
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
-	"k8s.io/klog/v2"
 )
-
-// recordPlan makes sure the plan's record is open before its CreateVolume. A record of
-// the same request (a retry, or a previous leader's) stays as it is, unless it is old
-// enough for its event to expire soon (recordRefresh). A record of another request stays
-// open while what it asked for is unknown: the volume it may have made is undone first
-// (errRecordChanged sends the claim back to be decided again).
-func (c *controller) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
-	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
-	if err != nil {
-		return err
-	}
-	rec.claim = claimReference(p.claim)
-	if p.source.kind != sourceNone {
-		rec.Source = p.source.key()
-	}
-	if existing != nil && existing.sameAs(rec) && !c.records.aging(uid) {
-		p.rec = existing
-		return nil
-	}
-	if existing != nil && !c.absent.is(uid, existing.Volume) {
-		if err := c.undoer.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
-			return err
-		}
-		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
-	}
-	if err := c.records.opening(ctx, p.claim, rec); err != nil {
-		return err
-	}
-	p.rec = rec
-	return nil
-}
-
-// aging tells whether the claim's open record was written long enough ago to be written
-// again (recordRefresh).
-func (s *recordStore) aging(uid string) bool {
-	open, err := s.open(uid)
-	return err == nil && open != nil && s.now().Sub(open.written) > recordRefresh
-}
-
-// opening opens the claim's record (its "Provisioning" event), before the CreateVolume it
-// describes. It starts work, so it ends with intake and waits behind the writes that
-// finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
-// errRecordChanged: it goes back to the queue and is decided again.
-func (s *recordStore) opening(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
-	switch {
-	case claim.DeletionTimestamp != nil:
-		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
-	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
-		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
-	}
-	ctx, cancel := s.startingWork(ctx)
-	defer cancel()
-	if err := s.write(ctx, claim, rec); err != nil {
-		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
-	}
-	return nil
-}
-
-// closeFor ends the claim's record once the volume is known (recorded by a
-// PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
-// earlier version leaves the claim too (one update of the freshest copy this process
-// knows; a conflict goes back to the queue, never to a fresh read, P14).
-func (s *recordStore) closeFor(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
-	if err := s.dropLegacy(ctx, claim); err != nil {
-		return err
-	}
-	return s.close(ctx, uid, claimRef(claim, rec), eventType, reason, message)
-}
-
-// dropLegacy removes a record of an earlier version from the claim, if it has one.
-func (s *recordStore) dropLegacy(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
-	if claim == nil || !hasRecord(claim) {
-		return nil
-	}
-	update, _ := withoutRecord(claim)
-	out, err := s.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
-	switch {
-	case err == nil:
-		s.claims.Wrote(out)
-	case !apierrors.IsNotFound(err):
-		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
-	}
-	return nil
-}
-
-// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
-// one its record's event holds.
-func claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
-	if claim != nil {
-		return claimReference(claim)
-	}
-	if rec != nil {
-		return rec.claim
-	}
-	return v1.ObjectReference{}
-}
 
 // The provisioning record: what says that a volume may exist in the driver without a
 // PersistentVolume to say so (the package doc tells the whole story). It is kept in events
@@ -301,3 +199,15 @@ func withoutRecord(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, 
 // errRecordChanged: the claim changed under a record write in a way that needs a new
 // decision (deleted, another node, another record); the claim is synced again.
 var errRecordChanged = errors.New("the claim changed while its provisioning record was written")
+
+// withFinalizer returns finalizers with f added or removed, and whether that changed them.
+func withFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
+	has := slices.Contains(finalizers, f)
+	switch {
+	case add && !has:
+		return append(slices.Clone(finalizers), f), true
+	case !add && has:
+		return slices.DeleteFunc(slices.Clone(finalizers), func(x string) bool { return x == f }), true
+	}
+	return finalizers, false
+}

@@ -16,11 +16,13 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 )
 
@@ -443,4 +445,69 @@ func (s *recordStore) event(claim v1.ObjectReference, eventType, reason, message
 func claimReference(claim *v1.PersistentVolumeClaim) v1.ObjectReference {
 	return v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: claim.Namespace, Name: claim.Name,
 		UID: claim.UID, ResourceVersion: claim.ResourceVersion}
+}
+
+// aging tells whether the claim's open record was written long enough ago to be written
+// again (recordRefresh).
+func (s *recordStore) aging(uid string) bool {
+	open, err := s.open(uid)
+	return err == nil && open != nil && s.now().Sub(open.written) > recordRefresh
+}
+
+// opening opens the claim's record (its "Provisioning" event), before the CreateVolume it
+// describes. It starts work, so it ends with intake and waits behind the writes that
+// finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
+// errRecordChanged: it goes back to the queue and is decided again.
+func (s *recordStore) opening(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
+	switch {
+	case claim.DeletionTimestamp != nil:
+		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
+		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
+	}
+	ctx, cancel := s.startingWork(ctx)
+	defer cancel()
+	if err := s.write(ctx, claim, rec); err != nil {
+		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
+	}
+	return nil
+}
+
+// closeFor ends the claim's record once the volume is known (recorded by a
+// PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
+// earlier version leaves the claim too (one update of the freshest copy this process
+// knows; a conflict goes back to the queue, never to a fresh read, P14).
+func (s *recordStore) closeFor(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
+	if err := s.dropLegacy(ctx, claim); err != nil {
+		return err
+	}
+	return s.close(ctx, uid, claimRef(claim, rec), eventType, reason, message)
+}
+
+// dropLegacy removes a record of an earlier version from the claim, if it has one.
+func (s *recordStore) dropLegacy(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
+	if claim == nil || !hasRecord(claim) {
+		return nil
+	}
+	update, _ := withoutRecord(claim)
+	out, err := s.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	switch {
+	case err == nil:
+		s.claims.Wrote(out)
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
+	}
+	return nil
+}
+
+// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
+// one its record's event holds.
+func claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
+	if claim != nil {
+		return claimReference(claim)
+	}
+	if rec != nil {
+		return rec.claim
+	}
+	return v1.ObjectReference{}
 }

@@ -15,8 +15,7 @@ import (
 
 // Keys of StorageClass parameters that are for the provisioner, not the driver.
 const (
-	csiParameterPrefix = "csi.storage.k8s.io/"
-	fsTypeKey          = csiParameterPrefix + "fstype"
+	fsTypeKey = csiParameterPrefix + "fstype"
 	// legacyFSTypeKey is matched case-insensitively and, not being prefixed, still passed
 	// to the driver, as upstream does.
 	legacyFSTypeKey = "fstype"

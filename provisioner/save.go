@@ -3,7 +3,6 @@
 package provisioner
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -12,61 +11,16 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
-	"k8s.io/klog/v2"
 )
-
-// savePV creates the PersistentVolume on ctx (Ops(), P1), retrying transient API errors. A
-// PersistentVolume of that name bound to the same claim is success: an earlier attempt, or
-// the previous leader, saved it.
-func (c *controller) savePV(ctx context.Context, pv *v1.PersistentVolume) error {
-	var lastErr error
-	err := wait.ExponentialBackoffWithContext(ctx, savePVBackoff(), func(ctx context.Context) (bool, error) {
-		created, err := c.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
-		switch {
-		case err == nil:
-			c.ownPVs.Wrote(created)
-			return true, nil
-		case apierrors.IsAlreadyExists(err):
-			existing, getErr := c.kube.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-			if getErr != nil {
-				lastErr = getErr
-				return false, nil
-			}
-			if ref := existing.Spec.ClaimRef; ref == nil || ref.UID != pv.Spec.ClaimRef.UID {
-				return false, fmt.Errorf("PersistentVolume %s exists for another claim", pv.Name)
-			}
-			c.ownPVs.Wrote(existing)
-			return true, nil
-		default:
-			klog.FromContext(ctx).Info("Saving PersistentVolume failed, retrying", "pv", pv.Name, "err", err.Error())
-			lastErr = err
-			return false, nil
-		}
-	})
-	// When the backoff ran out (or ctx ended), the last API error says why; a final
-	// answer (the name taken by another claim) is the error itself, whatever came before.
-	if err != nil && wait.Interrupted(err) && lastErr != nil {
-		return fmt.Errorf("saving PersistentVolume %s: %w", pv.Name, lastErr)
-	}
-	return err
-}
 
 // savePVBackoff bounds how long one sync retries saving a PersistentVolume before it gives
 // the claim back to the queue (which retries CreateVolume, idempotent, and the save).
 func savePVBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 6, Cap: 2 * time.Second}
-}
-
-// pvExists tells whether the PersistentVolume is in the cache, or was saved by this
-// process a moment ago and the cache does not show it yet.
-func (c *controller) pvExists(name string) bool {
-	_, ok, err := c.ownPVs.Get(name)
-	return err == nil && ok
 }
 
 // Annotations on the PersistentVolume naming the secret DeleteVolume needs, so deletion

@@ -12,6 +12,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
+// csiParameterPrefix starts the StorageClass parameters that are the sidecar's, not the
+// driver's: the secrets' and the request's own (fstype, the claim's name).
+const csiParameterPrefix = "csi.storage.k8s.io/"
+
 // secretParams names the StorageClass parameters of one kind of secret.
 type secretParams struct {
 	kind string

@@ -31,7 +31,7 @@ type Sidecar struct {
 	getenv func(string) string
 	// discoveryBackoff paces the retries of the VolumeAttributesClass discovery at start.
 	discoveryBackoff wait.Backoff
-	ctrl             *controller
+	ctrl             *claimController
 	// capacity is set with --enable-capacity.
 	capacity *capacityTracker
 }
@@ -96,7 +96,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		vac:            volumeAttributesClassEnabled(env.Ops(), env.Gates, env.Kube.Discovery(), s.discoveryBackoff),
 	}
 	if s.opts.nodeDeployment {
-		if cfg.node, err = newNodeDeployment(env.Ops(), s.opts, csi.NewNodeClient(env.CSI)); err != nil {
+		if cfg.node, err = newLocalNode(env.Ops(), s.opts, csi.NewNodeClient(env.CSI)); err != nil {
 			return err
 		}
 		cfg.identity += "-" + s.opts.nodeName
@@ -134,7 +134,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 
 // newCapacityFor builds capacity tracking from the Env: its own rate-limited client, the
 // owner the flags ask for, and in a node deployment the node's one segment.
-func newCapacityFor(env *lifecycle.Env, opts options, node *nodeDeployment) (*capacityTracker, error) {
+func newCapacityFor(env *lifecycle.Env, opts options, node *localNode) (*capacityTracker, error) {
 	if !env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_GET_CAPACITY] {
 		return nil, lifecycle.UsageError{Err: errors.New("--enable-capacity: the driver does not report the GET_CAPACITY controller capability")}
 	}

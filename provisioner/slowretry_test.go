@@ -103,7 +103,7 @@ func TestAnInfeasibleCreateVolumeIsRetriedAfterTheMaximumInterval(t *testing.T) 
 // upstream checks before it selects its node; a failure it counted is forgotten with the
 // claim.
 func TestANodeDeploymentTakesNoClaimItHasNoRoomFor(t *testing.T) {
-	nd := &nodeDeployment{name: "n1", immediateBinding: true, baseDelay: time.Millisecond, maxDelay: 5 * time.Millisecond,
+	nd := &localNode{name: "n1", immediateBinding: true, baseDelay: time.Millisecond, maxDelay: 5 * time.Millisecond,
 		failures: map[string]int{},
 		info:     &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{testdriver.TopologyKey: "n1"}}}}
 	w := newWorld(t, testdriver.Config{Topology: true, TotalCapacity: 1 << 30}, func(c *config) { c.node = nd }, class("fast", nil))

@@ -398,18 +398,6 @@ func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref sourceRef, a
 	return nil
 }
 
-// withFinalizer returns finalizers with f added or removed, and whether that changed them.
-func withFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
-	has := slices.Contains(finalizers, f)
-	switch {
-	case add && !has:
-		return append(slices.Clone(finalizers), f), true
-	case !add && has:
-		return slices.DeleteFunc(slices.Clone(finalizers), func(x string) bool { return x == f }), true
-	}
-	return finalizers, false
-}
-
 // sweep checks every snapshot that carries the provisioner's finalizer, every
 // interval until intake ends: a finalizer whose restore is over (a crash, a claim deleted
 // meanwhile) goes.

@@ -103,14 +103,6 @@ func (u *undoer) discard(ctx context.Context, uid string, p *plan, id, why strin
 	return u.undone(ctx, uid, claim, p, p.rec, why, fmt.Sprintf("volume %s deleted", p.pvName))
 }
 
-// deleteBackendVolume deletes a volume that has no PersistentVolume, on Ops() (P1).
-func (c *config) deleteBackendVolume(ctx context.Context, id string, secrets map[string]string) error {
-	callCtx, cancel := context.WithTimeout(ctx, c.opts.timeout)
-	defer cancel()
-	_, err := c.csi.DeleteVolume(callCtx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})
-	return err
-}
-
 // Event reasons of the record's undo (ours: upstream never undoes a provisioning).
 const (
 	reasonUndone     = "ProvisioningUndone"

@@ -189,7 +189,7 @@ func (d *volumeDeleter) sync(name string) error {
 		return nil
 	}
 	start := time.Now()
-	err = d.delete(lifecycle.MarkMigrated(ctx, migrated), vol, deletedAlready)
+	err = d.deleteWithPV(lifecycle.MarkMigrated(ctx, migrated), vol, deletedAlready)
 	var pvErr pvRemovalError
 	var attached stillAttachedError
 	if !errors.As(err, &attached) {
@@ -232,12 +232,12 @@ type pvRemovalError struct{ err error }
 func (e pvRemovalError) Error() string { return e.err.Error() }
 func (e pvRemovalError) Unwrap() error { return e.err }
 
-// delete deletes the volume, then the PersistentVolume, then lets it go by removing the
+// deleteWithPV deletes the volume, then the PersistentVolume, then lets it go by removing the
 // finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume).
 // deletedAlready says that DeleteVolume succeeded for it in this process already: only the
 // API writes after it are retried, the driver is not called again. Each step that succeeds is
 // remembered in d.volumes (Took, Gone) until the informer shows the PersistentVolume gone.
-func (d *volumeDeleter) delete(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
+func (d *volumeDeleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
 	logger := klog.FromContext(ctx)
 	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
