@@ -105,35 +105,21 @@ func (c *contentController) sync(intake, ops context.Context, content *snapv1.Vo
 
 // ours tells whether the content is this driver's (by its class too, where it has one).
 func (c *contentController) ours(content *snapv1.VolumeSnapshotContent) bool {
-	if content.Spec.Source.VolumeHandle == nil && content.Spec.Source.SnapshotHandle == nil {
-		return false
-	}
-	if content.Spec.Driver != c.driver.name {
-		return false
-	}
-	if name := content.Spec.VolumeSnapshotClassName; name != nil {
-		if class, err := c.classes.Get(*name); err == nil && class.Driver != c.driver.name {
-			return false
-		}
-	}
-	return true
+	src := content.Spec.Source
+	return c.driver.owns(src.VolumeHandle != nil || src.SnapshotHandle != nil, content.Spec.Driver, content.Spec.VolumeSnapshotClassName,
+		func(name string) (string, error) {
+			class, err := c.classes.Get(name)
+			if err != nil {
+				return "", err
+			}
+			return class.Driver, nil
+		})
 }
 
-// deletionDue tells whether the content's snapshot may be deleted now: the content is
-// being deleted, no CreateSnapshot may still run for it, and the snapshot-controller has
-// agreed (or it is a pre-provisioned content never bound).
+// deletionDue tells whether the content's snapshot may be deleted now (contentDeletionDue).
 func deletionDue(content *snapv1.VolumeSnapshotContent) bool {
-	if content.DeletionTimestamp == nil {
-		return false
-	}
-	if content.Spec.Source.SnapshotHandle != nil && content.Spec.VolumeSnapshotRef.UID == "" {
-		return true
-	}
-	if _, creating := content.Annotations[annBeingCreated]; creating {
-		return false
-	}
-	_, agreed := content.Annotations[annBeingDeleted]
-	return agreed
+	unbound := content.Spec.Source.SnapshotHandle != nil && content.Spec.VolumeSnapshotRef.UID == ""
+	return contentDeletionDue(content, unbound, annBeingCreated, annBeingDeleted)
 }
 
 func isReady(content *snapv1.VolumeSnapshotContent) bool {

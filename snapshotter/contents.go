@@ -178,6 +178,35 @@ func (c *contents[T]) step(intake, ops context.Context, name string, sync func(i
 	return sync(intake, ops, obj)
 }
 
+// contentDeletionDue tells whether the snapshot of a content of either kind may be deleted
+// now: the content is being deleted, no create may still run for it (no creating
+// annotation), and the snapshot-controller has agreed (the agreed annotation), or it is a
+// pre-provisioned content never bound (unbound).
+func contentDeletionDue(obj metav1.Object, unbound bool, creating, agreed string) bool {
+	if obj.GetDeletionTimestamp() == nil {
+		return false
+	}
+	if unbound {
+		return true
+	}
+	if _, ok := obj.GetAnnotations()[creating]; ok {
+		return false
+	}
+	_, ok := obj.GetAnnotations()[agreed]
+	return ok
+}
+
+// readiness adds to patch the readiness the driver reported when the status says
+// otherwise (was), and clears the status's error once the snapshot is ready (hasError).
+func readiness(patch fields, was *bool, hasError, ready bool) {
+	if was == nil || *was != ready {
+		patch["readyToUse"] = ready
+		if ready && hasError {
+			patch["error"] = nil
+		}
+	}
+}
+
 // fields is a patch's content.
 type fields = map[string]any
 

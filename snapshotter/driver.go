@@ -38,6 +38,21 @@ func driverFor(env *lifecycle.Env, o options) *driver {
 	}
 }
 
+// owns tells whether a content of either kind is this driver's: it has a source
+// (hasSource), names the driver, and its class, when it names one the cache knows
+// (classDriver), is of the driver too.
+func (d *driver) owns(hasSource bool, contentDriver string, class *string, classDriver func(name string) (string, error)) bool {
+	if !hasSource || contentDriver != d.name {
+		return false
+	}
+	if class != nil {
+		if name, err := classDriver(*class); err == nil && name != d.name {
+			return false
+		}
+	}
+	return true
+}
+
 // snapshotInfo is what the driver tells of one snapshot.
 type snapshotInfo struct {
 	id           string

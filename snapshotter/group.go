@@ -102,35 +102,22 @@ func (g *groupController) sync(intake, ops context.Context, content *groupv1.Vol
 // ours tells whether the group content is this driver's (by its class too, where it has
 // one the cache knows).
 func (g *groupController) ours(content *groupv1.VolumeGroupSnapshotContent) bool {
-	if content.Spec.Source.GroupSnapshotHandles == nil && len(content.Spec.Source.VolumeHandles) == 0 {
-		return false
-	}
-	if content.Spec.Driver != g.driver.name {
-		return false
-	}
-	if name := content.Spec.VolumeGroupSnapshotClassName; name != nil {
-		if class, err := g.classes.Get(*name); err == nil && class.Driver != g.driver.name {
-			return false
-		}
-	}
-	return true
+	src := content.Spec.Source
+	return g.driver.owns(src.GroupSnapshotHandles != nil || len(src.VolumeHandles) > 0, content.Spec.Driver, content.Spec.VolumeGroupSnapshotClassName,
+		func(name string) (string, error) {
+			class, err := g.classes.Get(name)
+			if err != nil {
+				return "", err
+			}
+			return class.Driver, nil
+		})
 }
 
-// groupDeletionDue tells whether the group snapshot may be deleted now: the group content
-// is being deleted, no CreateVolumeGroupSnapshot may still run for it, and the
-// snapshot-controller has agreed (or it is a pre-provisioned group content never bound).
+// groupDeletionDue tells whether the group snapshot may be deleted now
+// (contentDeletionDue).
 func groupDeletionDue(content *groupv1.VolumeGroupSnapshotContent) bool {
-	if content.DeletionTimestamp == nil {
-		return false
-	}
-	if content.Spec.Source.GroupSnapshotHandles != nil && content.Spec.VolumeGroupSnapshotRef.UID == "" {
-		return true
-	}
-	if _, creating := content.Annotations[annGroupBeingCreated]; creating {
-		return false
-	}
-	_, agreed := content.Annotations[annGroupBeingDeleted]
-	return agreed
+	unbound := content.Spec.Source.GroupSnapshotHandles != nil && content.Spec.VolumeGroupSnapshotRef.UID == ""
+	return contentDeletionDue(content, unbound, annGroupBeingCreated, annGroupBeingDeleted)
 }
 
 func groupReady(content *groupv1.VolumeGroupSnapshotContent) bool {

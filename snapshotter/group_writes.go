@@ -28,12 +28,7 @@ func (g *groupController) recordStatus(ctx context.Context, content *groupv1.Vol
 	if st.VolumeGroupSnapshotHandle == nil {
 		patch["volumeGroupSnapshotHandle"] = info.id
 	}
-	if st.ReadyToUse == nil || *st.ReadyToUse != info.ready {
-		patch["readyToUse"] = info.ready
-		if info.ready && st.Error != nil {
-			patch["error"] = nil
-		}
-	}
+	readiness(patch, st.ReadyToUse, st.Error != nil, info.ready)
 	if st.CreationTime == nil {
 		patch["creationTime"] = metav1.NewTime(created)
 	}

@@ -28,12 +28,7 @@ func (c *contentController) recordStatus(ctx context.Context, content *snapv1.Vo
 	if st.SnapshotHandle == nil {
 		patch["snapshotHandle"] = info.id
 	}
-	if st.ReadyToUse == nil || *st.ReadyToUse != info.ready {
-		patch["readyToUse"] = info.ready
-		if info.ready && st.Error != nil {
-			patch["error"] = nil
-		}
-	}
+	readiness(patch, st.ReadyToUse, st.Error != nil, info.ready)
 	if st.CreationTime == nil {
 		patch["creationTime"] = created.UnixNano()
 	}
