@@ -20,13 +20,15 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
-const slowCall = 3 * time.Second
-
 // P1, P2: SIGTERM lets in-flight calls finish and record their results, starts nothing
 // new, releases the Lease and exits 0.
 func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
+	s := newScenario(t, testdriver.Config{})
+	// The driver holds the calls until the replica drains: they are in flight at the signal
+	// however slow the machine.
+	release := s.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
 	a.WaitReady(t)
@@ -34,6 +36,8 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
 
 	signalled := a.Signal(t, syscall.SIGTERM)
+	s.waitDraining(a)
+	release()
 	if code := a.Wait(t, 30*time.Second); code != 0 {
 		t.Errorf("exit code %d, want 0", code)
 	}
@@ -65,7 +69,10 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 // lease-duration or retry-period, and never overlaps the old leader on a volume.
 func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 	t.Parallel()
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodCreateVolume: slowCall}})
+	s := newScenario(t, testdriver.Config{})
+	// Held until the leader drains: in flight at the signal however slow the machine.
+	release := s.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	a := s.startReplica("replica-a")
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b")
@@ -74,6 +81,8 @@ func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
 
 	a.Signal(t, syscall.SIGTERM)
+	s.waitDraining(a)
+	release()
 	if code := a.Wait(t, 30*time.Second); code != 0 {
 		t.Errorf("leader exit code %d, want 0", code)
 	}
