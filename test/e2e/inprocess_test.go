@@ -137,9 +137,11 @@ func TestOneProcessHostsTwoSidecarsEachWithItsOwnLease(t *testing.T) {
 // When one of several sidecars in a process is fenced, the others drain and release their
 // Leases and the process exits non-zero, so the kubelet restarts it: no half-dead process.
 func TestOneFencedSidecarEndsTheProcessAfterTheOthersDrain(t *testing.T) {
-	// The fenced sidecar's calls must still run when the fence comes, a Lease read, a write
-	// and a watch event after the last call started, on a loaded machine too.
-	p := startInProcess(t, 10*time.Second)
+	p := startInProcess(t, 0)
+	// The driver holds every call until the test releases it: the fenced sidecar's calls
+	// still run when the fence comes, and the other sidecar's keep the process draining.
+	release := p.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	p.createWork(2)
 	p.WaitForCalls("4 calls in flight, 2 per sidecar", func(c []testdriver.Call) bool { return e2e.Running(c) == 4 })
 
@@ -149,6 +151,22 @@ func TestOneFencedSidecarEndsTheProcessAfterTheOthersDrain(t *testing.T) {
 	if _, err := p.Client.CoordinationV1().Leases(p.Namespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// P6: the fence cancels the fenced sidecar's calls at once, while the process still
+	// runs (the other sidecar drains its held calls), not when the process ends.
+	p.WaitForCalls("the fenced sidecar's calls cancelled, the other's still running", func(c []testdriver.Call) bool {
+		cancelled, running := 0, 0
+		for _, call := range c {
+			switch {
+			case call.Method != testdriver.MethodCreateVolume:
+			case strings.HasPrefix(call.VolumeName, testsidecar.VolumePrefix+"one-") && !call.CallerGone.IsZero():
+				cancelled++
+			case strings.HasPrefix(call.VolumeName, testsidecar.VolumePrefix+"two-") && !call.Done() && call.CallerGone.IsZero():
+				running++
+			}
+		}
+		return cancelled == 2 && running == 2
+	})
+	release()
 	if code := p.wait(); code != lifecycle.ExitError {
 		t.Errorf("exit code %d, want %d", code, lifecycle.ExitError)
 	}
