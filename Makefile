@@ -41,7 +41,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 test: lint testenv ## lint, then at once the race detector over the unit tests and every integration and end-to-end test against a real local control plane; ends with the ten slowest tests
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-race test-integration
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-race test-integration
 
 test-integration: ## the tests that need a control plane or built binaries (and the test kit's own), then the ten slowest tests
 	set -o pipefail; $(GO) test -json $(TEST_FLAGS) $(INTEGRATION_PKGS) | $(GO) run ./hack/testreport -slowest 10
