@@ -109,14 +109,16 @@ func TestClonesTenVolumesAndProtectsTheSourceMeanwhile(t *testing.T) {
 	s.WaitForHolder(s.leaseName, "replica-a")
 	srcHandle := s.provisionBoundSource("src", fast.Name)
 
-	// Slow clones, so that the finalizer can be seen while they are in creation.
-	s.Driver.SetMethodLatency(testdriver.MethodCreateVolume, time.Second)
+	// The clones are held in the driver until the finalizer has been seen on the source.
+	release := s.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	start := time.Now()
 	var clones []*v1.PersistentVolumeClaim
 	for i := range 10 {
 		clones = append(clones, s.createClaimFrom(fmt.Sprintf("clone-%02d", i), fast.Name, v1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"}))
 	}
 	s.WaitUntil("the cloning finalizer on the source", func() bool { return slices.Contains(s.claimFinalizers("src"), cloneFinalizer) })
+	release()
 	s.waitForPVs(11)
 	t.Logf("FIGURE 10 clones provisioned in %v", time.Since(start))
 	s.WaitUntil("the cloning finalizer gone", func() bool { return !slices.Contains(s.claimFinalizers("src"), cloneFinalizer) })
@@ -294,7 +296,9 @@ func TestRestoresTenVolumesFromASnapshotAndProtectsItMeanwhile(t *testing.T) {
 	srcHandle := s.provisionBoundSource("src", fast.Name)
 	backend := s.createReadySnapshot(snaps, "snap", srcHandle)
 
-	s.Driver.SetMethodLatency(testdriver.MethodCreateVolume, time.Second)
+	// The restores are held in the driver until the finalizer has been seen on the snapshot.
+	release := s.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	start := time.Now()
 	var restores []*v1.PersistentVolumeClaim
 	for i := range 10 {
@@ -304,6 +308,7 @@ func TestRestoresTenVolumesFromASnapshotAndProtectsItMeanwhile(t *testing.T) {
 	s.WaitUntil("the source-protection finalizer on the snapshot", func() bool {
 		return slices.Contains(snapshotFinalizers(s, snaps, "snap"), snapshotFinalizer)
 	})
+	release()
 	s.waitForPVs(11)
 	t.Logf("FIGURE 10 restores provisioned in %v", time.Since(start))
 	s.WaitUntil("the source-protection finalizer gone", func() bool {

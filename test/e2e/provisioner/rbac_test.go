@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -111,11 +110,14 @@ func TestWorksWithUpstreamsRBAC(t *testing.T) {
 	// Restore: the snapshot is protected while its volume is made, and let go after.
 	srcHandle := s.provisionBoundSource("src", fast.Name)
 	backend := s.createReadySnapshot(snaps, "snap", srcHandle)
-	s.Driver.SetMethodLatency(testdriver.MethodCreateVolume, time.Second)
+	// Held in the driver until the finalizer has been seen on the snapshot.
+	release := s.Driver.Hold(testdriver.MethodCreateVolume)
+	t.Cleanup(release)
 	restore := s.createClaimFrom("restore", fast.Name, v1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "snap"})
 	s.WaitUntil("the source-protection finalizer on the snapshot", func() bool {
 		return slices.Contains(snapshotFinalizers(s, snaps, "snap"), snapshotFinalizer)
 	})
+	release()
 	s.WaitUntil("the restored PersistentVolume", func() bool { return len(s.pvsByClaim()[restore.UID]) == 1 })
 	s.WaitUntil("the source-protection finalizer gone", func() bool {
 		return !slices.Contains(snapshotFinalizers(s, snaps, "snap"), snapshotFinalizer)

@@ -102,7 +102,10 @@ var shortLease = []string{"--leader-election-lease-duration=3s", "--leader-elect
 // records the class the volume got, then applies the rollback through the driver. Recording
 // the rollback without a call would leave the volume with the other class.
 func TestModifyCutOffByLeaderDeathIsFinishedBeforeRollback(t *testing.T) {
-	s := newScenario(t, testdriver.Config{MethodLatency: map[string]time.Duration{testdriver.MethodControllerModifyVolume: 3 * time.Second}})
+	s := newScenario(t, testdriver.Config{})
+	// The driver holds the call until the test releases it, after the kill.
+	release := s.Driver.Hold(testdriver.MethodControllerModifyVolume)
+	t.Cleanup(release)
 	silver := s.createClass("silver", map[string]string{"iops": "100"})
 	gold := s.createClass("gold", map[string]string{"iops": "500"})
 	p := s.createPair("claim", silver)
@@ -114,13 +117,13 @@ func TestModifyCutOffByLeaderDeathIsFinishedBeforeRollback(t *testing.T) {
 	s.WaitForCalls("replica-a's ControllerModifyVolume running", func(c []testdriver.Call) bool {
 		return e2e.Running(e2e.CallsOn(c, a, testdriver.MethodControllerModifyVolume)) == 1
 	})
-	// Later calls are quick; the one running keeps its latency.
-	s.Driver.SetMethodLatency(testdriver.MethodControllerModifyVolume, 0)
 	a.Signal(t, syscall.SIGKILL)
 	a.Wait(t, 10*time.Second)
 	if st := s.pvc(p.name).Status.ModifyVolumeStatus; st == nil || st.Status != v1.PersistentVolumeClaimModifyVolumeInProgress || st.TargetVolumeAttributesClassName != gold {
 		t.Fatalf("after the kill: modify status %+v, want InProgress %s", st, gold)
 	}
+	// The driver finishes the cut-off call; later calls are not held.
+	release()
 	s.setClass(p.name, silver)
 	s.WaitForCalls("the cut-off call finished in the driver", func(c []testdriver.Call) bool {
 		calls := e2e.CallsOn(c, a, testdriver.MethodControllerModifyVolume)
