@@ -131,7 +131,11 @@ func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
 		default:
 		}
 	}
-	<-lock.Expired()
+	select {
+	case <-lock.Expired():
+	case <-time.After(time.Minute):
+		t.Fatalf("not expired a minute after the last renewal, with a renew deadline of %v", deadline)
+	}
 	if since := time.Since(lastStart); since < deadline {
 		t.Errorf("expired %v after the last renewal started, want at least %v", since, deadline)
 	}

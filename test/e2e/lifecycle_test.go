@@ -77,6 +77,9 @@ func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
 	s.waitForHolder("replica-a")
 	b := s.startReplica("replica-b")
 	b.WaitReady(t)
+	// The standby must be waiting for the Lease, having seen it held, before the leader lets
+	// it go: its own word for that is the only sign (it writes nothing while it waits).
+	s.WaitUntil("replica-b standing by", func() bool { return strings.Contains(b.Stderr(), "Standing by for the Lease") })
 	s.createWork(12)
 	s.WaitForCalls("4 calls in flight on replica-a", func(c []testdriver.Call) bool { return e2e.Running(callsOn(c, a)) == 4 })
 
