@@ -1,3 +1,6 @@
+// The wiring: newController builds the parts on the informer factory, and run works their
+// queues until intake ends.
+
 package provisioner
 
 import (

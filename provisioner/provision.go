@@ -1,4 +1,4 @@
-// The claim's way and its state (controller): the steps from an open record or a plan to
+// The claim's way and its state (claimController): the steps from an open record or a plan to
 // CreateVolume, the PersistentVolume and the record's closing, which syncClaim (claims.go)
 // takes a claim through.
 
@@ -10,10 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -28,8 +27,9 @@ import (
 // a claim deleted and re-created under the same name is another piece of work.
 const claimUIDIndex = "csi-sidecars-provisioner-uid"
 
-// controller provisions and deletes the driver's volumes: a claim queue and a volume queue,
-// fed by informer handlers that only enqueue.
+// claimController is the claim's way: it provisions the driver's claims from its claim
+// queue, fed by informer handlers that only enqueue, and holds the other parts it calls
+// (newController wires them).
 type claimController struct {
 	config
 
