@@ -6,9 +6,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
-	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
@@ -32,7 +30,7 @@ func hasManagedFields(t *testing.T, obj any) bool {
 
 // The caches the provisioner decides from hold objects trimmed as the core's shared caches
 // trim them (the tests' factories too), and provisioning works on them; the informers it
-// runs itself (snapshots, capacity objects) drop managedFields the same way.
+// runs itself (snapshots; capacity objects: package capacity) drop managedFields the same way.
 func TestEveryCacheHoldsObjectsWithoutManagedFields(t *testing.T) {
 	snap := managed(&snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "snap", Namespace: "ns"}})
 	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
@@ -54,17 +52,4 @@ func TestEveryCacheHoldsObjectsWithoutManagedFields(t *testing.T) {
 		t.Errorf("cached snapshot %+v, want it without managedFields", cached)
 	}
 
-	// A wanted object, so that it stays (segment n1 of a late-binding class).
-	obj := managed(&storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "csisc-old", Namespace: capNS, UID: "old",
-		Labels: map[string]string{capacityDriverLabel: drv, capacityManagedByLabel: capacityManagedBy}},
-		StorageClassName: "fast", NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{testdriver.TopologyKey: "n1"}},
-		Capacity: resource.NewQuantity(1, resource.BinarySI)})
-	cw := newCapacityWorld(t, testdriver.Config{Topology: true}, nil, append(topologyObjects("n1"), lateClass("fast", nil), obj)...)
-	cw.waitFor("the capacity object in its cache", func() bool {
-		_, exists, _ := cw.tracker.objects.GetByKey(capNS + "/csisc-old")
-		return exists
-	})
-	if cachedObj, _, _ := cw.tracker.objects.GetByKey(capNS + "/csisc-old"); hasManagedFields(t, cachedObj) {
-		t.Errorf("cached capacity object %+v, want it without managedFields", cachedObj)
-	}
 }

@@ -53,7 +53,7 @@ type config struct {
 // class's for none) of one StorageClass. It only enqueues: it is called on the worker
 // that did the operation, and starts nothing.
 type capacityRefresher interface {
-	refresh(class string, topology []*csi.Topology)
+	Refresh(class string, topology []*csi.Topology)
 }
 
 // names are the names a claim, class or PersistentVolume may give the driver.
@@ -62,7 +62,7 @@ func (c *config) names() driverNames { return driverNames{driver: c.driver, inTr
 // capacityChanged tells capacity tracking, if on, that an operation changed capacity.
 func (c *config) capacityChanged(class string, topology []*csi.Topology) {
 	if c.capacity != nil && class != "" {
-		c.capacity.refresh(class, topology)
+		c.capacity.Refresh(class, topology)
 	}
 }
 

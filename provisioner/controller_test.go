@@ -589,7 +589,7 @@ type refreshes struct {
 	got []string
 }
 
-func (r *refreshes) refresh(class string, topology []*csi.Topology) {
+func (r *refreshes) Refresh(class string, topology []*csi.Topology) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var segments []string

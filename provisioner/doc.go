@@ -42,9 +42,8 @@
 //     provisioning's path, with its own queue; config.go: what every part needs from the
 //     outside world;
 //   - record_store.go: the events that keep the provisioning records (recordStore), read
-//     back by every replica; metrics.go; capacityowner.go;
-//   - save.go (the PersistentVolume built from CreateVolume's answer), capacity.go
-//     (capacity tracking, with its own queue), source_check.go (a data source checked as
+//     back by every replica; metrics.go;
+//   - save.go (the PersistentVolume built from CreateVolume's answer), source_check.go (a data source checked as
 //     upstream checks it);
 //   - decide.go (does a claim want a volume, what does its open record ask for), request.go
 //     (the request's parts), nodedeployment.go (--node-deployment: localNode);
@@ -129,7 +128,7 @@
 // populators. Cross-namespace sources are not implemented: enabling the gate is a usage
 // error.
 //
-// Storage capacity tracking (--enable-capacity, capacity.go): one CSIStorageCapacity per
+// Storage capacity tracking (--enable-capacity, package capacity): one CSIStorageCapacity per
 // (topology segment of the driver, StorageClass of the driver) from GetCapacity, in the
 // namespace of NAMESPACE, owned per --capacity-ownerref-level, recognised by upstream's
 // labels; its own queue, client and informer of the objects, and the same rule as the

@@ -57,7 +57,7 @@ type options struct {
 	// nodeName comes from the NODE_NAME environment variable, as upstream.
 	nodeName string
 
-	// Storage capacity tracking (capacity.go).
+	// Storage capacity tracking (package capacity).
 	enableCapacity              bool
 	capacityThreads             uint
 	capacityPollInterval        time.Duration

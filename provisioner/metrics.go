@@ -57,37 +57,3 @@ func (m *controllerMetrics) deleted(class string, start time.Time, err error) {
 	m.deleteDuration.WithLabelValues(class).Observe(time.Since(start).Seconds())
 	m.deleteTotal.WithLabelValues(class).Inc()
 }
-
-// capacityCollector reports a capacityTracker's counts with upstream's metric names (P9),
-// computed when scraped. Its descriptors are its own: several trackers (tests) may live in
-// one process.
-type capacityCollector struct {
-	metrics.BaseStableCollector
-	tracker                 *capacityTracker
-	goal, current, obsolete *metrics.Desc
-}
-
-func newCapacityCollector(t *capacityTracker) *capacityCollector {
-	return &capacityCollector{
-		tracker: t,
-		goal: metrics.NewDesc("csistoragecapacities_desired_goal",
-			"Number of CSIStorageCapacity objects that are supposed to be managed automatically.", nil, nil, metrics.ALPHA, ""),
-		current: metrics.NewDesc("csistoragecapacities_desired_current",
-			"Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.", nil, nil, metrics.ALPHA, ""),
-		obsolete: metrics.NewDesc("csistoragecapacities_obsolete",
-			"Number of CSIStorageCapacity objects that exist and will be deleted automatically.", nil, nil, metrics.ALPHA, ""),
-	}
-}
-
-func (c *capacityCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
-	ch <- c.goal
-	ch <- c.current
-	ch <- c.obsolete
-}
-
-func (c *capacityCollector) CollectWithStability(ch chan<- metrics.Metric) {
-	goal, current, obsolete := c.tracker.counts()
-	ch <- metrics.NewLazyConstMetric(c.goal, metrics.GaugeValue, float64(goal))
-	ch <- metrics.NewLazyConstMetric(c.current, metrics.GaugeValue, float64(current))
-	ch <- metrics.NewLazyConstMetric(c.obsolete, metrics.GaugeValue, float64(obsolete))
-}

@@ -14,7 +14,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// Every queue is the core's (lifecycle.NewQueue): client-go's workqueue metrics under
+// Every queue is the core's (capacity tracking's: package capacity) (lifecycle.NewQueue): client-go's workqueue metrics under
 // upstream's names where upstream has the queue, and the sidecar's backlog.
 func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.T) {
 	names := &queuenames.Recorder{}
@@ -29,24 +29,18 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracker, err := newCapacityTracker(capacityConfig{driver: drv, namespace: capNS, managedBy: capacityManagedBy, kube: kube, queueMetrics: names, backlog: backlog},
-		factory, o.retryIntervalStart, o.retryIntervalMax)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"claims", "volumes", "provisioner-sources", "csistoragecapacity"} {
+	for _, want := range []string{"claims", "volumes", "provisioner-sources"} {
 		if !slices.Contains(names.Names(), want) {
 			t.Errorf("queues %v, want one named %q (the workqueue metric label)", names.Names(), want)
 		}
 	}
 	c.claimQueue.Add("uid-1")
 	c.sources.queue.Add("pvc/ns/src")
-	tracker.queue.Add(recomputeCapacities)
 	waiting := map[string]int{}
 	for _, q := range backlog.Now(time.Now()) {
 		waiting[q.Queue] = q.Waiting
 	}
-	if diff := cmp.Diff(map[string]int{"claims": 1, "volumes": 0, "provisioner-sources": 1, "provisioner-records": 0, "csistoragecapacity": 1}, waiting); diff != "" {
+	if diff := cmp.Diff(map[string]int{"claims": 1, "volumes": 0, "provisioner-sources": 1, "provisioner-records": 0}, waiting); diff != "" {
 		t.Errorf("backlog (-want +got):\n%s", diff)
 	}
 }

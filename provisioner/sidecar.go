@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/capacity"
 )
 
 // Sidecar is the provisioner, as the lifecycle core hosts it.
@@ -33,7 +34,7 @@ type Sidecar struct {
 	discoveryBackoff wait.Backoff
 	ctrl             *claimController
 	// capacity is set with --enable-capacity.
-	capacity *capacityTracker
+	capacity *capacity.Tracker
 }
 
 // New returns the provisioner sidecar.
@@ -125,7 +126,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 			return err
 		}
 		// Like the snapshot informer, the informer of the capacity objects is its own.
-		s.capacity.start(env.Done())
+		s.capacity.Start(env.Done())
 		// Before Run: a provisioning or deletion refreshes the capacity it changed.
 		s.ctrl.capacity = s.capacity
 	}
@@ -134,7 +135,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 
 // newCapacityFor builds capacity tracking from the Env: its own rate-limited client, the
 // owner the flags ask for, and in a node deployment the node's one segment.
-func newCapacityFor(env *lifecycle.Env, opts options, node *localNode) (*capacityTracker, error) {
+func newCapacityFor(env *lifecycle.Env, opts options, node *localNode) (*capacity.Tracker, error) {
 	if !env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_GET_CAPACITY] {
 		return nil, lifecycle.UsageError{Err: errors.New("--enable-capacity: the driver does not report the GET_CAPACITY controller capability")}
 	}
@@ -144,43 +145,43 @@ func newCapacityFor(env *lifecycle.Env, opts options, node *localNode) (*capacit
 	if err != nil {
 		return nil, fmt.Errorf("creating the client for storage capacity: %w", err)
 	}
-	cfg := capacityConfig{
-		driver:       env.DriverName,
-		namespace:    opts.capacityNamespace,
-		managedBy:    capacityManagedByFor(""),
-		immediate:    opts.capacityForImmediateBinding,
-		pollInterval: opts.capacityPollInterval,
-		timeout:      opts.timeout,
-		threads:      int(opts.capacityThreads),
-		csi:          csi.NewControllerClient(env.CSI),
-		kube:         client,
-		ops:          env.Ops(),
-		backlog:      env.Backlog,
+	cfg := capacity.Config{
+		Driver:       env.DriverName,
+		Namespace:    opts.capacityNamespace,
+		ManagedBy:    capacity.ManagedByFor(""),
+		Immediate:    opts.capacityForImmediateBinding,
+		PollInterval: opts.capacityPollInterval,
+		Timeout:      opts.timeout,
+		Threads:      int(opts.capacityThreads),
+		CSI:          csi.NewControllerClient(env.CSI),
+		Kube:         client,
+		Ops:          env.Ops(),
+		Backlog:      env.Backlog,
 	}
 	if node != nil {
-		cfg.managedBy = capacityManagedByFor(node.name)
+		cfg.ManagedBy = capacity.ManagedByFor(node.name)
 		// Not nil even for a driver without topology: the node's one (empty) segment.
-		cfg.nodeSegment = maps.Clone(node.info.GetAccessibleTopology().GetSegments())
-		if cfg.nodeSegment == nil {
-			cfg.nodeSegment = map[string]string{}
+		cfg.NodeSegment = maps.Clone(node.info.GetAccessibleTopology().GetSegments())
+		if cfg.NodeSegment == nil {
+			cfg.NodeSegment = map[string]string{}
 		}
 	}
 	if opts.capacityOwnerrefLevel >= 0 {
 		ctx, cancel := context.WithTimeout(env.Ops(), opts.timeout)
 		defer cancel()
-		owners, err := newOwnerReader(env.RestConfig, env.Kube.Discovery())
+		owners, err := capacity.NewOwnerReader(env.RestConfig, env.Kube.Discovery())
 		if err != nil {
 			return nil, err
 		}
-		if cfg.owner, err = lookupCapacityOwner(ctx, env.Kube, owners, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
+		if cfg.Owner, err = capacity.LookupOwner(ctx, env.Kube, owners, opts.capacityNamespace, opts.podName, opts.capacityOwnerrefLevel); err != nil {
 			return nil, err
 		}
 	}
-	t, err := newCapacityTracker(cfg, env.Informers, opts.retryIntervalStart, opts.retryIntervalMax)
+	t, err := capacity.New(cfg, env.Informers, opts.retryIntervalStart, opts.retryIntervalMax)
 	if err != nil {
 		return nil, err
 	}
-	if err := env.Metrics.GetRegistry().CustomRegister(newCapacityCollector(t)); err != nil {
+	if err := env.Metrics.GetRegistry().CustomRegister(capacity.NewCollector(t)); err != nil {
 		return nil, fmt.Errorf("registering the storage capacity metrics: %w", err)
 	}
 	return t, nil
@@ -214,7 +215,7 @@ func snapshotClientFor(env *lifecycle.Env) (snapclientset.Interface, error) {
 func (s *Sidecar) Run(intake context.Context, _ *lifecycle.Env) error {
 	var wg sync.WaitGroup
 	if s.capacity != nil {
-		wg.Go(func() { s.capacity.run(intake) })
+		wg.Go(func() { s.capacity.Run(intake) })
 	}
 	s.ctrl.run(intake)
 	wg.Wait()

@@ -1,4 +1,4 @@
-package provisioner
+package capacity
 
 import (
 	"context"
@@ -18,11 +18,11 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// capacityManagedByFor is the managed-by label value of an instance: upstream's
+// ManagedByFor is the managed-by label value of an instance: upstream's
 // "external-provisioner", or for a node deployment "external-provisioner-<node>" kept
 // within a DNS label's 63 characters exactly as upstream shortens it (boundedName), so
 // that objects written by upstream before a rolling upgrade are recognised (P9).
-func capacityManagedByFor(nodeName string) string {
+func ManagedByFor(nodeName string) string {
 	if nodeName == "" {
 		return capacityManagedBy
 	}
@@ -60,28 +60,28 @@ func fnv32aHex(s string) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
-// ownerReader reads the metadata of an owner of any kind: the RESTMapper (discovery) names
+// OwnerReader reads the metadata of an owner of any kind: the RESTMapper (discovery) names
 // its resource, the metadata client reads it. Like upstream's controller-runtime client,
 // it needs get on that resource: upstream's RBAC grants it for pods and replicasets, any
 // other kind on the way is the user's to grant.
-type ownerReader struct {
+type OwnerReader struct {
 	mapper   meta.RESTMapper
 	metadata metadata.Interface
 }
 
-// newOwnerReader builds the reader on the sidecar's client configuration; discovery is
+// NewOwnerReader builds the reader on the sidecar's client configuration; discovery is
 // asked only when the walk reads an owner.
-func newOwnerReader(rc *rest.Config, disc discovery.DiscoveryInterface) (*ownerReader, error) {
+func NewOwnerReader(rc *rest.Config, disc discovery.DiscoveryInterface) (*OwnerReader, error) {
 	md, err := metadata.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("creating the metadata client for --capacity-ownerref-level: %w", err)
 	}
-	return &ownerReader{mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)), metadata: md}, nil
+	return &OwnerReader{mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc)), metadata: md}, nil
 }
 
 // read returns the metadata of the object ref names, in namespace unless its kind is
 // cluster-scoped.
-func (r *ownerReader) read(ctx context.Context, namespace string, ref metav1.OwnerReference) (*metav1.ObjectMeta, error) {
+func (r *OwnerReader) read(ctx context.Context, namespace string, ref metav1.OwnerReference) (*metav1.ObjectMeta, error) {
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)
 	if err != nil {
 		return nil, fmt.Errorf("owner %s %s: parsing its apiVersion: %w", ref.Kind, ref.Name, err)
@@ -101,12 +101,12 @@ func (r *ownerReader) read(ctx context.Context, namespace string, ref metav1.Own
 	return &obj.ObjectMeta, nil
 }
 
-// lookupCapacityOwner returns the owner of the CSIStorageCapacity objects for
+// LookupOwner returns the owner of the CSIStorageCapacity objects for
 // --capacity-ownerref-level: the pod itself (0), its controller (1, e.g. a ReplicaSet or
 // StatefulSet), that one's controller (2, e.g. a Deployment), and so on, whatever their
 // kinds, as upstream's owner.Lookup. It reads the pod, and each owner on the way but the
 // last, whose reference its dependent holds.
-func lookupCapacityOwner(ctx context.Context, kube kubernetes.Interface, owners *ownerReader, namespace, podName string, level int) (*metav1.OwnerReference, error) {
+func LookupOwner(ctx context.Context, kube kubernetes.Interface, owners *OwnerReader, namespace, podName string, level int) (*metav1.OwnerReference, error) {
 	pod, err := kube.CoreV1().Pods(namespace).Get(ctx, podName, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("--capacity-ownerref-level=%d: reading pod %s/%s (POD_NAME): %w", level, namespace, podName, err)

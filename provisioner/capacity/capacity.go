@@ -1,4 +1,4 @@
-package provisioner
+package capacity
 
 import (
 	"context"
@@ -29,24 +29,6 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// Storage capacity tracking (--enable-capacity): one CSIStorageCapacity object per
-// (topology segment of the driver, StorageClass of the driver), holding what GetCapacity
-// answers for that pair, so that the scheduler places pods where their volumes fit.
-//
-// The shape is the provisioner's: informer handlers only enqueue; one queue of keys
-// (class, segment) plus one key that recomputes the desired set from the listers; one sync
-// per key that calls GetCapacity and writes the answer, both on Ops() (P1: a poll in
-// flight when intake ends finishes and its write lands); a poll loop that re-enqueues every
-// key each --capacity-poll-interval. Objects are recognised by upstream's labels (driver
-// name, managed-by), so a new leader, or upstream's external-provisioner before it, keeps
-// the objects it finds and deletes those nobody wants any more.
-//
-// Objects are read and written as every sidecar does (lifecycle's one way to write): from
-// the cache read through this replica's own writes and creations (lifecycle.OwnWrites), an
-// update carrying the copy's resourceVersion; a conflict goes back to the queue, whose
-// backoff lets the cache catch up. OwnWrites also tells the events of its own writes from
-// changes by someone else (Echo): only the latter ask for a sync.
-
 // Labels of the CSIStorageCapacity objects, with upstream's names and values (P9).
 const (
 	capacityDriverLabel    = "csi.storage.k8s.io/drivername"
@@ -70,39 +52,39 @@ var recomputeCapacities = capacityKey{}
 
 func (k capacityKey) String() string { return k.class + "@" + k.segment }
 
-// capacityClient is what capacity tracking needs from the driver.
-type capacityClient interface {
+// Client is what capacity tracking needs from the driver.
+type Client interface {
 	GetCapacity(ctx context.Context, in *csi.GetCapacityRequest, opts ...grpc.CallOption) (*csi.GetCapacityResponse, error)
 }
 
-// capacityConfig is what the tracker needs from the outside world; Setup fills it from the
+// Config is what the tracker needs from the outside world; Setup fills it from the
 // core's Env and the flags, tests fill it themselves.
-type capacityConfig struct {
-	driver    string
-	namespace string // where the objects live
-	managedBy string // value of the managed-by label
-	owner     *metav1.OwnerReference
-	// immediate also tracks classes with immediate binding.
-	immediate    bool
-	pollInterval time.Duration
-	timeout      time.Duration
-	threads      int
-	csi          capacityClient
-	// kube is the capacity client (its own QPS and burst).
-	kube kubernetes.Interface
-	// ops is the parent of every GetCapacity and the write that records it (P1).
-	ops context.Context
-	// nodeSegment is the one segment of a node deployment; nil: segments come from the
+type Config struct {
+	Driver    string
+	Namespace string // where the objects live
+	ManagedBy string // value of the managed-by label
+	Owner     *metav1.OwnerReference
+	// Immediate also tracks classes with immediate binding.
+	Immediate    bool
+	PollInterval time.Duration
+	Timeout      time.Duration
+	Threads      int
+	CSI          Client
+	// Kube is the capacity client (its own QPS and burst).
+	Kube kubernetes.Interface
+	// Ops is the parent of every GetCapacity and the write that records it (P1).
+	Ops context.Context
+	// NodeSegment is the one segment of a node deployment; nil: segments come from the
 	// CSINodes and Nodes of the cluster.
-	nodeSegment  map[string]string
-	queueMetrics workqueue.MetricsProvider
-	// backlog is where the queue reports what waits for a worker (Env.Backlog).
-	backlog *lifecycle.Backlog
+	NodeSegment  map[string]string
+	QueueMetrics workqueue.MetricsProvider
+	// Backlog is where the queue reports what waits for a worker (Env.Backlog).
+	Backlog *lifecycle.Backlog
 }
 
-// capacityTracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
-type capacityTracker struct {
-	capacityConfig
+// Tracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
+type Tracker struct {
+	Config
 
 	classes  storagelisters.StorageClassLister
 	nodes    corelisters.NodeLister       // nil in a node deployment
@@ -132,12 +114,12 @@ type capacityTracker struct {
 	computed bool
 }
 
-// newCapacityTracker registers the listers and handlers on the shared factory and builds
+// New registers the listers and handlers on the shared factory and builds
 // the informer of the managed objects. It must run before the shared factory starts.
-func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*capacityTracker, error) {
-	t := &capacityTracker{capacityConfig: cfg, desired: map[capacityKey]map[string]string{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
+func New(cfg Config, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*Tracker, error) {
+	t := &Tracker{Config: cfg, desired: map[capacityKey]map[string]string{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
 	t.queue = lifecycle.NewQueue[capacityKey](lifecycle.QueueOptions{Name: capacityQueueName, RetryStart: retryStart, RetryMax: retryMax,
-		Metrics: cfg.queueMetrics, Backlog: cfg.backlog})
+		Metrics: cfg.QueueMetrics, Backlog: cfg.Backlog})
 	recompute := func(any) { t.queue.Add(recomputeCapacities) }
 
 	classes := shared.Storage().V1().StorageClasses()
@@ -150,7 +132,7 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 		return nil, err
 	}
 	t.synced = append(t.synced, classes.Informer().HasSynced)
-	if cfg.nodeSegment == nil {
+	if cfg.NodeSegment == nil {
 		nodes := shared.Core().V1().Nodes()
 		csiNodes := shared.Storage().V1().CSINodes()
 		t.nodes, t.csiNodes = nodes.Lister(), csiNodes.Lister()
@@ -179,10 +161,10 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 	}
 
 	// Only this instance's objects: the namespace and labels filter on the server.
-	selector := labels.Set{capacityDriverLabel: cfg.driver, capacityManagedByLabel: cfg.managedBy}.String()
+	selector := labels.Set{capacityDriverLabel: cfg.Driver, capacityManagedByLabel: cfg.ManagedBy}.String()
 	// Trimmed as the core's shared caches are (managedFields dropped); an update from a
 	// cached copy leaves them to the API server.
-	own := informers.NewSharedInformerFactoryWithOptions(cfg.kube, 0, informers.WithNamespace(cfg.namespace),
+	own := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(lifecycle.TrimForCache))
 	objects := own.Storage().V1().CSIStorageCapacities().Informer()
@@ -203,7 +185,7 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 				obj = tomb.Obj
 			}
 			// Our labels may be gone from it: the key is what counts.
-			if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && sc.Namespace == t.namespace {
+			if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && sc.Namespace == t.Namespace {
 				t.queue.Add(keyOfCapacity(sc))
 			}
 		},
@@ -218,7 +200,7 @@ func newCapacityTracker(cfg capacityConfig, shared informers.SharedInformerFacto
 }
 
 // indexByKey indexes a managed object by its key (capacityKeyIndex).
-func (t *capacityTracker) indexByKey(obj any) ([]string, error) {
+func (t *Tracker) indexByKey(obj any) ([]string, error) {
 	if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && t.manages(sc) {
 		return []string{keyOfCapacity(sc).String()}, nil
 	}
@@ -230,9 +212,9 @@ func (t *capacityTracker) indexByKey(obj any) ([]string, error) {
 // its key, or one whose values someone else changed. The events of this replica's own
 // writes ask for nothing (OwnWrites.Echo): with a driver whose answer drifts, each would
 // cost a GetCapacity and another write, a stream of them.
-func (t *capacityTracker) onObject(old, obj any) {
+func (t *Tracker) onObject(old, obj any) {
 	sc, ok := obj.(*storagev1.CSIStorageCapacity)
-	if !ok || sc.Namespace != t.namespace {
+	if !ok || sc.Namespace != t.Namespace {
 		return
 	}
 	key := keyOfCapacity(sc)
@@ -261,13 +243,13 @@ func (t *capacityTracker) onObject(old, obj any) {
 		// now tells its own write from this one when it ends (syncDone).
 	case t.own.Echo(sc):
 		// The event of a write of this replica.
-	case changedByOthers(sc, before, t.owner):
+	case changedByOthers(sc, before, t.Owner):
 		t.queue.Add(key)
 	}
 }
 
 // duplicate tells whether the cache holds another managed object of sc's key.
-func (t *capacityTracker) duplicate(sc *storagev1.CSIStorageCapacity) bool {
+func (t *Tracker) duplicate(sc *storagev1.CSIStorageCapacity) bool {
 	objs, err := t.objects.ByIndex(capacityKeyIndex, keyOfCapacity(sc).String())
 	if err != nil {
 		return false
@@ -294,7 +276,7 @@ func changedByOthers(obj, before *storagev1.CSIStorageCapacity, owner *metav1.Ow
 // lies in (every key of the class for no topology): the controller made or deleted a
 // volume there (capacityRefresher). It only enqueues; after intake ends RunWorkers drops
 // the keys.
-func (t *capacityTracker) refresh(class string, topology []*csi.Topology) {
+func (t *Tracker) Refresh(class string, topology []*csi.Topology) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, segment := range t.desired {
@@ -322,32 +304,32 @@ func inSegment(segment map[string]string, topology []*csi.Topology) bool {
 
 // start starts the informer of the managed objects until stop closes (every replica, so a
 // standby's cache is warm, P7).
-func (t *capacityTracker) start(stop <-chan struct{}) { t.objectsStart(stop) }
+func (t *Tracker) Start(stop <-chan struct{}) { t.objectsStart(stop) }
 
 // run works the queue and polls until intake ends, then returns once the sync in flight
 // (its GetCapacity and its write, on Ops(), P1) has finished.
-func (t *capacityTracker) run(intake context.Context) {
+func (t *Tracker) Run(intake context.Context) {
 	logger := klog.FromContext(intake)
 	if !cache.WaitForCacheSync(intake.Done(), t.synced...) {
 		t.queue.ShutDown()
 		return
 	}
-	logger.Info("Starting storage capacity tracking", "namespace", t.namespace, "managedBy", t.managedBy, "pollInterval", t.pollInterval)
+	logger.Info("Starting storage capacity tracking", "namespace", t.Namespace, "managedBy", t.ManagedBy, "pollInterval", t.PollInterval)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if t.pollInterval <= 0 {
+		if t.PollInterval <= 0 {
 			t.poll() // once; then only changes refresh capacity
 			return
 		}
-		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.pollInterval)
+		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.PollInterval)
 	})
-	lifecycle.RunWorkers(intake, t.queue, t.threads, t.sync)
+	lifecycle.RunWorkers(intake, t.queue, t.Threads, t.sync)
 	wg.Wait()
 	logger.Info("Storage capacity tracking stopped")
 }
 
 // poll asks for every object again: capacity changes without any event.
-func (t *capacityTracker) poll() {
+func (t *Tracker) poll() {
 	t.queue.Add(recomputeCapacities)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -356,7 +338,7 @@ func (t *capacityTracker) poll() {
 	}
 }
 
-func (t *capacityTracker) sync(key capacityKey) error {
+func (t *Tracker) sync(key capacityKey) error {
 	if key == recomputeCapacities {
 		return t.recompute()
 	}
@@ -365,13 +347,13 @@ func (t *capacityTracker) sync(key capacityKey) error {
 
 // recompute derives the desired objects from the listers and enqueues what changed: new
 // keys, keys no longer wanted, and objects that match no wanted key.
-func (t *capacityTracker) recompute() error {
+func (t *Tracker) recompute() error {
 	classes, err := t.classes.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	segments := []map[string]string{t.nodeSegment}
-	if t.nodeSegment == nil {
+	segments := []map[string]string{t.NodeSegment}
+	if t.NodeSegment == nil {
 		csiNodes, err := t.csiNodes.List(labels.Everything())
 		if err != nil {
 			return err
@@ -380,9 +362,9 @@ func (t *capacityTracker) recompute() error {
 		if err != nil {
 			return err
 		}
-		segments = driverSegments(t.driver, csiNodes, nodes)
+		segments = driverSegments(t.Driver, csiNodes, nodes)
 	}
-	desired := desiredCapacities(t.driver, t.immediate, classes, segments)
+	desired := desiredCapacities(t.Driver, t.Immediate, classes, segments)
 	t.mu.Lock()
 	old := t.desired
 	t.desired = desired
@@ -412,9 +394,9 @@ func (t *capacityTracker) recompute() error {
 // wanted, else exactly one holding what GetCapacity says now. It writes from the objects
 // as this replica knows them (objectsOf), never from a read made for the write: a conflict
 // is returned, and the key goes back to the queue.
-func (t *capacityTracker) syncObject(key capacityKey) (err error) {
+func (t *Tracker) syncObject(key capacityKey) (err error) {
 	logger := klog.Background().WithValues("storageClass", key.class, "segment", key.segment)
-	ctx := klog.NewContext(t.ops, logger)
+	ctx := klog.NewContext(t.Ops, logger)
 	t.mu.Lock()
 	computed := t.computed
 	t.mu.Unlock()
@@ -449,8 +431,8 @@ func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 	// P1: the call and the write that records it run on Ops(), so a poll in flight when
 	// intake ends still lands. Only the driver call has --timeout: a write waiting for a
 	// token of the budget is not abandoned (and sent again later, spending another).
-	callCtx, cancel := context.WithTimeout(ctx, t.timeout)
-	resp, err := t.csi.GetCapacity(callCtx, getCapacityRequest(class, segment))
+	callCtx, cancel := context.WithTimeout(ctx, t.Timeout)
+	resp, err := t.CSI.GetCapacity(callCtx, getCapacityRequest(class, segment))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("GetCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
@@ -474,7 +456,7 @@ func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 		}
 	}
 	if create {
-		saved, err := t.kube.StorageV1().CSIStorageCapacities(t.namespace).Create(ctx, answer, metav1.CreateOptions{})
+		saved, err := t.Kube.StorageV1().CSIStorageCapacities(t.Namespace).Create(ctx, answer, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating CSIStorageCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
 		}
@@ -490,7 +472,7 @@ func (t *capacityTracker) syncObject(key capacityKey) (err error) {
 // this replica's write nor holding what the sync wrote (want; nil: it wrote nothing) was
 // someone else's change, made after the sync read the object, and asks for another sync.
 // A failed sync goes back to the queue with its backoff anyway.
-func (t *capacityTracker) syncDone(key capacityKey, want *storagev1.CSIStorageCapacity, err error) {
+func (t *Tracker) syncDone(key capacityKey, want *storagev1.CSIStorageCapacity, err error) {
 	t.mu.Lock()
 	seen := t.syncing[key]
 	delete(t.syncing, key)
@@ -498,7 +480,7 @@ func (t *capacityTracker) syncDone(key capacityKey, want *storagev1.CSIStorageCa
 	if err != nil || seen == nil || t.own.Echo(seen) {
 		return
 	}
-	if want == nil || changedByOthers(seen, want, t.owner) {
+	if want == nil || changedByOthers(seen, want, t.Owner) {
 		t.queue.Add(key)
 	}
 }
@@ -507,7 +489,7 @@ func (t *capacityTracker) syncDone(key capacityKey, want *storagev1.CSIStorageCa
 // values when they differ: one update carrying current's resourceVersion, whose answer
 // goes to OwnWrites. A conflict (someone else wrote the object since) is returned: the
 // key goes back to the queue, whose backoff lets the cache catch up.
-func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.CSIStorageCapacity) error {
+func (t *Tracker) update(ctx context.Context, current, want *storagev1.CSIStorageCapacity) error {
 	if capacityUpToDate(current, want) {
 		return nil
 	}
@@ -516,7 +498,7 @@ func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.C
 	if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
 		update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
 	}
-	saved, err := t.kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	saved, err := t.Kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
 	}
@@ -526,9 +508,9 @@ func (t *capacityTracker) update(ctx context.Context, current, want *storagev1.C
 }
 
 // deleteObjects deletes objects of a key, on Ops(), and tells OwnWrites they are gone.
-func (t *capacityTracker) deleteObjects(ctx context.Context, objs []*storagev1.CSIStorageCapacity) error {
+func (t *Tracker) deleteObjects(ctx context.Context, objs []*storagev1.CSIStorageCapacity) error {
 	for _, obj := range objs {
-		err := t.kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(ctx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
+		err := t.Kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(ctx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
 		// A conflict: the name holds another object, this one is gone.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting CSIStorageCapacity %s: %w", klog.KObj(obj), err)
@@ -543,7 +525,7 @@ func (t *capacityTracker) deleteObjects(ctx context.Context, objs []*storagev1.C
 // read through its own writes and creations (OwnWrites): an object it created or updated
 // a moment ago counts as written before the informer shows it. The oldest comes first
 // (then by name): the one every replica keeps when there are several.
-func (t *capacityTracker) objectsOf(key capacityKey) ([]*storagev1.CSIStorageCapacity, error) {
+func (t *Tracker) objectsOf(key capacityKey) ([]*storagev1.CSIStorageCapacity, error) {
 	objs, err := t.own.ByIndex(capacityKeyIndex, key.String())
 	if err != nil {
 		return nil, fmt.Errorf("reading the CSIStorageCapacity objects of %s: %w", key, err)
@@ -558,17 +540,17 @@ func (t *capacityTracker) objectsOf(key capacityKey) ([]*storagev1.CSIStorageCap
 	return objs, nil
 }
 
-func (t *capacityTracker) manages(sc *storagev1.CSIStorageCapacity) bool {
-	return sc.Namespace == t.namespace && sc.Labels[capacityDriverLabel] == t.driver && sc.Labels[capacityManagedByLabel] == t.managedBy
+func (t *Tracker) manages(sc *storagev1.CSIStorageCapacity) bool {
+	return sc.Namespace == t.Namespace && sc.Labels[capacityDriverLabel] == t.Driver && sc.Labels[capacityManagedByLabel] == t.ManagedBy
 }
 
 // capacityObject is the object GetCapacity's answer asks for.
-func (t *capacityTracker) capacityObject(key capacityKey, segment map[string]string, resp *csi.GetCapacityResponse) *storagev1.CSIStorageCapacity {
+func (t *Tracker) capacityObject(key capacityKey, segment map[string]string, resp *csi.GetCapacityResponse) *storagev1.CSIStorageCapacity {
 	obj := &storagev1.CSIStorageCapacity{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: capacityGenerateName,
-			Namespace:    t.namespace,
-			Labels:       map[string]string{capacityDriverLabel: t.driver, capacityManagedByLabel: t.managedBy},
+			Namespace:    t.Namespace,
+			Labels:       map[string]string{capacityDriverLabel: t.Driver, capacityManagedByLabel: t.ManagedBy},
 		},
 		StorageClassName: key.class,
 		NodeTopology:     &metav1.LabelSelector{MatchLabels: maps.Clone(segment)},
@@ -578,8 +560,8 @@ func (t *capacityTracker) capacityObject(key capacityKey, segment map[string]str
 	if m := resp.GetMaximumVolumeSize(); m != nil {
 		obj.MaximumVolumeSize = resource.NewQuantity(m.GetValue(), resource.BinarySI)
 	}
-	if t.owner != nil {
-		obj.OwnerReferences = []metav1.OwnerReference{*t.owner}
+	if t.Owner != nil {
+		obj.OwnerReferences = []metav1.OwnerReference{*t.Owner}
 	}
 	return obj
 }
@@ -669,7 +651,7 @@ func driverSegments(driver string, csiNodes []*storagev1.CSINode, nodes []*v1.No
 func desiredCapacities(driver string, immediate bool, classes []*storagev1.StorageClass, segments []map[string]string) map[capacityKey]map[string]string {
 	out := map[capacityKey]map[string]string{}
 	for _, class := range classes {
-		if class.Provisioner != driver || (!immediate && !isDelayedBinding(class)) {
+		if class.Provisioner != driver || (!immediate && !waitsForFirstConsumer(class)) {
 			continue
 		}
 		for _, s := range segments {
@@ -681,7 +663,7 @@ func desiredCapacities(driver string, immediate bool, classes []*storagev1.Stora
 
 // counts are the figures of the capacity metrics: objects that should exist, those of them
 // that do, and managed objects that exist but should not.
-func (t *capacityTracker) counts() (goal, current, obsolete int) {
+func (t *Tracker) counts() (goal, current, obsolete int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	have := map[capacityKey]bool{}
@@ -696,4 +678,10 @@ func (t *capacityTracker) counts() (goal, current, obsolete int) {
 		}
 	}
 	return len(t.desired), len(have), obsolete
+}
+
+// waitsForFirstConsumer says whether the class binds late: the scheduler reads capacity
+// for such classes only.
+func waitsForFirstConsumer(class *storagev1.StorageClass) bool {
+	return class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
 }

@@ -1,4 +1,4 @@
-package provisioner
+package capacity
 
 import (
 	"context"
@@ -85,7 +85,7 @@ func TestDesiredCapacitiesAreTheDriversLateBindingClassesTimesSegments(t *testin
 	})
 	now := class("now", func(sc *storagev1.StorageClass) { sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingImmediate) })
 	other := class("other", func(sc *storagev1.StorageClass) {
-		sc.Provisioner = "other.csi.test"
+		sc.Provisioner = "other.CSI.test"
 		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
 	})
 	segments := []map[string]string{{"zone": "1"}, {"zone": "2"}}
@@ -111,7 +111,7 @@ type capacityWorld struct {
 	t        *testing.T
 	kube     *fake.Clientset
 	driver   *testdriver.Backend
-	tracker  *capacityTracker
+	tracker  *Tracker
 	registry metrics.KubeRegistry
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -119,7 +119,7 @@ type capacityWorld struct {
 	conflicts atomic.Int64
 }
 
-func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacityConfig), objects ...runtime.Object) *capacityWorld {
+func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*Config), objects ...runtime.Object) *capacityWorld {
 	t.Helper()
 	dcfg.DriverName = drv
 	b, err := testdriver.New(dcfg)
@@ -166,30 +166,30 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*capacit
 		}
 		return true, obj, nil
 	})
-	cfg := capacityConfig{
-		driver: drv, namespace: capNS, managedBy: capacityManagedBy,
-		pollInterval: time.Hour, timeout: 5 * time.Second, threads: 2,
-		csi: csi.NewControllerClient(conn), kube: w.kube, ops: context.Background(),
+	cfg := Config{
+		Driver: drv, Namespace: capNS, ManagedBy: capacityManagedBy,
+		PollInterval: time.Hour, Timeout: 5 * time.Second, Threads: 2,
+		CSI: csi.NewControllerClient(conn), Kube: w.kube, Ops: context.Background(),
 	}
 	if change != nil {
 		change(&cfg)
 	}
 	// Decisions are fed from objects trimmed as the core's caches trim them.
 	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(cachetest.Transform()))
-	if w.tracker, err = newCapacityTracker(cfg, factory, 20*time.Millisecond, 200*time.Millisecond); err != nil {
+	if w.tracker, err = New(cfg, factory, 20*time.Millisecond, 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.registry.CustomRegister(newCapacityCollector(w.tracker)); err != nil {
+	if err := w.registry.CustomRegister(NewCollector(w.tracker)); err != nil {
 		t.Fatal(err)
 	}
 	stopInformers := make(chan struct{})
 	factory.Start(stopInformers)
-	w.tracker.start(stopInformers)
+	w.tracker.Start(stopInformers)
 	intake, stop := context.WithCancel(context.Background())
 	w.stop = stop
 	go func() {
 		defer close(w.done)
-		w.tracker.run(intake)
+		w.tracker.Run(intake)
 	}()
 	t.Cleanup(func() {
 		stop()
@@ -282,9 +282,9 @@ func TestCapacityObjectsAppearPerSegmentAndClassFollowTheDriverAndObsoleteOnesGo
 	objs := append(topologyObjects("n1", "n2"),
 		lateClass("fast", map[string]string{"type": "fast"}), lateClass("slow", map[string]string{"type": "slow"}),
 		class("now", nil), obsolete, foreign)
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, CapacityRules: rules}, func(c *capacityConfig) {
-		c.owner = owner
-		c.pollInterval = 50 * time.Millisecond
+	w := newCapacityWorld(t, testdriver.Config{Topology: true, CapacityRules: rules}, func(c *Config) {
+		c.Owner = owner
+		c.PollInterval = 50 * time.Millisecond
 	}, objs...)
 
 	want := map[string]int64{
@@ -366,9 +366,9 @@ func TestAnObjectDeletedBySomeoneElseComesBack(t *testing.T) {
 }
 
 func TestANodeDeploymentTracksItsOwnSegmentOnly(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *capacityConfig) {
-		c.nodeSegment = map[string]string{testdriver.TopologyKey: "n1"}
-		c.managedBy = capacityManagedByFor("n1")
+	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) {
+		c.NodeSegment = map[string]string{testdriver.TopologyKey: "n1"}
+		c.ManagedBy = ManagedByFor("n1")
 	}, append(topologyObjects("n1", "n2"), lateClass("fast", nil))...)
 	w.waitFor("the node's object", func() bool { return len(w.objects()) == 1 })
 	o := w.objects()["fast@"+testdriver.TopologyKey+"=n1"]
@@ -378,7 +378,7 @@ func TestANodeDeploymentTracksItsOwnSegmentOnly(t *testing.T) {
 }
 
 func TestAGetCapacityInFlightWhenIntakeEndsFinishesAndItsWriteLands(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *capacityConfig) { c.threads = 1 },
+	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) { c.Threads = 1 },
 		append(topologyObjects("n1"), lateClass("fast", nil))...)
 	key := "fast@" + testdriver.TopologyKey + "=n1"
 	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
@@ -443,7 +443,7 @@ func TestTheCapacityOwnerIsFoundByWalkingControllersFromThePod(t *testing.T) {
 	if err := metav1.AddMetaToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	owners := &ownerReader{mapper: mapper, metadata: metadatafake.NewSimpleMetadataClient(scheme,
+	owners := &OwnerReader{mapper: mapper, metadata: metadatafake.NewSimpleMetadataClient(scheme,
 		partial("apps/v1", "ReplicaSet", "csi-1", "rs", controllerRef("apps/v1", "Deployment", "csi", "dep")),
 		partial("apps/v1", "Deployment", "csi", "dep", nil),
 		partial("example.com/v1", "Widget", "w", "widget", controllerRef("example.com/v1", "WidgetPool", "pool", "pool")),
@@ -481,7 +481,7 @@ func TestTheCapacityOwnerIsFoundByWalkingControllersFromThePod(t *testing.T) {
 		{pod: "stale-x", level: 2, wantErr: "has UID new-uid"},
 		{pod: "missing", level: 0, wantErr: "POD_NAME"},
 	} {
-		ref, err := lookupCapacityOwner(context.Background(), kube, owners, capNS, tc.pod, tc.level)
+		ref, err := LookupOwner(context.Background(), kube, owners, capNS, tc.pod, tc.level)
 		if tc.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("%s level %d: %+v, %v; want an error with %q", tc.pod, tc.level, ref, err, tc.wantErr)
@@ -499,7 +499,7 @@ func TestTheCapacityOwnerIsFoundByWalkingControllersFromThePod(t *testing.T) {
 }
 
 func TestManagedByNamesTheNodeAsUpstreamDoes(t *testing.T) {
-	if got := capacityManagedByFor(""); got != "external-provisioner" {
+	if got := ManagedByFor(""); got != "external-provisioner" {
 		t.Errorf("central: %q", got)
 	}
 	node := func(n int) string { return "node" + strings.Repeat("a", n) }
@@ -523,39 +523,9 @@ func TestManagedByNamesTheNodeAsUpstreamDoes(t *testing.T) {
 				t.Errorf("boundedName(%q, %q, 63) = %q, want %q", tc.base, tc.node, got, tc.want)
 			}
 			if tc.base == capacityManagedBy {
-				if m := capacityManagedByFor(tc.node); m != tc.want {
-					t.Errorf("capacityManagedByFor(%q) = %q, want %q", tc.node, m, tc.want)
+				if m := ManagedByFor(tc.node); m != tc.want {
+					t.Errorf("ManagedByFor(%q) = %q, want %q", tc.node, m, tc.want)
 				}
-			}
-		})
-	}
-}
-
-func TestCapacityFlagsNeedTheirEnvironment(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		args    []string
-		env     map[string]string
-		wantErr string
-	}{
-		{"namespace missing", []string{"--enable-capacity"}, map[string]string{"POD_NAME": "p"}, "NAMESPACE"},
-		{"pod missing for an owner", []string{"--enable-capacity"}, map[string]string{"NAMESPACE": "ns"}, "POD_NAME"},
-		{"no owner needs no pod", []string{"--enable-capacity", "--capacity-ownerref-level=-1"}, map[string]string{"NAMESPACE": "ns"}, ""},
-		{"older upstream's POD_NAMESPACE", []string{"--enable-capacity", "--capacity-ownerref-level=0"}, map[string]string{"POD_NAMESPACE": "ns", "POD_NAME": "p"}, ""},
-		// Upstream accepts these two; a warning says what they do.
-		{"poll interval", []string{"--enable-capacity", "--capacity-poll-interval=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, ""},
-		{"threads", []string{"--enable-capacity", "--capacity-threads=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, ""},
-		{"burst without qps", []string{"--enable-capacity", "--kube-api-capacity-qps=1", "--kube-api-capacity-burst=0"}, map[string]string{"NAMESPACE": "ns", "POD_NAME": "p"}, "--kube-api-capacity-burst"},
-		{"capacity off needs nothing", nil, nil, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var o options
-			if err := newFlagSet(&o).Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			err := o.validate(func(k string) string { return tc.env[k] })
-			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Errorf("validate: %v, want %q", err, tc.wantErr)
 			}
 		})
 	}
@@ -571,7 +541,7 @@ func (d *driftingCapacity) GetCapacity(context.Context, *csi.GetCapacityRequest,
 
 func TestTheEventsOfItsOwnWritesDoNotMakeTheTrackerPollAgain(t *testing.T) {
 	drift := &driftingCapacity{}
-	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *capacityConfig) { c.csi = drift },
+	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *Config) { c.CSI = drift },
 		append(topologyObjects("n1", "n2"), lateClass("fast", nil))...)
 	w.waitFor("both objects", func() bool { return len(w.capacities()) == 2 })
 	// No condition marks "nothing more happens": a window in which a write stream (each
@@ -688,7 +658,7 @@ func (s *segmentsAsked) count(segment string) int {
 
 func TestAProvisionedOrDeletedVolumeRefreshesTheCapacityOfItsSegmentAndClass(t *testing.T) {
 	asked := &segmentsAsked{}
-	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *capacityConfig) { c.csi = asked },
+	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *Config) { c.CSI = asked },
 		append(topologyObjects("n1", "n2"), lateClass("fast", nil), lateClass("slow", nil))...)
 	w.waitFor("the objects", func() bool { return len(w.capacities()) == 4 })
 	w.waitFor("the tracker idle", func() bool {
@@ -700,15 +670,14 @@ func TestAProvisionedOrDeletedVolumeRefreshesTheCapacityOfItsSegmentAndClass(t *
 	before1, before2 := asked.count(n1), asked.count(n2)
 
 	// A volume of class fast in n1: fast@n1 only (the poll interval is an hour).
-	var refresh capacityRefresher = w.tracker
-	refresh.refresh("fast", []*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n1"}}})
+	w.tracker.Refresh("fast", []*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n1"}}})
 	w.waitFor("fast@n1 asked again", func() bool { return asked.count(n1) == before1+1 })
 	// No topology (a failed provisioning): every segment of the class.
-	refresh.refresh("slow", nil)
+	w.tracker.Refresh("slow", nil)
 	w.waitFor("slow asked again in both segments", func() bool { return asked.count(n1) == before1+2 && asked.count(n2) == before2+1 })
 }
 
-func TestInSegmentAndVolumeTopology(t *testing.T) {
+func TestInSegment(t *testing.T) {
 	seg := map[string]string{"zone": "a", "rack": "1"}
 	topo := func(m map[string]string) *csi.Topology { return &csi.Topology{Segments: m} }
 	for _, tc := range []struct {
@@ -725,16 +694,6 @@ func TestInSegmentAndVolumeTopology(t *testing.T) {
 		if got := inSegment(seg, tc.topo); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
-	}
-	pv := &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
-		{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"a"}}}},
-	}}}}}
-	if got := volumeTopology(pv); len(got) != 1 || !cmp.Equal(got[0].GetSegments(), map[string]string{"zone": "a"}) {
-		t.Errorf("volumeTopology: %v, want zone=a", got)
-	}
-	pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a", "b"}
-	if got := volumeTopology(pv); got != nil {
-		t.Errorf("volumeTopology of a multi-value term: %v, want nil (every segment)", got)
 	}
 }
 
@@ -754,4 +713,15 @@ func TestGetCapacityRequestIsUpstreams(t *testing.T) {
 			t.Errorf("%s: request (-want +got):\n%s", tc.name, diff)
 		}
 	}
+}
+
+const drv = "drv.example.com"
+
+func class(name string, change func(*storagev1.StorageClass)) *storagev1.StorageClass {
+	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: drv,
+		ReclaimPolicy: ptr.To(v1.PersistentVolumeReclaimDelete), Parameters: map[string]string{"type": "fast"}}
+	if change != nil {
+		change(sc)
+	}
+	return sc
 }
