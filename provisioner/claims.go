@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -22,7 +24,7 @@ import (
 func (c *claimController) enqueueClaim(obj any) {
 	// A claim with a record may be bound, deleted or another provisioner's by now: its
 	// volume must still be finished or undone.
-	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || hasRecord(claim) || c.records.isOpen(string(claim.UID))) {
+	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && (mayNeedVolume(claim, c.names()) || record.Has(claim) || c.records.IsOpen(string(claim.UID))) {
 		c.claimQueue.Add(string(claim.UID))
 	}
 }
@@ -31,8 +33,8 @@ func (c *claimController) enqueueClaim(obj any) {
 // finishes or undoes it, whether the claim is still there or not.
 func (c *claimController) enqueueRecorded(obj any) {
 	if ev, ok := obj.(*v1.Event); ok {
-		for _, uid := range recordClaimKeys(ev) {
-			if c.records.isOpen(uid) {
+		for _, uid := range record.ClaimKeys(ev) {
+			if c.records.IsOpen(uid) {
 				c.claimQueue.Add(uid)
 			}
 		}
@@ -46,7 +48,7 @@ func (c *claimController) forgetClaim(obj any) {
 		obj = tomb.Obj
 	}
 	if claim, ok := obj.(*v1.PersistentVolumeClaim); ok {
-		if c.records.isOpen(string(claim.UID)) {
+		if c.records.IsOpen(string(claim.UID)) {
 			c.claimQueue.Add(string(claim.UID))
 		}
 		c.absent.forget(string(claim.UID))
@@ -87,8 +89,8 @@ func (c *claimController) syncClaim(uid string) error {
 		// Acting on it could delete a volume that is not the claim's; keeping it blocks
 		// only the deletion of this claim, which the event explains.
 		logger.Info("Warning: leaving a provisioning record alone", "reason", why)
-		if claim != nil && hasRecord(claim) {
-			c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, provisioningFinalizer)
+		if claim != nil && record.Has(claim) {
+			c.recorder.Eventf(claim, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume, then remove finalizer %s", why, record.ProvisioningFinalizer)
 		} else if about := eventObject(claim, facts.rec); about != nil {
 			c.recorder.Eventf(about, v1.EventTypeWarning, reasonUntrusted, "Not acting on the provisioning record: %s. Check the driver for the volume", why)
 		}
@@ -143,7 +145,7 @@ func (c *claimController) syncClaim(uid string) error {
 	// driver (the source's finalizer, CreateVolume): from then on whoever leads finds the
 	// volume, finishes it or undoes it.
 	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
-		if errors.Is(err, errRecordChanged) {
+		if errors.Is(err, record.ErrChanged) {
 			logger.V(2).Info("Claim changed while being recorded; deciding again", "err", err.Error())
 			return err
 		}
@@ -194,16 +196,16 @@ func (c *claimController) planFailed(claim *v1.PersistentVolumeClaim, err error)
 // enough for its event to expire soon (recordRefresh). A record of another request stays
 // open while what it asked for is unknown: the volume it may have made is undone first
 // (errRecordChanged sends the claim back to be decided again).
-func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, existing *claimRecord) error {
-	rec, err := newRecord(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
+func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, existing *record.Record) error {
+	rec, err := record.New(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
 	if err != nil {
 		return err
 	}
-	rec.claim = claimReference(p.claim)
+	rec.Claim = record.ClaimReference(p.claim)
 	if p.source.kind != sourceNone {
 		rec.Source = p.source.key()
 	}
-	if existing != nil && existing.sameAs(rec) && !c.records.aging(uid) {
+	if existing != nil && existing.SameAs(rec) && !c.records.Aging(uid) {
 		p.rec = existing
 		return nil
 	}
@@ -211,9 +213,9 @@ func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, e
 		if err := c.undoer.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: the volume of the earlier request was undone", errRecordChanged)
+		return fmt.Errorf("%w: the volume of the earlier request was undone", record.ErrChanged)
 	}
-	if err := c.records.opening(ctx, p.claim, rec); err != nil {
+	if err := c.records.Opening(ctx, p.claim, rec); err != nil {
 		return err
 	}
 	p.rec = rec

@@ -11,7 +11,7 @@ import (
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
+	eventrecord "k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -26,7 +26,7 @@ type config struct {
 	kube     kubernetes.Interface
 	csi      csi.ControllerClient
 	ops      context.Context // parent of every CSI call and the writes recording it (P1)
-	recorder record.EventRecorder
+	recorder eventrecord.EventRecorder
 	// eventSource is the recorder's source, also that of the record's events.
 	eventSource    v1.EventSource
 	metrics        *controllerMetrics

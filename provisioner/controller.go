@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
@@ -56,12 +58,12 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
-	if c.records, err = newRecordStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
+	if c.records, err = record.NewStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
 		return nil, err
 	}
-	c.records.claims, c.records.startingWork = own, c.startingWork
-	c.closer = &closer{queue: queue(closeQueueName), records: c.records, ops: cfg.ops, intake: func() context.Context { return c.intakeOr(cfg.ops) }}
-	if _, err := c.records.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
+	c.records.Claims, c.records.StartingWork = own, c.startingWork
+	c.closer = record.NewCloser(queue(record.CloseQueueName), c.records, cfg.ops, func() context.Context { return c.intakeOr(cfg.ops) })
+	if err := c.records.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
 		return nil, err
 	}
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -106,7 +108,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 // startInformers starts the informers that are not on the core's factory, the records'
 // and the snapshots', until stop closes (every replica, P7).
 func (c *claimController) startInformers(stop <-chan struct{}) {
-	c.records.start(stop)
+	c.records.Start(stop)
 	c.sources.start(stop)
 }
 
@@ -116,7 +118,7 @@ func (c *claimController) run(intake context.Context) {
 	c.intake.Store(&intake)
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
-	synced := []cache.InformerSynced{c.records.informer.HasSynced}
+	synced := []cache.InformerSynced{c.records.HasSynced}
 	if c.sources.snapshots != nil {
 		synced = append(synced, c.sources.snapshots.informer.HasSynced)
 	}
@@ -124,7 +126,7 @@ func (c *claimController) run(intake context.Context) {
 		c.claimQueue.ShutDown()
 		c.deleter.queue.ShutDown()
 		c.sources.queue.ShutDown()
-		c.closer.queue.ShutDown()
+		c.closer.Queue().ShutDown()
 		return
 	}
 	var wg sync.WaitGroup
@@ -134,7 +136,7 @@ func (c *claimController) run(intake context.Context) {
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sources.queue, int(c.opts.cloningProtectionThreads), c.sources.sync)
 	})
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.queue, 1, c.closer.sync) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.Queue(), 1, c.closer.Sync) })
 	wg.Go(func() { c.sources.sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")

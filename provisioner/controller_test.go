@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
@@ -26,7 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
+	eventrecord "k8s.io/client-go/tools/record"
 	"k8s.io/component-base/metrics"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
@@ -44,7 +46,7 @@ type world struct {
 	kube     *fake.Clientset
 	driver   *testdriver.Backend
 	ctrl     *claimController
-	recorder *record.FakeRecorder
+	recorder *eventrecord.FakeRecorder
 	// seenEvents are the API's events events() returned already.
 	seenEvents map[string]bool
 	registry   metrics.KubeRegistry
@@ -89,7 +91,7 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 	if err := newFlagSet(&o).Parse([]string{"--worker-threads=4", "--retry-interval-start=20ms", "--retry-interval-max=200ms"}); err != nil {
 		t.Fatal(err)
 	}
-	w := &world{t: t, kube: fake.NewClientset(objects...), driver: b, recorder: record.NewFakeRecorder(1000),
+	w := &world{t: t, kube: fake.NewClientset(objects...), driver: b, recorder: eventrecord.NewFakeRecorder(1000),
 		seenEvents: map[string]bool{}, registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
 	stampResourceVersions(&w.kube.Fake)
 	m, err := newControllerMetrics(w.registry)
@@ -115,7 +117,7 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 	factory.Start(stopInformers)
 	w.ctrl.startInformers(stopInformers)
 	factory.WaitForCacheSync(stopInformers)
-	cache.WaitForCacheSync(stopInformers, w.ctrl.records.informer.HasSynced)
+	cache.WaitForCacheSync(stopInformers, w.ctrl.records.HasSynced)
 	intake, stopIntake := context.WithCancel(context.Background())
 	w.intake, w.stopIntake = intake, stopIntake
 	t.Cleanup(func() {
@@ -239,20 +241,20 @@ func (w *world) events() []string {
 }
 
 // record is the claim's open record as the API server's events say; nil for none.
-func (w *world) record(uid string) *openRecord {
+func (w *world) record(uid string) *record.OpenRecord {
 	w.t.Helper()
-	list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{LabelSelector: labelRecord})
+	list, err := w.kube.CoreV1().Events("").List(context.Background(), metav1.ListOptions{LabelSelector: record.Label})
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	var events []*v1.Event
 	for i := range list.Items {
 		// The events about the claim, and those carrying its record among others'.
-		if slices.Contains(recordClaimKeys(&list.Items[i]), uid) {
+		if slices.Contains(record.ClaimKeys(&list.Items[i]), uid) {
 			events = append(events, &list.Items[i])
 		}
 	}
-	r, err := openAmong(events, uid)
+	r, err := record.OpenAmong(events, uid)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -261,15 +263,12 @@ func (w *world) record(uid string) *openRecord {
 
 // deadLeaderRecord is the event a provisioner that died since wrote to open the claim's
 // record.
-func deadLeaderRecord(t *testing.T, claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.Event {
+func deadLeaderRecord(t *testing.T, claim *v1.PersistentVolumeClaim, rec *record.Record) *v1.Event {
 	t.Helper()
-	s := &recordStore{driverLabel: recordDriverLabel(drv), source: v1.EventSource{Component: drv + "_dead"}, now: time.Now}
-	value, err := rec.encode()
+	ev, err := record.OpeningEvent(drv, v1.EventSource{Component: drv + "_dead"}, claim, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonProvisioning, "External provisioner is provisioning volume")
-	ev.Annotations = map[string]string{annProvisioning: value}
 	return ev
 }
 

@@ -6,6 +6,8 @@ package provisioner
 import (
 	"fmt"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -111,7 +113,7 @@ type recordFacts struct {
 	claim *v1.PersistentVolumeClaim
 	// rec is the record: this process's own when it has one, else the claim's; recErr
 	// when the claim's cannot be read.
-	rec    *claimRecord
+	rec    *record.Record
 	recErr error
 	// fromMemory: rec is this process's own, not read from an event or the claim.
 	fromMemory bool
@@ -144,7 +146,7 @@ func decideRecord(f recordFacts) (recordAction, string) {
 	case f.node != "" && r.Node != f.node:
 		return recordSkip, fmt.Sprintf("the record is node %s's", r.Node)
 	case !f.fromMemory && !volumeOfClaim(r.Volume, f.claimUID(), cutLength(f.minCut)):
-		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", annProvisioning, r.Volume, f.claimUID())
+		return recordUntrusted, fmt.Sprintf("annotation %s names volume %q, which is not made from the claim's UID %s", record.AnnProvisioning, r.Volume, f.claimUID())
 	case f.pvExists:
 		// Whoever's it is (a cut UID can collide), the name is recorded: never delete it.
 		return recordDrop, fmt.Sprintf("PersistentVolume %s records the volume", r.Volume)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
@@ -128,13 +130,13 @@ func TestACreateVolumeTheDrainRefusedRecordsNothing(t *testing.T) {
 		t.Fatalf("syncClaim: %v, want the refusal", err)
 	}
 	d.checkNothingRecorded(w)
-	if events := w.events(); len(events) != 1 || !strings.Contains(events[0], reasonProvisioning) {
-		t.Errorf("events %q, want only the record's %s, written before the call", events, reasonProvisioning)
+	if events := w.events(); len(events) != 1 || !strings.Contains(events[0], record.ReasonProvisioning) {
+		t.Errorf("events %q, want only the record's %s, written before the call", events, record.ReasonProvisioning)
 	}
 	if w.pv("pvc-uid-1") != nil {
 		t.Error("a PersistentVolume was saved for a volume never made")
 	}
-	if r := w.record("uid-1"); r == nil || r.rec.Volume != "pvc-uid-1" {
+	if r := w.record("uid-1"); r == nil || r.Record.Volume != "pvc-uid-1" {
 		t.Fatalf("record %+v, want it open for volume pvc-uid-1: the next leader must find it", r)
 	}
 	if n := len(w.calls(testdriver.MethodCreateVolume)); n != 0 {
@@ -210,7 +212,7 @@ func TestAnUndoTheDrainRefusedRecordsNothing(t *testing.T) {
 	for _, method := range []string{"CreateVolume", "DeleteVolume"} {
 		t.Run(method, func(t *testing.T) {
 			w, d := newDrainingWorld(t, class("fast", nil))
-			rec, err := newRecord(drv, "", nil, testRequest("pvc-uid-1"))
+			rec, err := record.New(drv, "", nil, testRequest("pvc-uid-1"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -221,7 +223,7 @@ func TestAnUndoTheDrainRefusedRecordsNothing(t *testing.T) {
 			}
 			id := resp.GetVolume().GetVolumeId()
 			w.create(deadLeaderRecord(t, claimFor("data", "uid-1", "fast"), rec))
-			w.waitFor("the record in the cache", func() bool { return w.ctrl.records.isOpen("uid-1") })
+			w.waitFor("the record in the cache", func() bool { return w.ctrl.records.IsOpen("uid-1") })
 			w.events()
 			d.refuse(t, method)
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -80,7 +82,7 @@ func (w *servedWorld) claim(name string) *v1.PersistentVolumeClaim {
 }
 
 func carriesRecord(c *v1.PersistentVolumeClaim) bool {
-	return c != nil && (hasRecord(c) || slices.Contains(c.Finalizers, provisioningFinalizer))
+	return c != nil && (record.Has(c) || slices.Contains(c.Finalizers, record.ProvisioningFinalizer))
 }
 
 // startWith adds what a dead leader left (claims, PersistentVolumes, record events), waits
@@ -100,7 +102,7 @@ func (w *servedWorld) startWith(objs ...any) {
 					return false
 				}
 			case *v1.Event:
-				if !w.ctrl.records.isOpen(o.Labels[labelRecordClaim]) {
+				if !w.ctrl.records.IsOpen(o.Labels[record.LabelClaim]) {
 					return false
 				}
 			}
@@ -135,8 +137,8 @@ func TestTheRecordIsOpenWhileCreateVolumeRunsAndClosedWithThePersistentVolume(t 
 	if r == nil {
 		t.Fatal("no open record while CreateVolume runs")
 	}
-	if rec := r.rec; rec.Volume != "pvc-uid-1" || rec.Driver != drv || rec.req.GetParameters()["type"] != "fast" || rec.claim.Name != "data" {
-		t.Errorf("record %+v asking %v, want volume pvc-uid-1 of %s as planned, about claim data", rec, rec.req, drv)
+	if rec := r.Record; rec.Volume != "pvc-uid-1" || rec.Driver != drv || rec.CreateVolumeRequest().GetParameters()["type"] != "fast" || rec.Claim.Name != "data" {
+		t.Errorf("record %+v asking %v, want volume pvc-uid-1 of %s as planned, about claim data", rec, rec.CreateVolumeRequest(), drv)
 	}
 	if c := w.claim("data"); carriesRecord(c) || len(c.Finalizers) != 0 {
 		t.Errorf("claim finalizers %v, annotations %v: want the claim untouched", c.Finalizers, c.Annotations)
@@ -155,7 +157,7 @@ func TestTheRecordIsOpenWhileCreateVolumeRunsAndClosedWithThePersistentVolume(t 
 	for _, e := range w.events() {
 		reasons = append(reasons, strings.Fields(e)[1])
 	}
-	if !slices.Equal(reasons, []string{reasonProvisioning, reasonSucceeded}) {
+	if !slices.Equal(reasons, []string{record.ReasonProvisioning, record.ReasonSucceeded}) {
 		t.Errorf("events %q, want upstream's Provisioning, then ProvisioningSucceeded", reasons)
 	}
 }
@@ -298,14 +300,14 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec, err := newRecord(drv, "n1", p.pv.secrets.provisioner, p.req)
+			rec, err := record.New(drv, "n1", p.pv.secrets.provisioner, p.req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var left []any
 			if tc.legacy {
-				value, _ := rec.encode()
-				claim = withRecord(claim, value)
+				value, _ := rec.Encode()
+				claim = record.With(claim, value)
 			} else {
 				left = append(left, deadLeaderRecord(t, claim, rec))
 			}
@@ -390,8 +392,8 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 					t.Errorf("events %q, want %s saying %q", events, reasonUndone, tc.wantEvent)
 				}
 			}
-			if tc.saved && !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, reasonSucceeded) }) {
-				t.Errorf("events %q, want %s (the dead leader could not write it)", events, reasonSucceeded)
+			if tc.saved && !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, record.ReasonSucceeded) }) {
+				t.Errorf("events %q, want %s (the dead leader could not write it)", events, record.ReasonSucceeded)
 			}
 		})
 	}
@@ -406,7 +408,7 @@ func TestAnUndoWithoutItsSecretWaitsWithAnEvent(t *testing.T) {
 		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
 	})
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
-	rec, err := newRecord(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
+	rec, err := record.New(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,17 +439,17 @@ func TestAnEditedRecordIsNotActedOn(t *testing.T) {
 			claim := claimFor("data", "uid-1", "fast")
 			req := testRequest("pvc-uid-other")
 			req.Parameters, req.CapacityRange = nil, nil
-			rec, err := newRecord(drv, "", nil, req)
+			rec, err := record.New(drv, "", nil, req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := "Check the driver for the volume"
 			if legacy {
-				value, _ := rec.encode()
-				claim = withRecord(claim, value)
+				value, _ := rec.Encode()
+				claim = record.With(claim, value)
 				claim.DeletionTimestamp = ptr.To(metav1.Now())
 				w.startWith(claim)
-				want = provisioningFinalizer
+				want = record.ProvisioningFinalizer
 			} else {
 				w.startWith(deadLeaderRecord(t, claim, rec))
 			}
@@ -515,7 +517,7 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 							return err == nil && slices.Contains(s.Finalizers, snapshotProtectionFinalizer)
 						}
 					}
-					rec, err := newRecord(drv, "", nil, req)
+					rec, err := record.New(drv, "", nil, req)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -579,7 +581,7 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 			if err := w.driver.InjectFault(tc.fault); err != nil {
 				t.Fatal(err)
 			}
-			rec, err := newRecord(drv, "", nil, req)
+			rec, err := record.New(drv, "", nil, req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -608,14 +610,14 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 func TestARecordWaitingForItsClosingEventIsNeverUndone(t *testing.T) {
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
 	claim := claimFor("data", "uid-1", "fast")
-	rec, err := newRecord(drv, "", nil, testRequest("pvc-uid-1"))
+	rec, err := record.New(drv, "", nil, testRequest("pvc-uid-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.create(deadLeaderRecord(t, claim, rec))
-	w.waitFor("the record in the cache", func() bool { return w.ctrl.records.isOpen("uid-1") })
+	w.waitFor("the record in the cache", func() bool { return w.ctrl.records.IsOpen("uid-1") })
 	// Saved here, closing owed; the claim and the PersistentVolume gone since.
-	w.ctrl.closer.later("uid-1", claimReference(claim), rec.Volume)
+	w.ctrl.closer.Later("uid-1", record.ClaimReference(claim), rec.Volume)
 	if err := w.ctrl.syncClaim("uid-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -633,27 +635,27 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 	sc := class("fast", nil)
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
 	kept, gone := claimFor("kept", "uid-1", "fast"), claimFor("gone", "uid-2", "fast")
-	var records []carriedRecord
+	var records []record.Carried
 	for _, claim := range []*v1.PersistentVolumeClaim{kept, gone} {
 		p, err := w.ctrl.planner.plan(claim, sc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err := newRecord(drv, "", p.pv.secrets.provisioner, p.req)
+		rec, err := record.New(drv, "", p.pv.secrets.provisioner, p.req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		value, err := rec.encode()
+		value, err := rec.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
-		records = append(records, carriedRecord{Claim: claimReference(claim), Record: value})
+		records = append(records, record.Carried{Claim: record.ClaimReference(claim), Record: value})
 		// The dead leader's CreateVolume made both volumes.
 		if _, err := w.ctrl.csi.CreateVolume(context.Background(), p.req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	first, err := decodeRecord(records[0].Record)
+	first, err := record.Decode(records[0].Record)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -662,7 +664,7 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch.Annotations[annRecordAlso] = string(also)
+	batch.Annotations[record.AnnAlso] = string(also)
 
 	w.startWith(kept, batch) // the claim "gone" was deleted while nobody led
 	w.waitFor("the kept claim's PersistentVolume, the other's volume deleted, both records closed", func() bool {
@@ -677,5 +679,19 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 	}
 	if w.pv("pvc-uid-2") != nil {
 		t.Error("the deleted claim got a PersistentVolume")
+	}
+}
+
+// testRequest is a request for a 1 GiB volume of the class "fast" parameters, with a secret.
+func testRequest(name string) *csi.CreateVolumeRequest {
+	return &csi.CreateVolumeRequest{
+		Name:          name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}},
+		Parameters: map[string]string{"type": "fast"},
+		Secrets:    map[string]string{"token": "secret-value"},
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
@@ -40,7 +42,7 @@ type plan struct {
 	source sourceRef
 	// rec is the record on the claim that describes this CreateVolume; set before it is
 	// sent.
-	rec *claimRecord
+	rec *record.Record
 }
 
 // rescheduleError is a failure the scheduler should hear about: the selected node cannot

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,9 +49,9 @@ type claimController struct {
 	// sources protects the data sources of clones and restores, with a queue of its own.
 	sources *sourceGuard
 	// closer writes the events that close records, off the provisioning's path.
-	closer *closer
+	closer *record.Closer
 	// records keeps the provisioning records (events on the claims).
-	records *recordStore
+	records *record.Store
 
 	// intake is Run's: set before the workers start, it ends waits that start no work.
 	intake atomic.Pointer[context.Context]
@@ -105,14 +107,14 @@ func (c *claimController) recordFacts(uid string, claim *v1.PersistentVolumeClai
 	if p != nil && p.rec != nil {
 		// This process wrote it: the cache may not show it yet.
 		f.rec, f.fromMemory = p.rec, true
-	} else if open, err := c.records.open(uid); open != nil || err != nil {
+	} else if open, err := c.records.Open(uid); open != nil || err != nil {
 		f.recErr = err
 		if open != nil {
-			f.rec = open.rec
+			f.rec = open.Record
 		}
 	} else {
 		// A record of an earlier version, on the claim.
-		f.rec, f.recErr = recordOf(claim)
+		f.rec, f.recErr = record.Of(claim)
 	}
 	if claim != nil {
 		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
@@ -121,7 +123,7 @@ func (c *claimController) recordFacts(uid string, claim *v1.PersistentVolumeClai
 		// A record whose closing event this process has yet to write was superseded by a
 		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
 		// deleted, the volume deleted): never undo it.
-		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.pending(uid)
+		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.Pending(uid)
 	}
 	return f
 }
@@ -262,7 +264,7 @@ func (c *claimController) sourceUser(ref sourceRef) string {
 	}
 	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
 	// may have a volume in creation from the source, whatever else it says.
-	if who, err := c.records.usesSource(ref); err != nil || who != "" {
+	if who, err := c.records.UsesSource(ref.namespace, ref.key()); err != nil || who != "" {
 		if err != nil {
 			return "(records unreadable: " + err.Error() + ")"
 		}
@@ -282,7 +284,7 @@ func (c *claimController) sourceUser(ref sourceRef) string {
 			continue
 		}
 		// The same for a record of an earlier version, on the claim.
-		if rec, err := recordOf(claim); err == nil && rec != nil && rec.Driver == c.driver {
+		if rec, err := record.Of(claim); err == nil && rec != nil && rec.Driver == c.driver {
 			return klog.KObj(claim).String()
 		}
 		if !mayNeedVolume(claim, c.names()) || claim.DeletionTimestamp != nil {
@@ -345,8 +347,8 @@ func (c *claimController) pvExists(name string) bool {
 // The event is written later, by the record closer (the closer below): a PersistentVolume
 // supersedes the record, so nothing waits for it, and a provisioning costs two writes on
 // its way to a bound claim (the record and the PersistentVolume), not three (P14).
-func (c *claimController) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error {
-	if err := c.records.dropLegacy(ctx, claim); err != nil {
+func (c *claimController) recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *record.Record) error {
+	if err := c.records.DropLegacy(ctx, claim); err != nil {
 		klog.FromContext(ctx).V(2).Info("Cannot remove the provisioning record from the claim, retrying", "err", err.Error())
 		return err
 	}
@@ -354,7 +356,7 @@ func (c *claimController) recorded(ctx context.Context, uid string, claim *v1.Pe
 	if p != nil {
 		c.finish(uid, p)
 	}
-	c.closer.later(uid, claimRef(claim, rec), rec.Volume)
+	c.closer.Later(uid, record.ClaimRef(claim, rec), rec.Volume)
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
@@ -335,7 +337,7 @@ func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref sourceRef, add 
 		}
 		return nil
 	}
-	finalizers, changed := withFinalizer(claim.Finalizers, cloneProtectionFinalizer, add)
+	finalizers, changed := record.WithFinalizer(claim.Finalizers, cloneProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}
@@ -373,7 +375,7 @@ func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref sourceRef, a
 	case !ok:
 		return nil
 	}
-	finalizers, changed := withFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
+	finalizers, changed := record.WithFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}

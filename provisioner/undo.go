@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"google.golang.org/grpc/codes"
@@ -25,7 +27,7 @@ import (
 // again.
 type undoer struct {
 	*config
-	records *recordStore
+	records *record.Store
 	// planner gives the claim's class, whose secret an undo of a recorded request uses.
 	planner *planner
 	// absent is shared with the claim's way, which knows from CreateVolume's answers too.
@@ -37,7 +39,7 @@ type undoer struct {
 type claimWay interface {
 	claimByUID(uid string) *v1.PersistentVolumeClaim
 	// recorded ends a record whose volume a PersistentVolume records.
-	recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) error
+	recorded(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *record.Record) error
 	// finish ends a plan.
 	finish(uid string, p *plan)
 	// requeue decides the claim again.
@@ -50,7 +52,7 @@ type claimWay interface {
 // creates it, and it is deleted the same way. A final error means the driver does not
 // have the volume. Every failure is an event on the claim, and the record stays open until
 // the volume is known deleted.
-func (u *undoer) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why string) error {
+func (u *undoer) undo(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *record.Record, why string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
 	// The cache may not show a PersistentVolume saved a moment ago (by the previous
 	// leader): deleting its volume would leave it without one. Ask the API server.
@@ -142,9 +144,9 @@ func (a *absentVolumes) is(uid, volume string) bool {
 
 // undone closes the record of a volume known absent with a ProvisioningUndone event; the
 // plan, if any, is done.
-func (u *undoer) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord, why, what string) error {
+func (u *undoer) undone(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, p *plan, rec *record.Record, why, what string) error {
 	logger := klog.FromContext(ctx).WithValues("volume", rec.Volume, "reason", why)
-	if err := u.records.closeFor(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
+	if err := u.records.CloseFor(ctx, uid, claim, rec, v1.EventTypeNormal, reasonUndone, fmt.Sprintf("Provisioning undone (%s): %s", why, what)); err != nil {
 		logger.Error(err, "Volume known absent, but the provisioning record cannot be closed; retrying")
 		return err
 	}
@@ -172,7 +174,7 @@ func (p *plan) claimOr(claim *v1.PersistentVolumeClaim) *v1.PersistentVolumeClai
 // undoFailed reports a failed undo on the claim, or, the claim gone, on the reference its
 // record names (a stuck backend must not be silence), and returns the error for a retry
 // with backoff.
-func (u *undoer) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord, why string, err error) error {
+func (u *undoer) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *record.Record, why string, err error) error {
 	err = fmt.Errorf("undoing the provisioning of volume %s (%s): %w", rec.Volume, why, err)
 	if lifecycle.NotStarted(err) {
 		// Draining or no longer leading: the undo is the next leader's.
@@ -187,14 +189,14 @@ func (u *undoer) undoFailed(ctx context.Context, claim *v1.PersistentVolumeClaim
 
 // eventObject is what the recorder reports about: the claim, else a stand-in for the gone
 // claim the record names; nil for neither.
-func eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.PersistentVolumeClaim {
+func eventObject(claim *v1.PersistentVolumeClaim, rec *record.Record) *v1.PersistentVolumeClaim {
 	if claim != nil {
 		return claim
 	}
-	if rec == nil || rec.claim.Name == "" {
+	if rec == nil || rec.Claim.Name == "" {
 		return nil
 	}
-	return &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: rec.claim.Namespace, Name: rec.claim.Name, UID: rec.claim.UID}}
+	return &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: rec.Claim.Namespace, Name: rec.Claim.Name, UID: rec.Claim.UID}}
 }
 
 // undoRequest is the CreateVolume request to send again, secrets included: this
@@ -202,11 +204,11 @@ func eventObject(claim *v1.PersistentVolumeClaim, rec *claimRecord) *v1.Persiste
 // secret read now. The secret is the one the StorageClass names when the class is still
 // there (the record is on an object the claim's owner can edit; the class is not), else
 // the recorded one.
-func (u *undoer) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClaim, p *plan, rec *claimRecord) (*csi.CreateVolumeRequest, error) {
+func (u *undoer) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClaim, p *plan, rec *record.Record) (*csi.CreateVolumeRequest, error) {
 	if p != nil {
 		return p.req, nil
 	}
-	req := proto.Clone(rec.req).(*csi.CreateVolumeRequest)
+	req := proto.Clone(rec.CreateVolumeRequest()).(*csi.CreateVolumeRequest)
 	ref := rec.Secret
 	if claim != nil {
 		// While the claim is there its templates resolve (gone, the recorded secret it is).

@@ -272,7 +272,7 @@ func changedByOthers(obj, before *storagev1.CSIStorageCapacity, owner *metav1.Ow
 	return !capacityUpToDate(obj, want)
 }
 
-// refresh enqueues the keys of the class whose segment a volume of the given topology
+// Refresh enqueues the keys of the class whose segment a volume of the given topology
 // lies in (every key of the class for no topology): the controller made or deleted a
 // volume there (capacityRefresher). It only enqueues; after intake ends RunWorkers drops
 // the keys.
@@ -302,11 +302,11 @@ func inSegment(segment map[string]string, topology []*csi.Topology) bool {
 	})
 }
 
-// start starts the informer of the managed objects until stop closes (every replica, so a
+// Start starts the informer of the managed objects until stop closes (every replica, so a
 // standby's cache is warm, P7).
 func (t *Tracker) Start(stop <-chan struct{}) { t.objectsStart(stop) }
 
-// run works the queue and polls until intake ends, then returns once the sync in flight
+// Run works the queue and polls until intake ends, then returns once the sync in flight
 // (its GetCapacity and its write, on Ops(), P1) has finished.
 func (t *Tracker) Run(intake context.Context) {
 	logger := klog.FromContext(intake)

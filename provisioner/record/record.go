@@ -1,13 +1,12 @@
 // The provisioning record, written before the driver is asked for
 // anything, so that whoever leads next finishes or undoes what was started.
 
-package provisioner
+package record
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
-
-	"encoding/json"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -18,7 +17,7 @@ import (
 
 // The provisioning record: what says that a volume may exist in the driver without a
 // PersistentVolume to say so (the package doc tells the whole story). It is kept in events
-// on the claim (record_store.go). Records of earlier csi-sidecars versions were kept on the
+// on the claim (store.go). Records of earlier csi-sidecars versions were kept on the
 // claim itself, with a finalizer holding it: such a record is still read, and dropped from
 // the claim when it ends, so that an upgrade leaves no claim held.
 //
@@ -28,12 +27,12 @@ import (
 // upstream finalizer with other rules. Under our domain upstream treats both as unknown
 // and leaves them alone.
 const (
-	// provisioningFinalizer kept the claim while its volume might exist without a
+	// ProvisioningFinalizer kept the claim while its volume might exist without a
 	// PersistentVolume (records of earlier versions, on the claim).
-	provisioningFinalizer = "provisioner.csi-sidecars.io/provisioning-protection"
-	// annProvisioning holds the record itself (JSON, see claimRecord): on the record's
+	ProvisioningFinalizer = "provisioner.csi-sidecars.io/provisioning-protection"
+	// AnnProvisioning holds the record itself (JSON, see Record): on the record's
 	// event, or on the claim for a record of an earlier version.
-	annProvisioning = "provisioner.csi-sidecars.io/provisioning"
+	AnnProvisioning = "provisioner.csi-sidecars.io/provisioning"
 )
 
 // recordBudget caps the request kept in a record. A request for an immediate-binding claim
@@ -42,10 +41,10 @@ const (
 // the preferred segment the driver most likely used (see recordedRequest).
 const recordBudget = 32 << 10
 
-// claimRecord is the provisioning record of one claim: which volume CreateVolume was (or is
+// Record is the provisioning record of one claim: which volume CreateVolume was (or is
 // about to be) asked for, and how, so that the volume can be finished or undone by a
 // process that remembers nothing.
-type claimRecord struct {
+type Record struct {
 	// Driver is the provisioner that wrote it; another driver's record is left alone.
 	Driver string `json:"driver"`
 	// Volume is the name CreateVolume is asked for (the PersistentVolume's name).
@@ -65,19 +64,19 @@ type claimRecord struct {
 
 	// req is Request decoded.
 	req *csi.CreateVolumeRequest
-	// claim is the claim the record is about, as its event names it (zero for a record
+	// Claim is the claim the record is about, as its event names it (zero for a record
 	// read from the claim itself, or made by this process).
-	claim v1.ObjectReference
+	Claim v1.ObjectReference `json:"-"`
 }
 
-// newRecord makes the record of a request about to be sent.
-func newRecord(driver, node string, secret *v1.SecretReference, req *csi.CreateVolumeRequest) (*claimRecord, error) {
+// New makes the record of a request about to be sent.
+func New(driver, node string, secret *v1.SecretReference, req *csi.CreateVolumeRequest) (*Record, error) {
 	recorded := recordedRequest(req)
 	raw, err := protojson.Marshal(recorded)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the CreateVolume request of %s: %w", req.GetName(), err)
 	}
-	return &claimRecord{Driver: driver, Volume: req.GetName(), Node: node, Secret: secret, Request: raw, req: recorded}, nil
+	return &Record{Driver: driver, Volume: req.GetName(), Node: node, Secret: secret, Request: raw, req: recorded}, nil
 }
 
 // recordedRequest is the request as recorded: never its secrets, and its topology cut to
@@ -105,7 +104,7 @@ func recordedRequest(req *csi.CreateVolumeRequest) *csi.CreateVolumeRequest {
 	return out
 }
 
-func (r *claimRecord) encode() (string, error) {
+func (r *Record) Encode() (string, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return "", fmt.Errorf("encoding the provisioning record of %s: %w", r.Volume, err)
@@ -113,51 +112,54 @@ func (r *claimRecord) encode() (string, error) {
 	return string(b), nil
 }
 
-// recordOf reads the claim's record: nil, nil when it has none; an error when the
+// Of reads the claim's record: nil, nil when it has none; an error when the
 // annotation cannot be read as one (nobody but this provisioner should write it).
-func recordOf(claim *v1.PersistentVolumeClaim) (*claimRecord, error) {
+func Of(claim *v1.PersistentVolumeClaim) (*Record, error) {
 	if claim == nil {
 		return nil, nil
 	}
-	value, ok := claim.Annotations[annProvisioning]
+	value, ok := claim.Annotations[AnnProvisioning]
 	if !ok {
-		if claim.DeletionTimestamp != nil && slices.Contains(claim.Finalizers, provisioningFinalizer) {
+		if claim.DeletionTimestamp != nil && slices.Contains(claim.Finalizers, ProvisioningFinalizer) {
 			// Only a hand edit gets here. A live claim gets its annotation back with its
 			// next record; a deleted one cannot: nothing says which request to undo.
-			return nil, fmt.Errorf("finalizer %s without annotation %s: which volume to undo is unknown", provisioningFinalizer, annProvisioning)
+			return nil, fmt.Errorf("finalizer %s without annotation %s: which volume to undo is unknown", ProvisioningFinalizer, AnnProvisioning)
 		}
 		return nil, nil
 	}
-	return decodeRecord(value)
+	return Decode(value)
 }
 
-// decodeRecord reads a record from the value of annotation annProvisioning.
-func decodeRecord(value string) (*claimRecord, error) {
-	var r claimRecord
+// CreateVolumeRequest is the recorded request, without its secrets.
+func (r *Record) CreateVolumeRequest() *csi.CreateVolumeRequest { return r.req }
+
+// Decode reads a record from the value of annotation AnnProvisioning.
+func Decode(value string) (*Record, error) {
+	var r Record
 	if err := json.Unmarshal([]byte(value), &r); err != nil {
-		return nil, fmt.Errorf("annotation %s is not a provisioning record: %w", annProvisioning, err)
+		return nil, fmt.Errorf("annotation %s is not a provisioning record: %w", AnnProvisioning, err)
 	}
 	r.req = &csi.CreateVolumeRequest{}
 	if err := protojson.Unmarshal(r.Request, r.req); err != nil {
-		return nil, fmt.Errorf("annotation %s holds no readable CreateVolume request: %w", annProvisioning, err)
+		return nil, fmt.Errorf("annotation %s holds no readable CreateVolume request: %w", AnnProvisioning, err)
 	}
 	if r.Driver == "" || r.Volume == "" || r.req.GetName() != r.Volume {
-		return nil, fmt.Errorf("annotation %s names volume %q but asks for %q (driver %q)", annProvisioning, r.Volume, r.req.GetName(), r.Driver)
+		return nil, fmt.Errorf("annotation %s names volume %q but asks for %q (driver %q)", AnnProvisioning, r.Volume, r.req.GetName(), r.Driver)
 	}
 	return &r, nil
 }
 
-// hasRecord is the cheap test informer handlers use: the claim carries a record (or half
+// Has is the cheap test informer handlers use: the claim carries a record (or half
 // of one), of any driver, readable or not.
-func hasRecord(claim *v1.PersistentVolumeClaim) bool {
-	_, ok := claim.Annotations[annProvisioning]
-	return ok || slices.Contains(claim.Finalizers, provisioningFinalizer)
+func Has(claim *v1.PersistentVolumeClaim) bool {
+	_, ok := claim.Annotations[AnnProvisioning]
+	return ok || slices.Contains(claim.Finalizers, ProvisioningFinalizer)
 }
 
-// sameAs tells whether two records ask for the same volume the same way. Topology is left
+// SameAs tells whether two records ask for the same volume the same way. Topology is left
 // out: it is recomputed from the cluster's nodes, which come and go, and a driver finds an
 // existing volume by its name whatever topology the retry names.
-func (r *claimRecord) sameAs(o *claimRecord) bool {
+func (r *Record) SameAs(o *Record) bool {
 	if r.Driver != o.Driver || r.Volume != o.Volume || r.Node != o.Node || !sameSecret(r.Secret, o.Secret) {
 		return false
 	}
@@ -173,35 +175,35 @@ func sameSecret(a, b *v1.SecretReference) bool {
 	return *a == *b
 }
 
-// withRecord returns a copy of the claim carrying the record (finalizer and annotation).
-func withRecord(claim *v1.PersistentVolumeClaim, value string) *v1.PersistentVolumeClaim {
+// With returns a copy of the claim carrying the record (finalizer and annotation).
+func With(claim *v1.PersistentVolumeClaim, value string) *v1.PersistentVolumeClaim {
 	out := claim.DeepCopy()
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[annProvisioning] = value
-	out.Finalizers, _ = withFinalizer(out.Finalizers, provisioningFinalizer, true)
+	out.Annotations[AnnProvisioning] = value
+	out.Finalizers, _ = WithFinalizer(out.Finalizers, ProvisioningFinalizer, true)
 	return out
 }
 
-// withoutRecord returns a copy of the claim without the record, and whether it had one.
-func withoutRecord(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, bool) {
-	_, annotated := claim.Annotations[annProvisioning]
-	if !annotated && !slices.Contains(claim.Finalizers, provisioningFinalizer) {
+// Without returns a copy of the claim without the record, and whether it had one.
+func Without(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, bool) {
+	_, annotated := claim.Annotations[AnnProvisioning]
+	if !annotated && !slices.Contains(claim.Finalizers, ProvisioningFinalizer) {
 		return claim, false
 	}
 	out := claim.DeepCopy()
-	delete(out.Annotations, annProvisioning)
-	out.Finalizers, _ = withFinalizer(out.Finalizers, provisioningFinalizer, false)
+	delete(out.Annotations, AnnProvisioning)
+	out.Finalizers, _ = WithFinalizer(out.Finalizers, ProvisioningFinalizer, false)
 	return out, true
 }
 
-// errRecordChanged: the claim changed under a record write in a way that needs a new
+// ErrChanged: the claim changed under a record write in a way that needs a new
 // decision (deleted, another node, another record); the claim is synced again.
-var errRecordChanged = errors.New("the claim changed while its provisioning record was written")
+var ErrChanged = errors.New("the claim changed while its provisioning record was written")
 
-// withFinalizer returns finalizers with f added or removed, and whether that changed them.
-func withFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
+// WithFinalizer returns finalizers with f added or removed, and whether that changed them.
+func WithFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
 	has := slices.Contains(finalizers, f)
 	switch {
 	case add && !has:

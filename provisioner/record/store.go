@@ -1,7 +1,7 @@
 // Where provisioning records live: upstream's Provisioning events, labelled, which
 // every replica watches.
 
-package provisioner
+package record
 
 import (
 	"context"
@@ -34,37 +34,37 @@ import (
 // on the claim cost two more. The API server removes events after its --event-ttl (1 h by
 // default): the record of a provisioning left unfinished outlives a crash by that long, and
 // a record still open while its CreateVolume keeps being retried is written again after
-// recordRefresh.
+// RefreshAfter.
 const (
-	// labelRecord marks the events of the record; its value is recordDriverLabel's.
-	labelRecord = "provisioner.csi-sidecars.io/record"
-	// labelRecordClaim holds the UID of the claim the record is about.
-	labelRecordClaim = "provisioner.csi-sidecars.io/claim-uid"
-	// annRecordCloses, on an event that closes a record, lists the names of the events
+	// Label marks the events of the record; its value is DriverLabel's.
+	Label = "provisioner.csi-sidecars.io/record"
+	// LabelClaim holds the UID of the claim the record is about.
+	LabelClaim = "provisioner.csi-sidecars.io/claim-uid"
+	// AnnCloses, on an event that closes a record, lists the names of the events
 	// that opened it (comma-separated).
-	annRecordCloses = "provisioner.csi-sidecars.io/closes"
-	// annRecordAlso, on an event that opens records, holds the records of further claims
+	AnnCloses = "provisioner.csi-sidecars.io/closes"
+	// AnnAlso, on an event that opens records, holds the records of further claims
 	// of the event's namespace written with the first (recordBatches): a JSON list.
-	annRecordAlso = "provisioner.csi-sidecars.io/provisioning-also"
+	AnnAlso = "provisioner.csi-sidecars.io/provisioning-also"
 	// recordClaimIndex indexes the record events by the claims they are about
-	// (recordClaimKeys).
+	// (ClaimKeys).
 	recordClaimIndex = "csi-sidecars-provisioner-record-claim"
 
-	reasonProvisioning = "Provisioning"
-	reasonSucceeded    = "ProvisioningSucceeded"
+	ReasonProvisioning = "Provisioning"
+	ReasonSucceeded    = "ProvisioningSucceeded"
 )
 
 // maxRecordBatch is how many records one event carries at most: a few hundred bytes each,
 // far below the API server's limit on an object's annotations (256 KiB).
 const maxRecordBatch = 32
 
-// recordRefresh is how old the newest event of an open record may get before a retry of
+// RefreshAfter is how old the newest event of an open record may get before a retry of
 // its CreateVolume writes it again: well inside the API server's default event TTL (1 h).
-const recordRefresh = 30 * time.Minute
+const RefreshAfter = 30 * time.Minute
 
-// recordDriverLabel is the value of labelRecord for a driver: its name, which CSI makes a
+// DriverLabel is the value of Label for a driver: its name, which CSI makes a
 // valid label value; a hash of it otherwise.
-func recordDriverLabel(driver string) string {
+func DriverLabel(driver string) string {
 	if len(validation.IsValidLabelValue(driver)) == 0 {
 		return driver
 	}
@@ -72,20 +72,20 @@ func recordDriverLabel(driver string) string {
 	return "sha256-" + hex.EncodeToString(sum[:16])
 }
 
-// recordStore writes and reads the provisioning records of one driver, kept as events.
-type recordStore struct {
+// Store writes and reads the provisioning records of one driver, kept as events.
+type Store struct {
 	driverLabel string
 	source      v1.EventSource
 	kube        kubernetes.Interface
 	informer    cache.SharedIndexInformer
 	// own shows the record events this process created before the informer does.
 	own *lifecycle.OwnWrites[*v1.Event]
-	// claims is the claim cache through this process's own writes, which include the
-	// removal of an earlier version's record from a claim.
-	claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
-	// startingWork is the context of the writes that open a record: they end with intake
-	// and wait behind the requests that finish work (P14).
-	startingWork func(context.Context) (context.Context, context.CancelFunc)
+	// Claims is the claim cache through this process's own writes, which include the
+	// removal of an earlier version's record from a claim. Set before use.
+	Claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	// StartingWork is the context of the writes that open a record: they end with intake
+	// and wait behind the requests that finish work (P14). Set before use.
+	StartingWork func(context.Context) (context.Context, context.CancelFunc)
 	now          func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
@@ -95,11 +95,11 @@ type recordStore struct {
 	linger time.Duration
 }
 
-func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*recordStore, error) {
-	s := &recordStore{driverLabel: recordDriverLabel(driver), source: source, kube: kube, now: time.Now}
-	selector := labelRecord + "=" + s.driverLabel
+func NewStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*Store, error) {
+	s := &Store{driverLabel: DriverLabel(driver), source: source, kube: kube, now: time.Now}
+	selector := Label + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
-		recordClaimIndex:     func(obj any) ([]string, error) { return recordClaimKeys(obj), nil },
+		recordClaimIndex:     func(obj any) ([]string, error) { return ClaimKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
@@ -116,15 +116,15 @@ func newRecordStore(kube kubernetes.Interface, driver string, source v1.EventSou
 	return s, nil
 }
 
-// recordClaimKeys are the UIDs of the claims a record event is about: its label's, and
+// ClaimKeys are the UIDs of the claims a record event is about: its label's, and
 // those of the further records it carries.
-func recordClaimKeys(obj any) []string {
+func ClaimKeys(obj any) []string {
 	ev, ok := obj.(*v1.Event)
 	if !ok {
 		return nil
 	}
 	var out []string
-	if uid := ev.Labels[labelRecordClaim]; uid != "" {
+	if uid := ev.Labels[LabelClaim]; uid != "" {
 		out = append(out, uid)
 	}
 	for _, r := range alsoRecorded(ev) {
@@ -135,9 +135,9 @@ func recordClaimKeys(obj any) []string {
 	return out
 }
 
-// carriedRecord is one record an event carries: the claim it is about, and the record
-// (annProvisioning's value).
-type carriedRecord struct {
+// Carried is one record an event carries: the claim it is about, and the record
+// (AnnProvisioning's value).
+type Carried struct {
 	Claim  v1.ObjectReference `json:"claim"`
 	Record string             `json:"record"`
 }
@@ -145,60 +145,69 @@ type carriedRecord struct {
 // recordsIn lists the records an event carries: that of the claim it is about, if it
 // opens one, then the further ones. A further record about a claim of another namespace
 // is no record: only who may write events in a claim's namespace may record for it.
-func recordsIn(ev *v1.Event) []carriedRecord {
-	var out []carriedRecord
-	if value, ok := ev.Annotations[annProvisioning]; ok {
-		out = append(out, carriedRecord{Claim: ev.InvolvedObject, Record: value})
+func recordsIn(ev *v1.Event) []Carried {
+	var out []Carried
+	if value, ok := ev.Annotations[AnnProvisioning]; ok {
+		out = append(out, Carried{Claim: ev.InvolvedObject, Record: value})
 	}
 	return append(out, alsoRecorded(ev)...)
 }
 
-func alsoRecorded(ev *v1.Event) []carriedRecord {
-	value, ok := ev.Annotations[annRecordAlso]
+func alsoRecorded(ev *v1.Event) []Carried {
+	value, ok := ev.Annotations[AnnAlso]
 	if !ok {
 		return nil
 	}
-	var also []carriedRecord
+	var also []Carried
 	if err := json.Unmarshal([]byte(value), &also); err != nil {
 		return nil
 	}
-	return slices.DeleteFunc(also, func(r carriedRecord) bool { return r.Claim.Namespace != ev.Namespace || r.Claim.UID == "" })
+	return slices.DeleteFunc(also, func(r Carried) bool { return r.Claim.Namespace != ev.Namespace || r.Claim.UID == "" })
 }
 
-// start runs the informer until stop closes (every replica, P7).
-func (s *recordStore) start(stop <-chan struct{}) { go s.informer.Run(stop) }
+// Start runs the informer until stop closes (every replica, P7).
+func (s *Store) Start(stop <-chan struct{}) { go s.informer.Run(stop) }
 
-// openRecord is a record no event closes yet.
-type openRecord struct {
-	rec *claimRecord
+// HasSynced says whether the record events are in the cache.
+func (s *Store) HasSynced() bool { return s.informer.HasSynced() }
+
+// AddEventHandler has h told of the record events.
+func (s *Store) AddEventHandler(h cache.ResourceEventHandler) error {
+	_, err := s.informer.AddEventHandler(h)
+	return err
+}
+
+// OpenRecord is a record no event closes yet.
+type OpenRecord struct {
+	Record *Record
 	// events are the names of the events that opened it, newest last.
 	events []string
 	// written is when its newest event was written.
 	written time.Time
 }
 
-// open returns the claim's open record: nil, nil for none; an error when the newest
+// Open returns the claim's open record: nil, nil for none; an error when the newest
 // event that opens it cannot be read as a record. Events about another object than the
 // claim of their label are ignored.
-func (s *recordStore) open(uid string) (*openRecord, error) {
+func (s *Store) Open(uid string) (*OpenRecord, error) {
 	events, err := s.own.ByIndex(recordClaimIndex, uid)
 	if err != nil {
 		return nil, err
 	}
-	return openAmong(events, uid)
+	return OpenAmong(events, uid)
 }
 
-// openAmong finds the open record of the claim of uid among the record events about it.
-func openAmong(events []*v1.Event, uid string) (*openRecord, error) {
+// OpenAmong finds the open record of the claim of uid among the record events about it.
+func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	closed := map[string]bool{}
 	for _, ev := range events {
-		for name := range strings.SplitSeq(ev.Annotations[annRecordCloses], ",") {
+		for name := range strings.SplitSeq(ev.Annotations[AnnCloses], ",") {
 			closed[name] = true
 		}
 	}
 	type opened struct {
 		ev  *v1.Event
-		rec carriedRecord
+		rec Carried
 	}
 	var opening []opened
 	for _, ev := range events {
@@ -222,43 +231,44 @@ func openAmong(events []*v1.Event, uid string) (*openRecord, error) {
 		return strings.Compare(a.ev.Name, b.ev.Name)
 	})
 	// The oldest open event is the record: a later one is the same request written again
-	// (recordRefresh), or, if a leader wrote another before seeing it, one whose volume has
+	// (RefreshAfter), or, if a leader wrote another before seeing it, one whose volume has
 	// the same name; the undo of the oldest finds that volume by its name and closes all.
 	oldest, newest := opening[0], opening[len(opening)-1]
-	rec, err := decodeRecord(oldest.rec.Record)
+	rec, err := Decode(oldest.rec.Record)
 	if err != nil {
 		return nil, fmt.Errorf("event %s/%s: %w", oldest.ev.Namespace, oldest.ev.Name, err)
 	}
-	rec.claim = oldest.rec.Claim
-	out := &openRecord{rec: rec, written: newest.ev.FirstTimestamp.Time}
+	rec.Claim = oldest.rec.Claim
+	out := &OpenRecord{Record: rec, written: newest.ev.FirstTimestamp.Time}
 	for _, o := range opening {
 		out.events = append(out.events, o.ev.Name)
 	}
 	return out, nil
 }
 
-// isOpen is the cheap test of informer handlers: the claim has a record to finish or undo.
-func (s *recordStore) isOpen(uid string) bool {
-	r, err := s.open(uid)
+// IsOpen is the cheap test of informer handlers: the claim has a record to finish or undo.
+func (s *Store) IsOpen(uid string) bool {
+	r, err := s.Open(uid)
 	return r != nil || err != nil
 }
 
-// usesSource tells whether an open record of a claim in the source's namespace names it,
-// and which claim's: a claim gone while its volume is undone still holds its source.
-func (s *recordStore) usesSource(ref sourceRef) (string, error) {
-	events, err := s.own.ByIndex(cache.NamespaceIndex, ref.namespace)
+// UsesSource tells whether an open record of a claim of the namespace names the source
+// of key (the source protection's key), and which claim's: a claim gone while its volume
+// is undone still holds its source.
+func (s *Store) UsesSource(namespace, key string) (string, error) {
+	events, err := s.own.ByIndex(cache.NamespaceIndex, namespace)
 	if err != nil {
 		return "", err
 	}
 	seen := map[string]bool{}
 	for _, ev := range events {
-		for _, uid := range recordClaimKeys(ev) {
+		for _, uid := range ClaimKeys(ev) {
 			if seen[uid] {
 				continue
 			}
 			seen[uid] = true
-			if r, err := s.open(uid); err == nil && r != nil && r.rec.Source == ref.key() {
-				return r.rec.claim.Namespace + "/" + r.rec.claim.Name, nil
+			if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
+				return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 			}
 		}
 	}
@@ -275,12 +285,12 @@ func (s *recordStore) usesSource(ref sourceRef) (string, error) {
 // write records many, and each claim's PersistentVolume comes sooner. The event is about
 // the first claim, with upstream's message; the other claims of the batch show no
 // Provisioning event of their own.
-func (s *recordStore) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
-	value, err := rec.encode()
+func (s *Store) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *Record) error {
+	value, err := rec.Encode()
 	if err != nil {
 		return err
 	}
-	w := &waitingRecord{ctx: ctx, rec: carriedRecord{Claim: claimReference(claim), Record: value}, done: make(chan error, 1)}
+	w := &waitingRecord{ctx: ctx, rec: Carried{Claim: ClaimReference(claim), Record: value}, done: make(chan error, 1)}
 	if s.batches.add(w) {
 		go s.flush(claim.Namespace)
 	}
@@ -290,7 +300,7 @@ func (s *recordStore) write(ctx context.Context, claim *v1.PersistentVolumeClaim
 // waitingRecord is a record waiting for its event; done receives the outcome.
 type waitingRecord struct {
 	ctx  context.Context
-	rec  carriedRecord
+	rec  Carried
 	done chan error
 }
 
@@ -358,7 +368,7 @@ func (b *recordBatches) next(ns string) []*waitingRecord {
 // process, which ends for all at once. When records came in while it wrote, the budget is
 // short: it lingers before the next batch, and the batch is larger by what came in
 // meanwhile, at no cost in the budget.
-func (s *recordStore) flush(ns string) {
+func (s *Store) flush(ns string) {
 	for batch := s.batches.next(ns); len(batch) > 0; batch = s.batches.next(ns) {
 		s.writeBatch(batch)
 		if ctx, more := s.batches.backlog(ns); more && s.linger > 0 {
@@ -373,20 +383,20 @@ func (s *recordStore) flush(ns string) {
 }
 
 // writeBatch writes one batch's event and answers its records.
-func (s *recordStore) writeBatch(batch []*waitingRecord) {
+func (s *Store) writeBatch(batch []*waitingRecord) {
 	first := batch[0].rec
-	ev := s.event(first.Claim, v1.EventTypeNormal, reasonProvisioning,
+	ev := s.event(first.Claim, v1.EventTypeNormal, ReasonProvisioning,
 		fmt.Sprintf("External provisioner is provisioning volume for claim %q", first.Claim.Namespace+"/"+first.Claim.Name))
-	ev.Annotations = map[string]string{annProvisioning: first.Record}
+	ev.Annotations = map[string]string{AnnProvisioning: first.Record}
 	var err error
 	if len(batch) > 1 {
-		also := make([]carriedRecord, 0, len(batch)-1)
+		also := make([]Carried, 0, len(batch)-1)
 		for _, w := range batch[1:] {
 			also = append(also, w.rec)
 		}
 		var value []byte
 		if value, err = json.Marshal(also); err == nil {
-			ev.Annotations[annRecordAlso] = string(value)
+			ev.Annotations[AnnAlso] = string(value)
 		}
 	}
 	if err == nil {
@@ -400,16 +410,16 @@ func (s *recordStore) writeBatch(batch []*waitingRecord) {
 // close writes the event that says how the record ended (upstream's event at that point,
 // or the undo's), closing every event that opened it. With no open record it is the event
 // alone.
-func (s *recordStore) close(ctx context.Context, uid string, claim v1.ObjectReference, eventType, reason, message string) error {
+func (s *Store) close(ctx context.Context, uid string, claim v1.ObjectReference, eventType, reason, message string) error {
 	ev := s.event(claim, eventType, reason, message)
-	ev.Labels[labelRecordClaim] = uid
-	if r, _ := s.open(uid); r != nil {
-		ev.Annotations = map[string]string{annRecordCloses: strings.Join(r.events, ",")}
+	ev.Labels[LabelClaim] = uid
+	if r, _ := s.Open(uid); r != nil {
+		ev.Annotations = map[string]string{AnnCloses: strings.Join(r.events, ",")}
 	}
 	return s.create(ctx, ev)
 }
 
-func (s *recordStore) create(ctx context.Context, ev *v1.Event) error {
+func (s *Store) create(ctx context.Context, ev *v1.Event) error {
 	out, err := s.kube.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("writing event %s about claim %s/%s: %w", ev.Reason, ev.Namespace, ev.InvolvedObject.Name, err)
@@ -420,13 +430,13 @@ func (s *recordStore) create(ctx context.Context, ev *v1.Event) error {
 
 // event is an event as client-go's recorder makes it (name, source, counts), labelled as
 // a record event of the claim.
-func (s *recordStore) event(claim v1.ObjectReference, eventType, reason, message string) *v1.Event {
+func (s *Store) event(claim v1.ObjectReference, eventType, reason, message string) *v1.Event {
 	now := metav1.NewTime(s.now())
 	return &v1.Event{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      fmt.Sprintf("%s.%x", claim.Name, now.UnixNano()),
 			Namespace: claim.Namespace,
-			Labels:    map[string]string{labelRecord: s.driverLabel, labelRecordClaim: string(claim.UID)},
+			Labels:    map[string]string{Label: s.driverLabel, LabelClaim: string(claim.UID)},
 		},
 		InvolvedObject:      claim,
 		Reason:              reason,
@@ -441,31 +451,31 @@ func (s *recordStore) event(claim v1.ObjectReference, eventType, reason, message
 	}
 }
 
-// claimReference is the reference to the claim an event is about.
-func claimReference(claim *v1.PersistentVolumeClaim) v1.ObjectReference {
+// ClaimReference is the reference to the claim an event is about.
+func ClaimReference(claim *v1.PersistentVolumeClaim) v1.ObjectReference {
 	return v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: claim.Namespace, Name: claim.Name,
 		UID: claim.UID, ResourceVersion: claim.ResourceVersion}
 }
 
-// aging tells whether the claim's open record was written long enough ago to be written
-// again (recordRefresh).
-func (s *recordStore) aging(uid string) bool {
-	open, err := s.open(uid)
-	return err == nil && open != nil && s.now().Sub(open.written) > recordRefresh
+// Aging tells whether the claim's open record was written long enough ago to be written
+// again (RefreshAfter).
+func (s *Store) Aging(uid string) bool {
+	open, err := s.Open(uid)
+	return err == nil && open != nil && s.now().Sub(open.written) > RefreshAfter
 }
 
-// opening opens the claim's record (its "Provisioning" event), before the CreateVolume it
+// Opening opens the claim's record (its "Provisioning" event), before the CreateVolume it
 // describes. It starts work, so it ends with intake and waits behind the writes that
 // finish work (StartingWork, P14). A claim that no longer wants the volume as planned is
-// errRecordChanged: it goes back to the queue and is decided again.
-func (s *recordStore) opening(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *claimRecord) error {
+// ErrChanged: it goes back to the queue and is decided again.
+func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *Record) error {
 	switch {
 	case claim.DeletionTimestamp != nil:
-		return fmt.Errorf("%w: the claim is being deleted", errRecordChanged)
+		return fmt.Errorf("%w: the claim is being deleted", ErrChanged)
 	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
-		return fmt.Errorf("%w: the claim selects another node", errRecordChanged)
+		return fmt.Errorf("%w: the claim selects another node", ErrChanged)
 	}
-	ctx, cancel := s.startingWork(ctx)
+	ctx, cancel := s.StartingWork(ctx)
 	defer cancel()
 	if err := s.write(ctx, claim, rec); err != nil {
 		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
@@ -473,41 +483,55 @@ func (s *recordStore) opening(ctx context.Context, claim *v1.PersistentVolumeCla
 	return nil
 }
 
-// closeFor ends the claim's record once the volume is known (recorded by a
+// CloseFor ends the claim's record once the volume is known (recorded by a
 // PersistentVolume, or undone) with the event that says so, on ctx (Ops()). A record of an
 // earlier version leaves the claim too (one update of the freshest copy this process
 // knows; a conflict goes back to the queue, never to a fresh read, P14).
-func (s *recordStore) closeFor(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *claimRecord, eventType, reason, message string) error {
-	if err := s.dropLegacy(ctx, claim); err != nil {
+func (s *Store) CloseFor(ctx context.Context, uid string, claim *v1.PersistentVolumeClaim, rec *Record, eventType, reason, message string) error {
+	if err := s.DropLegacy(ctx, claim); err != nil {
 		return err
 	}
-	return s.close(ctx, uid, claimRef(claim, rec), eventType, reason, message)
+	return s.close(ctx, uid, ClaimRef(claim, rec), eventType, reason, message)
 }
 
-// dropLegacy removes a record of an earlier version from the claim, if it has one.
-func (s *recordStore) dropLegacy(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
-	if claim == nil || !hasRecord(claim) {
+// DropLegacy removes a record of an earlier version from the claim, if it has one.
+func (s *Store) DropLegacy(ctx context.Context, claim *v1.PersistentVolumeClaim) error {
+	if claim == nil || !Has(claim) {
 		return nil
 	}
-	update, _ := withoutRecord(claim)
+	update, _ := Without(claim)
 	out, err := s.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	switch {
 	case err == nil:
-		s.claims.Wrote(out)
+		s.Claims.Wrote(out)
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
 	}
 	return nil
 }
 
-// claimRef is the reference events about the claim use: the claim's, else (it is gone) the
+// ClaimRef is the reference events about the claim use: the claim's, else (it is gone) the
 // one its record's event holds.
-func claimRef(claim *v1.PersistentVolumeClaim, rec *claimRecord) v1.ObjectReference {
+func ClaimRef(claim *v1.PersistentVolumeClaim, rec *Record) v1.ObjectReference {
 	if claim != nil {
-		return claimReference(claim)
+		return ClaimReference(claim)
 	}
 	if rec != nil {
-		return rec.claim
+		return rec.Claim
 	}
 	return v1.ObjectReference{}
+}
+
+// OpeningEvent is the event that a store of driver, writing as source, writes to open rec
+// about claim on its own: what a replica that died before closing it leaves behind.
+func OpeningEvent(driver string, source v1.EventSource, claim *v1.PersistentVolumeClaim, rec *Record) (*v1.Event, error) {
+	value, err := rec.Encode()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{driverLabel: DriverLabel(driver), source: source, now: time.Now}
+	ev := s.event(ClaimReference(claim), v1.EventTypeNormal, ReasonProvisioning,
+		fmt.Sprintf("External provisioner is provisioning volume for claim %q", claim.Namespace+"/"+claim.Name))
+	ev.Annotations = map[string]string{AnnProvisioning: value}
+	return ev, nil
 }

@@ -1,9 +1,8 @@
-package provisioner
+package record
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,17 +10,20 @@ import (
 	"testing"
 	"time"
 
+	volumehelpers "k8s.io/component-helpers/storage/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 )
 
@@ -40,9 +42,9 @@ func testRequest(name string) *csi.CreateVolumeRequest {
 	}
 }
 
-func testRecord(t *testing.T, node string) *claimRecord {
+func testRecord(t *testing.T, node string) *Record {
 	t.Helper()
-	r, err := newRecord(drv, node, &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-"+recordUID))
+	r, err := New(drv, node, &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,15 +52,15 @@ func testRecord(t *testing.T, node string) *claimRecord {
 }
 
 // claimWithRecord is a claim of the driver carrying rec (nil: none).
-func recordedClaim(t *testing.T, rec *claimRecord, change func(*v1.PersistentVolumeClaim)) *v1.PersistentVolumeClaim {
+func recordedClaim(t *testing.T, rec *Record, change func(*v1.PersistentVolumeClaim)) *v1.PersistentVolumeClaim {
 	t.Helper()
 	c := claimFor("data", recordUID, "fast")
 	if rec != nil {
-		value, err := rec.encode()
+		value, err := rec.Encode()
 		if err != nil {
 			t.Fatal(err)
 		}
-		c = withRecord(c, value)
+		c = With(c, value)
 	}
 	if change != nil {
 		change(c)
@@ -68,20 +70,20 @@ func recordedClaim(t *testing.T, rec *claimRecord, change func(*v1.PersistentVol
 
 func TestARecordKeepsTheRequestButNeverItsSecrets(t *testing.T) {
 	rec := testRecord(t, "n1")
-	value, err := rec.encode()
+	value, err := rec.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(value, "secret-value") {
 		t.Fatalf("the record holds a secret's value: %s", value)
 	}
-	read, err := recordOf(recordedClaim(t, rec, nil))
+	read, err := Of(recordedClaim(t, rec, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := testRequest("pvc-" + recordUID)
 	want.Secrets = nil
-	if !proto.Equal(read.req, want) || read.Node != "n1" || read.Driver != drv || read.Secret.Name != "creds" || !read.sameAs(rec) {
+	if !proto.Equal(read.req, want) || read.Node != "n1" || read.Driver != drv || read.Secret.Name != "creds" || !read.SameAs(rec) {
 		t.Errorf("read back %+v with request %v, want the request without secrets %v", read, read.req, want)
 	}
 }
@@ -94,7 +96,7 @@ func TestARecordOfAHugeTopologyKeepsOnlyThePreferredSegment(t *testing.T) {
 		req.AccessibilityRequirements.Requisite = append(req.AccessibilityRequirements.Requisite, segment)
 		req.AccessibilityRequirements.Preferred = append([]*csi.Topology{segment}, req.AccessibilityRequirements.Preferred...)
 	}
-	rec, err := newRecord(drv, "", nil, req)
+	rec, err := New(drv, "", nil, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,39 +116,15 @@ func TestARecordOfAHugeTopologyKeepsOnlyThePreferredSegment(t *testing.T) {
 func TestRecordsOfOtherTopologyAskForTheSameVolume(t *testing.T) {
 	a, b := testRecord(t, "n1"), testRecord(t, "n1")
 	b.req.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{"k": "v"}}}}
-	if !a.sameAs(b) {
+	if !a.SameAs(b) {
 		t.Error("a changed topology alone made the requests differ")
 	}
 	b.req.Parameters = map[string]string{"type": "slow"}
-	if a.sameAs(b) {
+	if a.SameAs(b) {
 		t.Error("other parameters did not make the requests differ")
 	}
-	if c := testRecord(t, "n2"); a.sameAs(c) {
+	if c := testRecord(t, "n2"); a.SameAs(c) {
 		t.Error("another node did not make the records differ")
-	}
-}
-
-func TestVolumeNamesThatCanBeAClaims(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		minCut int
-		want   bool
-	}{
-		{"pvc-" + recordUID, 8, true},
-		{"other-prefix-" + recordUID, 8, true},
-		{"pvc-0f1e2d3c4b5a", 8, true},
-		{"pvc-0f1e2d3c", 8, true},
-		{"pvc-0f1e", 8, false},
-		{"pvc-0f1e", 4, true},
-		{"pvc-0f1f2d3c4b5a", 8, false},
-		{"pvc-11111111-2222-3333-4444-555555555555", 8, false},
-		{recordUID, 8, false},
-		{"-" + recordUID, 8, false},
-		{"pvc-", 8, false},
-	} {
-		if got := volumeOfClaim(tc.name, recordUID, tc.minCut); got != tc.want {
-			t.Errorf("volumeOfClaim(%q, min %d) = %v, want %v", tc.name, tc.minCut, got, tc.want)
-		}
 	}
 }
 
@@ -160,120 +138,42 @@ func TestUnreadableRecordsAreErrorsAndNoRecordIsNone(t *testing.T) {
 		{"no driver", `{"volume":"v","request":{"name":"v"}}`},
 	} {
 		c := claimFor("data", recordUID, "fast")
-		c.Annotations[annProvisioning] = tc.value
-		if r, err := recordOf(c); err == nil {
+		c.Annotations[AnnProvisioning] = tc.value
+		if r, err := Of(c); err == nil {
 			t.Errorf("%s: read %+v, want an error", tc.name, r)
 		}
 	}
-	if r, err := recordOf(claimFor("data", recordUID, "fast")); r != nil || err != nil {
+	if r, err := Of(claimFor("data", recordUID, "fast")); r != nil || err != nil {
 		t.Errorf("claim without a record: %+v, %v", r, err)
 	}
 	// The finalizer alone (the annotation removed by hand): a live claim gets its
 	// annotation back with its next record; a deleted one cannot be undone.
 	half := claimFor("data", recordUID, "fast")
-	half.Finalizers = []string{provisioningFinalizer}
-	if r, err := recordOf(half); r != nil || err != nil || !hasRecord(half) {
-		t.Errorf("live claim with the finalizer alone: %+v, %v, hasRecord %v; want none, and queued", r, err, hasRecord(half))
+	half.Finalizers = []string{ProvisioningFinalizer}
+	if r, err := Of(half); r != nil || err != nil || !Has(half) {
+		t.Errorf("live claim with the finalizer alone: %+v, %v, Has %v; want none, and queued", r, err, Has(half))
 	}
 	half.DeletionTimestamp = ptr.To(metav1.Now())
-	if _, err := recordOf(half); err == nil {
+	if _, err := Of(half); err == nil {
 		t.Error("deleted claim with the finalizer alone: no error")
-	}
-}
-
-func TestWhatARecordAsksFor(t *testing.T) {
-	// kube-controller-manager's hand-over of a claim of an in-tree class.
-	migratedClaim := func(c *v1.PersistentVolumeClaim) {
-		c.Annotations[volumehelpers.AnnStorageProvisioner] = ebsInTree
-		c.Annotations[volumehelpers.AnnMigratedTo] = drv
-	}
-	onNode := func(node string) func(*v1.PersistentVolumeClaim) {
-		return func(c *v1.PersistentVolumeClaim) {
-			if node == "" {
-				delete(c.Annotations, volumehelpers.AnnSelectedNode)
-				return
-			}
-			c.Annotations[volumehelpers.AnnSelectedNode] = node
-		}
-	}
-	name := "pvc-" + recordUID
-	for _, tc := range []struct {
-		what string
-		// claim changes the recorded claim; gone drops it.
-		claim     func(*v1.PersistentVolumeClaim)
-		gone      bool
-		recNode   string
-		recDriver string
-		noRecord  bool
-		recErr    error
-		// memory: the record is this process's own.
-		memory bool
-		node   string
-		// inTree: the driver replaces this in-tree plugin (CSI migration).
-		inTree   string
-		wantName string
-		pv       bool
-		want     recordAction
-		why      string
-	}{
-		{what: "no record", noRecord: true, want: recordNone},
-		{what: "unreadable", recErr: errors.New("bad"), want: recordUntrusted, why: "bad"},
-		{what: "another driver's", recDriver: "other.example.com", want: recordSkip},
-		{what: "another node's in a node deployment", node: "n2", recNode: "n1", claim: onNode("n1"), want: recordSkip},
-		{what: "a name not of the claim's UID", claim: func(c *v1.PersistentVolumeClaim) { c.UID = "11111111-2222-3333-4444-555555555555" }, want: recordUntrusted, why: "not made from the claim's UID"},
-		{what: "this process's own, claim cache behind", memory: true, claim: func(c *v1.PersistentVolumeClaim) { c.UID = "11111111-2222-3333-4444-555555555555" }, want: recordFinish},
-		{what: "PersistentVolume saved", pv: true, claim: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }, want: recordDrop},
-		{what: "claim gone", memory: true, gone: true, want: recordUndo, why: "gone"},
-		{what: "claim deleted", claim: func(c *v1.PersistentVolumeClaim) { c.DeletionTimestamp = ptr.To(metav1.Now()) }, want: recordUndo, why: "being deleted"},
-		{what: "another provisioner", claim: func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnStorageProvisioner] = "other" }, want: recordUndo, why: `provisioner "other"`},
-		{what: "handed over under the in-tree name (CSI migration)", inTree: ebsInTree, claim: migratedClaim, want: recordFinish},
-		{what: "the in-tree name of a plugin the driver does not replace", claim: migratedClaim, want: recordUndo, why: `provisioner "` + ebsInTree},
-		{what: "bound elsewhere", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = "static-pv" }, want: recordUndo, why: "bound to PersistentVolume static-pv"},
-		{what: "bound to its volume", claim: func(c *v1.PersistentVolumeClaim) { c.Spec.VolumeName = name }, want: recordFinish},
-		{what: "rescheduled to another node", recNode: "n1", claim: onNode("n2"), want: recordUndo, why: "from node n1 to n2"},
-		{what: "handed back to the scheduler", recNode: "n1", claim: onNode(""), want: recordUndo, why: "away from node n1"},
-		{what: "a node selected since", claim: onNode("n1"), want: recordUndo, why: "selects node n1 since"},
-		{what: "same node", recNode: "n1", claim: onNode("n1"), want: recordFinish},
-		{what: "name flags changed", wantName: "vol-0f1e2d3c", want: recordUndo, why: "named vol-0f1e2d3c"},
-		{what: "still wanted", wantName: name, want: recordFinish},
-	} {
-		t.Run(tc.what, func(t *testing.T) {
-			rec := testRecord(t, tc.recNode)
-			if tc.recDriver != "" {
-				rec.Driver = tc.recDriver
-			}
-			claim := recordedClaim(t, rec, tc.claim)
-			f := recordFacts{claim: claim, rec: rec, recErr: tc.recErr, fromMemory: tc.memory, driver: drv, inTree: tc.inTree, node: tc.node,
-				wantName: tc.wantName, minCut: -1, pvExists: tc.pv}
-			if tc.noRecord {
-				f.rec = nil
-			}
-			if tc.gone {
-				f.claim = nil
-			}
-			got, why := decideRecord(f)
-			if got != tc.want || !strings.Contains(why, tc.why) {
-				t.Errorf("decideRecord = %s (%q), want %s (%q)", got, why, tc.want, tc.why)
-			}
-		})
 	}
 }
 
 func TestTheRecordGoesOnAndOffInOneWriteEach(t *testing.T) {
 	claim := claimFor("data", recordUID, "fast")
 	claim.Finalizers = []string{"kubernetes.io/pvc-protection"}
-	on := withRecord(claim, "{}")
-	if on.Annotations[annProvisioning] != "{}" || len(on.Finalizers) != 2 || on.Finalizers[1] != provisioningFinalizer {
+	on := With(claim, "{}")
+	if on.Annotations[AnnProvisioning] != "{}" || len(on.Finalizers) != 2 || on.Finalizers[1] != ProvisioningFinalizer {
 		t.Errorf("with the record: annotations %v, finalizers %v", on.Annotations, on.Finalizers)
 	}
-	off, had := withoutRecord(on)
-	if !had || hasRecord(off) || len(off.Finalizers) != 1 || off.Finalizers[0] != "kubernetes.io/pvc-protection" {
+	off, had := Without(on)
+	if !had || Has(off) || len(off.Finalizers) != 1 || off.Finalizers[0] != "kubernetes.io/pvc-protection" {
 		t.Errorf("without the record: had %v, annotations %v, finalizers %v", had, off.Annotations, off.Finalizers)
 	}
-	if _, had := withoutRecord(off); had {
+	if _, had := Without(off); had {
 		t.Error("a claim without a record had one")
 	}
-	if len(claim.Finalizers) != 1 || hasRecord(claim) {
+	if len(claim.Finalizers) != 1 || Has(claim) {
 		t.Error("the claim itself was changed")
 	}
 }
@@ -283,30 +183,30 @@ func TestTheRecordGoesOnAndOffInOneWriteEach(t *testing.T) {
 // unreadable, do not pass for it.
 func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 	claim := claimFor("data", recordUID, "fast")
-	rec, err := newRecord(drv, "", nil, testRequest("pvc-"+recordUID))
+	rec, err := New(drv, "", nil, testRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := newRecord(drv, "n2", nil, testRequest("pvc-"+recordUID))
+	other, err := New(drv, "n2", nil, testRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
-	s := &recordStore{driverLabel: recordDriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
-	opening := func(r *claimRecord) *v1.Event {
-		ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonProvisioning, "")
-		value, _ := r.encode()
-		ev.Annotations = map[string]string{annProvisioning: value}
+	s := &Store{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	opening := func(r *Record) *v1.Event {
+		ev := s.event(ClaimReference(claim), v1.EventTypeNormal, ReasonProvisioning, "")
+		value, _ := r.Encode()
+		ev.Annotations = map[string]string{AnnProvisioning: value}
 		return ev
 	}
 	closing := func(names ...string) *v1.Event {
-		ev := s.event(claimReference(claim), v1.EventTypeNormal, reasonSucceeded, "")
-		ev.Annotations = map[string]string{annRecordCloses: strings.Join(names, ",")}
+		ev := s.event(ClaimReference(claim), v1.EventTypeNormal, ReasonSucceeded, "")
+		ev.Annotations = map[string]string{AnnCloses: strings.Join(names, ",")}
 		return ev
 	}
 	first, second := opening(rec), opening(other)
 	unreadable := opening(rec)
-	unreadable.Annotations[annProvisioning] = "{"
+	unreadable.Annotations[AnnProvisioning] = "{"
 	aboutAnother := opening(rec)
 	aboutAnother.InvolvedObject.UID = "another"
 	for _, tc := range []struct {
@@ -326,7 +226,7 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 		{name: "unreadable", events: []*v1.Event{unreadable}, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := openAmong(tc.events, recordUID)
+			r, err := OpenAmong(tc.events, recordUID)
 			switch {
 			case tc.wantErr:
 				if err == nil {
@@ -336,12 +236,12 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 				t.Errorf("error %v", err)
 			case tc.wantNode == "-":
 				if r != nil {
-					t.Errorf("open record %+v, want none", r.rec)
+					t.Errorf("open record %+v, want none", r.Record)
 				}
 			case r == nil:
 				t.Error("no open record")
-			case r.rec.Node != tc.wantNode || r.rec.claim.Name != "data":
-				t.Errorf("record of node %q about %v, want node %q about claim data", r.rec.Node, r.rec.claim, tc.wantNode)
+			case r.Record.Node != tc.wantNode || r.Record.Claim.Name != "data":
+				t.Errorf("record of node %q about %v, want node %q about claim data", r.Record.Node, r.Record.Claim, tc.wantNode)
 			}
 		})
 	}
@@ -352,51 +252,51 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 // namespace is no record.
 func TestAnEventCarriesTheRecordsOfABatchEachClosedOnItsOwn(t *testing.T) {
 	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
-	s := &recordStore{driverLabel: recordDriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	s := &Store{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
 	first, member := claimFor("a", "uid-a", "fast"), claimFor("data", recordUID, "fast")
 	stranger := claimFor("b", "uid-b", "fast")
 	stranger.Namespace = "elsewhere"
 	value := func(c *v1.PersistentVolumeClaim) string {
-		rec, err := newRecord(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		rec, err := New(drv, "", nil, testRequest("pvc-"+string(c.UID)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _ := rec.encode()
+		v, _ := rec.Encode()
 		return v
 	}
-	batch := s.event(claimReference(first), v1.EventTypeNormal, reasonProvisioning, "")
-	also, _ := json.Marshal([]carriedRecord{
-		{Claim: claimReference(member), Record: value(member)},
-		{Claim: claimReference(stranger), Record: value(stranger)},
+	batch := s.event(ClaimReference(first), v1.EventTypeNormal, ReasonProvisioning, "")
+	also, _ := json.Marshal([]Carried{
+		{Claim: ClaimReference(member), Record: value(member)},
+		{Claim: ClaimReference(stranger), Record: value(stranger)},
 	})
-	batch.Annotations = map[string]string{annProvisioning: value(first), annRecordAlso: string(also)}
+	batch.Annotations = map[string]string{AnnProvisioning: value(first), AnnAlso: string(also)}
 
-	if got := recordClaimKeys(batch); !slices.Equal(got, []string{"uid-a", recordUID}) {
+	if got := ClaimKeys(batch); !slices.Equal(got, []string{"uid-a", recordUID}) {
 		t.Errorf("indexed under %q, want the first claim's UID and the member's of its namespace", got)
 	}
-	r, err := openAmong([]*v1.Event{batch}, recordUID)
+	r, err := OpenAmong([]*v1.Event{batch}, recordUID)
 	if err != nil || r == nil {
 		t.Fatalf("the member's record: %+v, %v; want it open", r, err)
 	}
-	if r.rec.claim.Name != "data" || r.rec.Volume != "pvc-"+recordUID || !slices.Equal(r.events, []string{batch.Name}) {
-		t.Errorf("the member's record is about %v, volume %q, events %q", r.rec.claim, r.rec.Volume, r.events)
+	if r.Record.Claim.Name != "data" || r.Record.Volume != "pvc-"+recordUID || !slices.Equal(r.events, []string{batch.Name}) {
+		t.Errorf("the member's record is about %v, volume %q, events %q", r.Record.Claim, r.Record.Volume, r.events)
 	}
-	if r, _ := openAmong([]*v1.Event{batch}, "uid-b"); r != nil {
-		t.Errorf("a record about a claim of another namespace is open: %+v", r.rec)
+	if r, _ := OpenAmong([]*v1.Event{batch}, "uid-b"); r != nil {
+		t.Errorf("a record about a claim of another namespace is open: %+v", r.Record)
 	}
 	// The first claim's closing event closes its record, not the member's (the index
 	// gives each claim only the closing events about it).
-	closeFirst := s.event(claimReference(first), v1.EventTypeNormal, reasonSucceeded, "")
-	closeFirst.Annotations = map[string]string{annRecordCloses: batch.Name}
-	if r, _ := openAmong([]*v1.Event{batch, closeFirst}, "uid-a"); r != nil {
+	closeFirst := s.event(ClaimReference(first), v1.EventTypeNormal, ReasonSucceeded, "")
+	closeFirst.Annotations = map[string]string{AnnCloses: batch.Name}
+	if r, _ := OpenAmong([]*v1.Event{batch, closeFirst}, "uid-a"); r != nil {
 		t.Errorf("the first claim's record is open after its closing event")
 	}
-	if r, _ := openAmong([]*v1.Event{batch}, recordUID); r == nil {
+	if r, _ := OpenAmong([]*v1.Event{batch}, recordUID); r == nil {
 		t.Errorf("the member's record is closed by the first claim's closing event")
 	}
-	closeMember := s.event(claimReference(member), v1.EventTypeNormal, reasonSucceeded, "")
-	closeMember.Annotations = map[string]string{annRecordCloses: batch.Name}
-	if r, _ := openAmong([]*v1.Event{batch, closeMember}, recordUID); r != nil {
+	closeMember := s.event(ClaimReference(member), v1.EventTypeNormal, ReasonSucceeded, "")
+	closeMember.Annotations = map[string]string{AnnCloses: batch.Name}
+	if r, _ := OpenAmong([]*v1.Event{batch, closeMember}, recordUID); r != nil {
 		t.Errorf("the member's record is open after its closing event")
 	}
 }
@@ -413,14 +313,14 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	s, err := newRecordStore(kube, drv, v1.EventSource{Component: "test"})
+	s, err := NewStore(kube, drv, v1.EventSource{Component: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	claims := []*v1.PersistentVolumeClaim{claimFor("c0", "uid-0", "fast"), claimFor("c1", "uid-1", "fast"), claimFor("c2", "uid-2", "fast"), claimFor("c3", "uid-3", "fast")}
 	errs := make(chan error, len(claims))
 	write := func(c *v1.PersistentVolumeClaim) {
-		rec, err := newRecord(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		rec, err := New(drv, "", nil, testRequest("pvc-"+string(c.UID)))
 		if err != nil {
 			errs <- err
 			return
@@ -453,7 +353,7 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 		t.Errorf("%d events written for 4 records, want 2 (one, then the three that waited)", n)
 	}
 	for _, c := range claims {
-		if r, err := s.open(string(c.UID)); err != nil || r == nil || r.rec.claim.Name != c.Name {
+		if r, err := s.Open(string(c.UID)); err != nil || r == nil || r.Record.Claim.Name != c.Name {
 			t.Errorf("claim %s: open record %+v, %v", c.Name, r, err)
 		}
 	}
@@ -480,14 +380,26 @@ func TestARecordBatchLingersOneTokenOfTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newRecordStore(kube, drv, v1.EventSource{Component: "test"})
+	s, err := NewStore(kube, drv, v1.EventSource{Component: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.linger != 200*time.Millisecond {
 		t.Errorf("linger %v at QPS 5, want 200ms", s.linger)
 	}
-	if s, _ := newRecordStore(fake.NewClientset(), drv, v1.EventSource{}); s.linger != 0 {
+	if s, _ := NewStore(fake.NewClientset(), drv, v1.EventSource{}); s.linger != 0 {
 		t.Errorf("linger %v without a rate limiter, want none", s.linger)
+	}
+}
+
+const drv = "drv.example.com"
+
+// claimFor is a claim of the driver in namespace ns, asking for 1 GiB of class className.
+func claimFor(name, uid, className string) *v1.PersistentVolumeClaim {
+	return &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
+			Annotations: map[string]string{volumehelpers.AnnStorageProvisioner: drv}},
+		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: ptr.To(className),
+			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}}},
 	}
 }

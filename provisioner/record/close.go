@@ -1,7 +1,7 @@
 // The record closed once the PersistentVolume is saved, by
-// ProvisioningSucceeded, written off the provisioning's path (closer).
+// ProvisioningSucceeded, written off the provisioning's path (Closer).
 
-package provisioner
+package record
 
 import (
 	"context"
@@ -13,10 +13,10 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// closeQueueName is the record closer's queue (ours: upstream has no record).
-const closeQueueName = "provisioner-records"
+// CloseQueueName is the record Closer's queue (ours: upstream has no record).
+const CloseQueueName = "provisioner-records"
 
-// The record closer writes the ProvisioningSucceeded event that closes the record of a
+// The record Closer writes the ProvisioningSucceeded event that closes the record of a
 // provisioning whose PersistentVolume is saved. Upstream writes that event through the
 // event recorder, off the provisioning's path; so does this, with its own queue and one
 // worker, at the lowest priority of the budget (lifecycle.Deferrable): under a full budget
@@ -30,10 +30,10 @@ type closing struct {
 	volume string
 }
 
-// closer holds the records to close: its queue, by claim UID, and what to write for each.
-type closer struct {
+// Closer holds the records to close: its queue, by claim UID, and what to write for each.
+type Closer struct {
 	queue   *lifecycle.Queue[string]
-	records *recordStore
+	records *Store
 	// ops is the context of the writes (Ops(), P1); intake is Run's intake context, or ops
 	// before Run.
 	ops    context.Context
@@ -43,8 +43,18 @@ type closer struct {
 	todo map[string]closing
 }
 
-// later queues the closing of the claim's record.
-func (q *closer) later(uid string, claim v1.ObjectReference, volume string) {
+// NewCloser makes the closer of the records of store, working queue. Its writes run on ops
+// (Ops(), P1) and, while intake runs, its deferrable budget; intake returns Run's intake
+// context, or ops before Run.
+func NewCloser(queue *lifecycle.Queue[string], store *Store, ops context.Context, intake func() context.Context) *Closer {
+	return &Closer{queue: queue, records: store, ops: ops, intake: intake}
+}
+
+// Queue is the closer's queue, by claim UID, for the worker that runs Sync.
+func (q *Closer) Queue() *lifecycle.Queue[string] { return q.queue }
+
+// Later queues the closing of the claim's record.
+func (q *Closer) Later(uid string, claim v1.ObjectReference, volume string) {
 	q.mu.Lock()
 	if q.todo == nil {
 		q.todo = map[string]closing{}
@@ -54,42 +64,42 @@ func (q *closer) later(uid string, claim v1.ObjectReference, volume string) {
 	q.queue.Add(uid)
 }
 
-// pending tells whether the claim's record waits for its closing event here.
-func (q *closer) pending(uid string) bool {
+// Pending tells whether the claim's record waits for its closing event here.
+func (q *Closer) Pending(uid string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	_, ok := q.todo[uid]
 	return ok
 }
 
-func (q *closer) next(uid string) (closing, bool) {
+func (q *Closer) next(uid string) (closing, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	todo, ok := q.todo[uid]
 	return todo, ok
 }
 
-func (q *closer) done(uid string) {
+func (q *Closer) done(uid string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	delete(q.todo, uid)
 }
 
-// sync writes the event that closes the claim's record, if it is still open.
-func (q *closer) sync(uid string) error {
+// Sync writes the event that closes the claim's record, if it is still open.
+func (q *Closer) Sync(uid string) error {
 	todo, ok := q.next(uid)
 	if !ok {
 		return nil
 	}
 	done := func() { q.done(uid) }
-	if !q.records.isOpen(uid) {
+	if !q.records.IsOpen(uid) {
 		// Closed meanwhile (an undo, or a sync that found it closed by another leader).
 		done()
 		return nil
 	}
 	ctx, cancel := lifecycle.Deferrable(klog.NewContext(q.ops, klog.Background().WithValues("claimUID", uid)), q.intake())
 	defer cancel()
-	err := lifecycle.IfNotStarted(ctx, q.records.close(ctx, uid, todo.claim, v1.EventTypeNormal, reasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", todo.volume)))
+	err := lifecycle.IfNotStarted(ctx, q.records.close(ctx, uid, todo.claim, v1.EventTypeNormal, ReasonSucceeded, fmt.Sprintf("Successfully provisioned volume %s", todo.volume)))
 	switch {
 	case lifecycle.NotStarted(err):
 		// Intake ended: the PersistentVolume supersedes the record; the next leader closes it.
