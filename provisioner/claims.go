@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"time"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
@@ -119,7 +120,7 @@ func (c *claimController) syncClaim(uid string) error {
 	// A claim provisioned already but not bound yet comes back on every update and
 	// resync: it must not cost API reads nor report a plan's error (a VAC or secret
 	// deleted since) about a volume that exists. (A bad name is the plan's to report.)
-	if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+	if name, err := request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
 		logger.V(4).Info("PersistentVolume exists already", "pv", name)
 		return nil
 	}
@@ -141,7 +142,7 @@ func (c *claimController) syncClaim(uid string) error {
 		c.metrics.provisioned(class.Name, dataSourceKind(claim), start, err)
 		return c.planFailed(claim, err)
 	}
-	// The record (record.go) is written before anything is asked of the
+	// The record (package record) is written before anything is asked of the
 	// driver (the source's finalizer, CreateVolume): from then on whoever leads finds the
 	// volume, finishes it or undoes it.
 	if err := c.recordPlan(ctx, uid, p, facts.rec); err != nil {
@@ -168,7 +169,7 @@ func (c *claimController) syncClaim(uid string) error {
 		return err
 	}
 	// CreateVolume, the PersistentVolume, the record's closing (create.go, save.go,
-	// close.go).
+	// record.Closer).
 	err = c.provision(ctx, uid, p)
 	c.metrics.provisioned(p.class.Name, dataSourceKind(p.claim), start, err)
 	return err
@@ -180,7 +181,7 @@ func (c *claimController) planFailed(claim *v1.PersistentVolumeClaim, err error)
 		// The plan's reads were cut short by intake's end: nothing to report.
 		return err
 	}
-	if errors.Is(err, errExternalPopulator) {
+	if errors.Is(err, request.ErrExternalPopulator) {
 		c.recorder.Event(claim, v1.EventTypeNormal, "Provisioning", "Assuming an external populator will provision the volume")
 		return nil
 	}
@@ -197,13 +198,13 @@ func (c *claimController) planFailed(claim *v1.PersistentVolumeClaim, err error)
 // open while what it asked for is unknown: the volume it may have made is undone first
 // (errRecordChanged sends the claim back to be decided again).
 func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, existing *record.Record) error {
-	rec, err := record.New(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.provisioner, p.req)
+	rec, err := record.New(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.Provisioner, p.req)
 	if err != nil {
 		return err
 	}
 	rec.Claim = record.ClaimReference(p.claim)
-	if p.source.kind != sourceNone {
-		rec.Source = p.source.key()
+	if p.source.Kind != request.SourceNone {
+		rec.Source = p.source.Key()
 	}
 	if existing != nil && existing.SameAs(rec) && !c.records.Aging(uid) {
 		p.rec = existing
@@ -240,7 +241,7 @@ func (n *localNode) owns(intake context.Context, c *claimController, claim *v1.P
 		return false, nil
 	}
 	// The class as the plan reads it: the CSI translation of an in-tree class.
-	csiClass, _, err := c.names().csiClass(class)
+	csiClass, _, err := c.names().CSIClass(class)
 	if err != nil {
 		return false, err
 	}

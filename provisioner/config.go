@@ -4,6 +4,7 @@ package provisioner
 
 import (
 	"context"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -57,7 +58,9 @@ type capacityRefresher interface {
 }
 
 // names are the names a claim, class or PersistentVolume may give the driver.
-func (c *config) names() driverNames { return driverNames{driver: c.driver, inTree: c.inTree} }
+func (c *config) names() request.DriverNames {
+	return request.DriverNames{Driver: c.driver, InTree: c.inTree}
+}
 
 // capacityChanged tells capacity tracking, if on, that an operation changed capacity.
 func (c *config) capacityChanged(class string, topology []*csi.Topology) {

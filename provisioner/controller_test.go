@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
@@ -22,7 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
@@ -99,7 +100,7 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 		t.Fatal(err)
 	}
 	cfg := config{
-		opts: o, driver: dcfg.DriverName, inTree: namesOf(dcfg.DriverName).inTree, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
+		opts: o, driver: dcfg.DriverName, inTree: request.NamesOf(dcfg.DriverName).InTree, identity: "test-id", kube: w.kube, csi: csi.NewControllerClient(conn),
 		ops: context.Background(), recorder: w.recorder, metrics: m,
 		pluginCaps: plugin, controllerCaps: controllerCaps,
 		topology: plugin[csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS], vac: true,
@@ -274,28 +275,11 @@ func deadLeaderRecord(t *testing.T, claim *v1.PersistentVolumeClaim, rec *record
 
 func (w *world) calls(method string) []testdriver.Call { return w.driver.Calls(method) }
 
-func class(name string, change func(*storagev1.StorageClass)) *storagev1.StorageClass {
-	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: drv,
-		ReclaimPolicy: ptr.To(v1.PersistentVolumeReclaimDelete), Parameters: map[string]string{"type": "fast"}}
-	if change != nil {
-		change(sc)
-	}
-	return sc
-}
-
-func claimFor(name, uid, className string) *v1.PersistentVolumeClaim {
-	c := claimWith("1Gi", v1.ReadWriteOnce)
-	c.Name, c.UID = name, types.UID(uid)
-	c.Annotations = map[string]string{volumehelpers.AnnStorageProvisioner: drv}
-	c.Spec.StorageClassName = ptr.To(className)
-	return c
-}
-
 func TestProvisionsAClaimAndRecordsTheVolumeAsAPersistentVolume(t *testing.T) {
 	sc := class("fast", func(sc *storagev1.StorageClass) {
-		sc.Parameters[provisionerSecret.nameKey] = "${pvc.name}-creds"
-		sc.Parameters[provisionerSecret.namespaceKey] = "${pvc.namespace}"
-		sc.Parameters[fsTypeKey] = "xfs"
+		sc.Parameters[request.ProvisionerSecret.NameKey] = "${pvc.name}-creds"
+		sc.Parameters[request.ProvisionerSecret.NamespaceKey] = "${pvc.namespace}"
+		sc.Parameters[request.FSTypeKey] = "xfs"
 	})
 	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "data-creds", Namespace: "ns"}, Data: map[string][]byte{"token": []byte("t")}}
 	w := newWorld(t, testdriver.Config{}, nil, sc, secret, claimFor("data", "uid-1", "fast"))
@@ -326,8 +310,8 @@ func TestProvisionsAClaimAndRecordsTheVolumeAsAPersistentVolume(t *testing.T) {
 
 func TestAClaimWhoseSecretIsMissingIsNotProvisionedUntilTheSecretExists(t *testing.T) {
 	sc := class("fast", func(sc *storagev1.StorageClass) {
-		sc.Parameters[provisionerSecret.nameKey] = "creds"
-		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+		sc.Parameters[request.ProvisionerSecret.NameKey] = "creds"
+		sc.Parameters[request.ProvisionerSecret.NamespaceKey] = "ns"
 	})
 	w := newWorld(t, testdriver.Config{}, nil, sc, claimFor("data", "uid-1", "fast"))
 	w.waitFor("a ProvisioningFailed event", func() bool {
@@ -553,7 +537,7 @@ func TestANodeDeploymentTakesFreeClaimsForItsNodeAndLeavesOtherNodesAlone(t *tes
 	// n2's volume is n2's to delete; n1's own released volume is deleted here.
 	n2ID := w.createVolume("pvc-n2")
 	n2 := releasedPV("pvc-n2", n2ID, v1.PersistentVolumeReclaimDelete, volumehelpers.PVDeletionProtectionFinalizer)
-	n2.Spec.NodeAffinity = nodeAffinity([]*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n2"}}})
+	n2.Spec.NodeAffinity = request.NodeAffinity([]*csi.Topology{{Segments: map[string]string{testdriver.TopologyKey: "n2"}}})
 	if _, err := w.kube.CoreV1().PersistentVolumes().Create(ctx, n2, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@
 package provisioner
 
 import (
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -41,7 +42,7 @@ func (f *inFlight) set(uid string, p *plan) {
 }
 
 // using names the claim of a plan in flight made from ref, "" for none.
-func (f *inFlight) using(ref sourceRef) string {
+func (f *inFlight) using(ref request.SourceRef) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, p := range f.plans {

@@ -5,6 +5,7 @@ package provisioner
 
 import (
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
@@ -18,23 +19,23 @@ import (
 
 // mayNeedVolume is the cheap test informer handlers use: the claim is unbound and asks
 // the driver for its volume.
-func mayNeedVolume(claim *v1.PersistentVolumeClaim, names driverNames) bool {
-	return claim.Spec.VolumeName == "" && names.claimNamesDriver(claim)
+func mayNeedVolume(claim *v1.PersistentVolumeClaim, names request.DriverNames) bool {
+	return claim.Spec.VolumeName == "" && names.ClaimNamesDriver(claim)
 }
 
 // wantsVolume decides whether the driver should provision a volume for the claim now;
 // when not, why (for the log).
-func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, names driverNames) (bool, string) {
+func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, names request.DriverNames) (bool, string) {
 	switch {
 	case claim.Spec.VolumeName != "":
 		return false, "claim is bound"
-	case !names.claimNamesDriver(claim):
+	case !names.ClaimNamesDriver(claim):
 		return false, "claim names another provisioner"
 	case claim.DeletionTimestamp != nil:
 		return false, "claim is being deleted"
 	case class == nil:
 		return false, "claim has no StorageClass"
-	case !names.classOfDriver(class):
+	case !names.ClassOfDriver(class):
 		return false, fmt.Sprintf("StorageClass %s names provisioner %s", class.Name, class.Provisioner)
 	case isDelayedBinding(class) && claim.Annotations[volumehelpers.AnnSelectedNode] == "":
 		// The scheduler sets the node when a pod uses the claim; the provisioner removes it
@@ -154,8 +155,8 @@ func decideRecord(f recordFacts) (recordAction, string) {
 		return recordUndo, "the claim is gone"
 	case claim.DeletionTimestamp != nil:
 		return recordUndo, "the claim is being deleted"
-	case !(driverNames{driver: f.driver, inTree: f.inTree}).claimNamesDriver(claim):
-		return recordUndo, fmt.Sprintf("the claim names provisioner %q now", claimProvisioner(claim))
+	case !(request.DriverNames{Driver: f.driver, InTree: f.inTree}).ClaimNamesDriver(claim):
+		return recordUndo, fmt.Sprintf("the claim names provisioner %q now", request.ClaimProvisioner(claim))
 	case claim.Spec.VolumeName != "" && claim.Spec.VolumeName != r.Volume:
 		return recordUndo, fmt.Sprintf("the claim is bound to PersistentVolume %s", claim.Spec.VolumeName)
 	}
@@ -187,8 +188,4 @@ func cutLength(uuidLength int) int {
 		return 8
 	}
 	return uuidLength
-}
-
-func storageClassName(claim *v1.PersistentVolumeClaim) string {
-	return volumehelpers.GetPersistentVolumeClaimClass(claim)
 }

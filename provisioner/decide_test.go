@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -54,7 +56,7 @@ func TestWantsVolume(t *testing.T) {
 		{"delayed with node", claim(func(c *v1.PersistentVolumeClaim) { c.Annotations[volumehelpers.AnnSelectedNode] = "n1" }), delayed, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got, why := wantsVolume(tc.claim, tc.class, driverNames{driver: drv}); got != tc.want {
+			if got, why := wantsVolume(tc.claim, tc.class, request.DriverNames{Driver: drv}); got != tc.want {
 				t.Errorf("wants %v (%s), want %v", got, why, tc.want)
 			}
 		})
@@ -180,7 +182,7 @@ func TestDriverVolumes(t *testing.T) {
 		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
 		{"static volume of another", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "x"}}}}, false},
 	} {
-		if got := isDriverVolume(&tc.pv, driverNames{driver: drv}); got != tc.want {
+		if got := request.IsDriverVolume(&tc.pv, request.DriverNames{Driver: drv}); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -247,8 +249,8 @@ func (s *secretsSeen) all() []map[string]string {
 func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 	late := class("late", func(sc *storagev1.StorageClass) {
 		sc.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
-		sc.Parameters[provisionerSecret.nameKey] = "creds"
-		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+		sc.Parameters[request.ProvisionerSecret.NameKey] = "creds"
+		sc.Parameters[request.ProvisionerSecret.NamespaceKey] = "ns"
 	})
 	for _, tc := range []struct {
 		name string
@@ -300,7 +302,7 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec, err := record.New(drv, "n1", p.pv.secrets.provisioner, p.req)
+			rec, err := record.New(drv, "n1", p.pv.secrets.Provisioner, p.req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -404,8 +406,8 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 // secret is back.
 func TestAnUndoWithoutItsSecretWaitsWithAnEvent(t *testing.T) {
 	sc := class("fast", func(sc *storagev1.StorageClass) {
-		sc.Parameters[provisionerSecret.nameKey] = "creds"
-		sc.Parameters[provisionerSecret.namespaceKey] = "ns"
+		sc.Parameters[request.ProvisionerSecret.NameKey] = "creds"
+		sc.Parameters[request.ProvisionerSecret.NamespaceKey] = "ns"
 	})
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
 	rec, err := record.New(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
@@ -490,19 +492,19 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 					switch kind {
 					case "clone":
 						srcPV.Spec.CSI.VolumeHandle = vol.GetVolume().GetVolumeId()
-						src.Finalizers = []string{cloneProtectionFinalizer}
-						claim.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+						src.Finalizers = []string{request.CloneProtectionFinalizer}
+						claim.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: request.PVCKind, Name: "src"}
 						req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.GetVolume().GetVolumeId()}}}
 						protected = func() bool {
 							c := w.claim("src")
-							return c != nil && slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+							return c != nil && slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)
 						}
 					case "restore":
 						made, err := c.csi.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{SourceVolumeId: vol.GetVolume().GetVolumeId(), Name: "snap"})
 						if err != nil {
 							t.Fatal(err)
 						}
-						snap, content := snapshotOf("snap", drv, snapshotProtectionFinalizer)
+						snap, content := snapshotOf("snap", drv, request.SnapshotProtectionFinalizer)
 						content.Status = &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To(made.GetSnapshot().GetSnapshotId())}
 						if err := snaps.Tracker().Add(snap); err != nil {
 							t.Fatal(err)
@@ -510,20 +512,20 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 						if err := snaps.Tracker().Add(content); err != nil {
 							t.Fatal(err)
 						}
-						claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
+						claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "snap"}
 						req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: made.GetSnapshot().GetSnapshotId()}}}
 						protected = func() bool {
 							s, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(context.Background(), "snap", metav1.GetOptions{})
-							return err == nil && slices.Contains(s.Finalizers, snapshotProtectionFinalizer)
+							return err == nil && slices.Contains(s.Finalizers, request.SnapshotProtectionFinalizer)
 						}
 					}
 					rec, err := record.New(drv, "", nil, req)
 					if err != nil {
 						t.Fatal(err)
 					}
-					rec.Source = sourceRef{kind: sourceClone, namespace: "ns", name: "src"}.key()
+					rec.Source = request.SourceRef{Kind: request.SourceClone, Namespace: "ns", Name: "src"}.Key()
 					if kind == "restore" {
-						rec.Source = sourceRef{kind: sourceSnapshot, namespace: "ns", name: "snap"}.key()
+						rec.Source = request.SourceRef{Kind: request.SourceSnapshot, Namespace: "ns", Name: "snap"}.Key()
 					}
 					// The claim is gone: only its record is left.
 					for _, o := range []runtime.Object{src, srcPV, deadLeaderRecord(t, claim, rec)} {
@@ -641,7 +643,7 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err := record.New(drv, "", p.pv.secrets.provisioner, p.req)
+		rec, err := record.New(drv, "", p.pv.secrets.Provisioner, p.req)
 		if err != nil {
 			t.Fatal(err)
 		}

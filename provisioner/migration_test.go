@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
@@ -23,20 +25,11 @@ const (
 	ebsInTree = "kubernetes.io/aws-ebs"
 )
 
-func TestDriverNamesComeFromTheTranslationLibrary(t *testing.T) {
-	if got := namesOf(ebsDriver); got != (driverNames{driver: ebsDriver, inTree: ebsInTree}) {
-		t.Errorf("names of %s: %+v", ebsDriver, got)
-	}
-	if got := namesOf(drv); got != (driverNames{driver: drv}) {
-		t.Errorf("names of %s: %+v, want no in-tree plugin", drv, got)
-	}
-}
-
 // A claim of an in-tree class is the driver's once kube-controller-manager hands it over,
 // as upstream decides: the provisioner annotation names the driver, or the in-tree plugin
 // with migrated-to naming the driver.
 func TestClaimsOfMigratedInTreeClassesAreTheDriversOnceHandedOver(t *testing.T) {
-	ebs := namesOf(ebsDriver)
+	ebs := request.NamesOf(ebsDriver)
 	inTreeClass := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sc"}, Provisioner: ebsInTree}
 	csiClass := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sc"}, Provisioner: ebsDriver}
 	otherInTree := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "sc"}, Provisioner: "kubernetes.io/gce-pd"}
@@ -51,7 +44,7 @@ func TestClaimsOfMigratedInTreeClassesAreTheDriversOnceHandedOver(t *testing.T) 
 	provisioner, migratedTo := volumehelpers.AnnStorageProvisioner, volumehelpers.AnnMigratedTo
 	for _, tc := range []struct {
 		name  string
-		names driverNames
+		names request.DriverNames
 		claim *v1.PersistentVolumeClaim
 		class *storagev1.StorageClass
 		want  bool
@@ -64,7 +57,7 @@ func TestClaimsOfMigratedInTreeClassesAreTheDriversOnceHandedOver(t *testing.T) 
 		{"not handed over: migrated to another driver", ebs, claim(provisioner, ebsInTree, migratedTo, "pd.csi.storage.gke.io"), inTreeClass, false},
 		{"a CSI class of the driver still works", ebs, claim(provisioner, ebsDriver), csiClass, true},
 		{"a class of another in-tree plugin", ebs, claim(provisioner, ebsDriver), otherInTree, false},
-		{"a driver that replaces no plugin", driverNames{driver: drv}, claim(provisioner, drv), &storagev1.StorageClass{Provisioner: ebsInTree}, false},
+		{"a driver that replaces no plugin", request.DriverNames{Driver: drv}, claim(provisioner, drv), &storagev1.StorageClass{Provisioner: ebsInTree}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, why := wantsVolume(tc.claim, tc.class, tc.names); got != tc.want {
@@ -77,41 +70,6 @@ func TestClaimsOfMigratedInTreeClassesAreTheDriversOnceHandedOver(t *testing.T) 
 	}
 }
 
-// An in-tree PersistentVolume is the driver's when its source is of the plugin the driver
-// replaces and it was provisioned by either name or migrated to the driver.
-func TestInTreeVolumesOfTheReplacedPluginAreTheDrivers(t *testing.T) {
-	ebs := namesOf(ebsDriver)
-	ebsSource := v1.PersistentVolumeSource{AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}}
-	pdSource := v1.PersistentVolumeSource{GCEPersistentDisk: &v1.GCEPersistentDiskVolumeSource{PDName: "disk"}}
-	pv := func(source v1.PersistentVolumeSource, annotations ...string) *v1.PersistentVolume {
-		p := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}, Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: source}}
-		for i := 0; i+1 < len(annotations); i += 2 {
-			p.Annotations[annotations[i]] = annotations[i+1]
-		}
-		return p
-	}
-	by, migratedTo := volumehelpers.AnnDynamicallyProvisioned, volumehelpers.AnnMigratedTo
-	for _, tc := range []struct {
-		name  string
-		names driverNames
-		pv    *v1.PersistentVolume
-		want  bool
-	}{
-		{"provisioned by the in-tree plugin", ebs, pv(ebsSource, by, ebsInTree), true},
-		{"provisioned by the in-tree plugin, migrated", ebs, pv(ebsSource, by, ebsInTree, migratedTo, ebsDriver), true},
-		{"provisioned by the driver", ebs, pv(ebsSource, by, ebsDriver), true},
-		{"static, migrated to the driver", ebs, pv(ebsSource, migratedTo, ebsDriver), true},
-		{"static, not migrated", ebs, pv(ebsSource), false},
-		{"provisioned by another", ebs, pv(ebsSource, by, "other"), false},
-		{"another plugin's volume naming the driver", ebs, pv(pdSource, by, ebsInTree, migratedTo, ebsDriver), false},
-		{"a driver that replaces no plugin", driverNames{driver: drv}, pv(ebsSource, by, ebsInTree, migratedTo, drv), false},
-	} {
-		if got := isDriverVolume(tc.pv, tc.names); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
-
 // The PersistentVolume of a migrated volume is written in the in-tree form upstream
 // writes: an awsElasticBlockStore source with the driver's volume ID, provisioned by the
 // in-tree plugin, protected by the same finalizer.
@@ -121,7 +79,7 @@ func TestBuildPVOfAMigratedClassIsInTree(t *testing.T) {
 	in := pvInput{
 		name: "pvc-1", driver: ebsDriver, claim: claim, fsType: "ext4", identity: "id-1", requestedBytes: 1 << 30, migrated: true,
 		class:   &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "ebs"}, Provisioner: ebsInTree},
-		secrets: secretRefs{provisioner: &v1.SecretReference{Name: "prov", Namespace: "ns"}},
+		secrets: request.SecretRefs{Provisioner: &v1.SecretReference{Name: "prov", Namespace: "ns"}},
 		volume:  &csi.Volume{VolumeId: "vol-0123"},
 	}
 	pv, err := buildPV(in)
@@ -142,7 +100,7 @@ func TestBuildPVOfAMigratedClassIsInTree(t *testing.T) {
 		t.Errorf("PV %+v lacks what deletion and binding need", pv)
 	}
 	// And back: what deletion translates it to is the driver's volume.
-	vol, migrated, err := csiVolume(pv)
+	vol, migrated, err := request.CSIVolume(pv)
 	if err != nil || !migrated || vol.Spec.CSI.Driver != ebsDriver || vol.Spec.CSI.VolumeHandle != "vol-0123" {
 		t.Errorf("translated back to %+v (migrated %v, err %v)", vol.Spec.CSI, migrated, err)
 	}

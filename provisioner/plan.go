@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
@@ -39,7 +40,7 @@ type plan struct {
 	mayReschedule bool
 	// source is the claim or snapshot the volume is made from, protected by a finalizer
 	// while the volume is in creation.
-	source sourceRef
+	source request.SourceRef
 	// rec is the record on the claim that describes this CreateVolume; set before it is
 	// sent.
 	rec *record.Record
@@ -74,11 +75,11 @@ type planner struct {
 // VolumeAttributesClass) and builds the request. It returns no plan with an error the user
 // must hear about; it makes no CSI call.
 func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (_ *plan, err error) {
-	source, err := claimSource(claim)
+	source, err := request.ClaimSource(claim)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkSourceCapability(c.controllerCaps, source.kind); err != nil {
+	if err := request.CheckSourceCapability(c.controllerCaps, source.Kind); err != nil {
 		return nil, err
 	}
 	var vacName string
@@ -92,38 +93,38 @@ func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Storage
 		return nil, fmt.Errorf("claim Selector is not supported")
 	}
 	var pvName string
-	pvName, err = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+	pvName, err = request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
 	if err != nil {
 		return nil, err
 	}
 	// A class of the in-tree plugin the driver replaces is read in its CSI translation;
 	// the claim, the events and the PersistentVolume keep the class as it is.
-	csiClass, migrated, err := c.names().csiClass(class)
+	csiClass, migrated, err := c.names().CSIClass(class)
 	if err != nil {
 		return nil, err
 	}
-	fsType, err := fsTypeFor(csiClass.Parameters, c.opts.defaultFSType)
+	fsType, err := request.FSTypeFor(csiClass.Parameters, c.opts.defaultFSType)
 	if err != nil {
 		return nil, err
 	}
-	caps, err := volumeCapabilities(claim, fsType, csiClass.MountOptions, c.controllerCaps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER])
+	caps, err := request.VolumeCapabilities(claim, fsType, csiClass.MountOptions, c.controllerCaps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER])
 	if err != nil {
 		return nil, err
 	}
-	params, err := driverParameters(csiClass.Parameters)
+	params, err := request.DriverParameters(csiClass.Parameters)
 	if err != nil {
 		return nil, fmt.Errorf("failed to strip CSI Parameters of prefixed keys: %w", err)
 	}
 	if c.opts.extraCreateMetadata {
-		addExtraMetadata(params, claim, pvName)
+		request.AddExtraMetadata(params, claim, pvName)
 	}
-	refs, err := resolveSecretRefs(csiClass.Parameters, pvName, claim)
+	refs, err := request.ResolveSecretRefs(csiClass.Parameters, pvName, claim)
 	if err != nil {
 		return nil, err
 	}
 	req := &csi.CreateVolumeRequest{
 		Name:               pvName,
-		CapacityRange:      &csi.CapacityRange{RequiredBytes: requestedBytes(claim)},
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: request.RequestedBytes(claim)},
 		VolumeCapabilities: caps,
 		Parameters:         params,
 	}
@@ -151,7 +152,7 @@ func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Storage
 	if req.VolumeContentSource, err = c.contentSource(ctx, claim, class, source); err != nil {
 		return nil, err
 	}
-	if req.Secrets, err = readSecret(ctx, c.kube, refs.provisioner); err != nil {
+	if req.Secrets, err = request.ReadSecret(ctx, c.kube, refs.Provisioner); err != nil {
 		return nil, err
 	}
 	return &plan{
@@ -183,12 +184,12 @@ func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Storage
 // accessibility requirement. A selected node that is gone, or that the driver never
 // registered on, sends the claim back to the scheduler.
 func (c *planner) requirements(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, selectedNode string) (*csi.TopologyRequirement, error) {
-	in := topologyInput{
-		driver:    c.driver,
-		claimName: claim.Name,
-		allowed:   class.AllowedTopologies,
-		strict:    c.opts.strictTopology,
-		immediate: c.opts.immediateTopology,
+	in := request.TopologyInput{
+		Driver:    c.driver,
+		ClaimName: claim.Name,
+		Allowed:   class.AllowedTopologies,
+		Strict:    c.opts.strictTopology,
+		Immediate: c.opts.immediateTopology,
 	}
 	if selectedNode != "" {
 		node, err := c.nodes.Get(selectedNode)
@@ -203,16 +204,16 @@ func (c *planner) requirements(claim *v1.PersistentVolumeClaim, class *storagev1
 		} else if err != nil {
 			return nil, err
 		}
-		in.selectedNode, in.selectedCSINode = node, csiNode
+		in.SelectedNode, in.SelectedCSINode = node, csiNode
 	}
 	var err error
-	if in.csiNodes, err = c.csiNodes.List(labels.Everything()); err != nil {
+	if in.CSINodes, err = c.csiNodes.List(labels.Everything()); err != nil {
 		return nil, err
 	}
-	if in.nodes, err = c.nodes.List(labels.Everything()); err != nil {
+	if in.Nodes, err = c.nodes.List(labels.Everything()); err != nil {
 		return nil, err
 	}
-	req, err := accessibilityRequirements(in)
+	req, err := request.AccessibilityRequirements(in)
 	if err != nil {
 		return nil, fmt.Errorf("error generating accessibility requirements: %w", err)
 	}
@@ -233,39 +234,39 @@ func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.Controller
 }
 
 // contentSource reads the claim's source and checks it (cloneSource, snapshotSource).
-func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref request.SourceRef) (*csi.VolumeContentSource, error) {
 	var (
 		src *csi.VolumeContentSource
 		err error
 	)
-	switch ref.kind {
-	case sourceClone:
-		source := cachedClaim(c.claims, ref.namespace, ref.name)
+	switch ref.Kind {
+	case request.SourceClone:
+		source := cachedClaim(c.claims, ref.Namespace, ref.Name)
 		var sourcePV *v1.PersistentVolume
 		if source != nil && source.Spec.VolumeName != "" {
 			sourcePV, _ = c.volumes.Get(source.Spec.VolumeName)
 		}
-		src, err = cloneSource(claim, class, source, sourcePV)
-	case sourceSnapshot:
+		src, err = request.CloneSource(claim, class, source, sourcePV)
+	case request.SourceSnapshot:
 		src, err = c.snapshotContentSource(ctx, claim, class, ref)
 	default:
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("error getting handle for DataSource Type %s by Name %s: %w", dataSourceKind(claim), ref.name, err)
+		return nil, fmt.Errorf("error getting handle for DataSource Type %s by Name %s: %w", dataSourceKind(claim), ref.Name, err)
 	}
 	return src, nil
 }
 
 // snapshotContentSource reads the snapshot and its content from the API server (fresh:
 // the snapshot controller may just have bound them) on ctx.
-func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref sourceRef) (*csi.VolumeContentSource, error) {
+func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref request.SourceRef) (*csi.VolumeContentSource, error) {
 	if c.snapshots == nil {
 		return nil, fmt.Errorf("the %s API is not served by the cluster", snapshotv1.SchemeGroupVersion)
 	}
-	snap, err := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	snap, err := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("error getting snapshot %s from api server: %w", ref.name, err)
+		return nil, fmt.Errorf("error getting snapshot %s from api server: %w", ref.Name, err)
 	}
 	var content *snapshotv1.VolumeSnapshotContent
 	if snap.Status != nil && snap.Status.BoundVolumeSnapshotContentName != nil {
@@ -277,12 +278,12 @@ func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.Persisten
 			content = nil
 		}
 	}
-	return snapshotSource(claim, class, snap, content, c.opts.preventVolumeModeConversion)
+	return request.SnapshotSource(claim, class, snap, content, c.opts.preventVolumeModeConversion)
 }
 
 // classFor returns the claim's StorageClass; nil, nil for a claim without one.
 func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
-	name := storageClassName(claim)
+	name := volumehelpers.GetPersistentVolumeClaimClass(claim)
 	if name == "" {
 		return nil, nil
 	}
@@ -300,7 +301,7 @@ func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageC
 // checkCapacity. A claim without a size fits; a driver without GET_CAPACITY is not asked
 // (upstream asks and proceeds on the error). The call runs on Ops() like every CSI call.
 func (c *planner) nodeHasCapacity(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, node string) (bool, error) {
-	size := requestedBytes(claim)
+	size := request.RequestedBytes(claim)
 	if size == 0 {
 		return true, nil
 	}

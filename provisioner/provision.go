@@ -7,6 +7,7 @@ package provisioner
 import (
 	"context"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"sync/atomic"
 	"time"
 
@@ -117,7 +118,7 @@ func (c *claimController) recordFacts(uid string, claim *v1.PersistentVolumeClai
 		f.rec, f.recErr = record.Of(claim)
 	}
 	if claim != nil {
-		f.wantName, _ = volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+		f.wantName, _ = request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
 	}
 	if f.rec != nil {
 		// A record whose closing event this process has yet to write was superseded by a
@@ -212,8 +213,8 @@ func (c *claimController) provision(ctx context.Context, uid string, p *plan) er
 // finish ends a plan: it is no longer pending, and its source, if it has one, may be free.
 func (c *claimController) finish(uid string, p *plan) {
 	c.inFlight.set(uid, nil)
-	if p.source.kind != sourceNone {
-		c.sources.queue.Add(p.source.key())
+	if p.source.Kind != request.SourceNone {
+		c.sources.queue.Add(p.source.Key())
 	}
 }
 
@@ -258,19 +259,19 @@ func (c *claimController) reschedule(ctx context.Context, claim *v1.PersistentVo
 // sourceUser names a claim of the driver whose volume is still being made from ref: an
 // operation in flight, a claim carrying a provisioning record, or a claim that names it,
 // is not deleted and has no PersistentVolume yet; "" for none.
-func (c *claimController) sourceUser(ref sourceRef) string {
+func (c *claimController) sourceUser(ref request.SourceRef) string {
 	if who := c.inFlight.using(ref); who != "" {
 		return who
 	}
 	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
 	// may have a volume in creation from the source, whatever else it says.
-	if who, err := c.records.UsesSource(ref.namespace, ref.key()); err != nil || who != "" {
+	if who, err := c.records.UsesSource(ref.Namespace, ref.Key()); err != nil || who != "" {
 		if err != nil {
 			return "(records unreadable: " + err.Error() + ")"
 		}
 		return who
 	}
-	objs, err := c.claims.ByIndex(cache.NamespaceIndex, ref.namespace)
+	objs, err := c.claims.ByIndex(cache.NamespaceIndex, ref.Namespace)
 	if err != nil {
 		// Keep the finalizer rather than guess.
 		return "(claims unreadable: " + err.Error() + ")"
@@ -280,7 +281,7 @@ func (c *claimController) sourceUser(ref sourceRef) string {
 		if !ok {
 			continue
 		}
-		if src, err := claimSource(claim); err != nil || src != ref {
+		if src, err := request.ClaimSource(claim); err != nil || src != ref {
 			continue
 		}
 		// The same for a record of an earlier version, on the claim.
@@ -290,7 +291,7 @@ func (c *claimController) sourceUser(ref sourceRef) string {
 		if !mayNeedVolume(claim, c.names()) || claim.DeletionTimestamp != nil {
 			continue
 		}
-		if name, err := volumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
+		if name, err := request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength); err == nil && c.pvExists(name) {
 			continue
 		}
 		return klog.KObj(claim).String()

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -356,7 +358,7 @@ func TestARestoreWorksWhenTheSnapshotUpdateIsForbidden(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := claimFor("restored", "uid-r", "fast")
-	claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
+	claim.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "snap"}
 	w.create(claim)
 
 	w.waitFor("the restored volume's PersistentVolume", func() bool { return w.pv("pvc-uid-r") != nil })
@@ -394,7 +396,7 @@ func TestARestoreWorksWhenTheSnapshotUpdateIsForbidden(t *testing.T) {
 // tries again.
 func TestAForbiddenSnapshotFinalizerRemovalIsNotRetriedInALoop(t *testing.T) {
 	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
-	orphan, content := snapshotOf("orphan", drv, snapshotProtectionFinalizer)
+	orphan, content := snapshotOf("orphan", drv, request.SnapshotProtectionFinalizer)
 	snaps := snapfake.NewSimpleClientset(orphan, content)
 	snapServer := &apiServer{tracker: snaps.Tracker(), grants: upstreamRBACBeforeV62}
 	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {

@@ -4,6 +4,7 @@ package provisioner
 
 import (
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"time"
 
 	"maps"
@@ -42,7 +43,7 @@ type pvInput struct {
 	class    *storagev1.StorageClass
 	volume   *csi.Volume
 	fsType   string
-	secrets  secretRefs
+	secrets  request.SecretRefs
 	readOnly bool
 	// requestedBytes is the capacity asked for; the PersistentVolume gets what the driver
 	// reports, or this when the driver reports 0 (unknown).
@@ -62,18 +63,6 @@ type pvInput struct {
 	migrated bool
 }
 
-// pvCapacity is the capacity to record: the driver's, or the request when the driver does
-// not know (0). Less than requested is an error: the volume does not fit the claim.
-func pvCapacity(reported, requested int64) (int64, error) {
-	switch {
-	case reported == 0:
-		return requested, nil
-	case reported < requested:
-		return 0, fmt.Errorf("created volume capacity %d less than requested capacity %d", reported, requested)
-	}
-	return reported, nil
-}
-
 // buildPV makes the PersistentVolume that records a created volume, as upstream: bound to
 // the claim by claimRef (the PV controller completes the binding), protected by the
 // provisioner's finalizer when the reclaim policy is Delete, and carrying everything later
@@ -81,7 +70,7 @@ func pvCapacity(reported, requested int64) (int64, error) {
 // driver replaces, it is the in-tree form csi-translation-lib makes of it, provisioned by
 // the in-tree plugin, as upstream writes it.
 func buildPV(in pvInput) (*v1.PersistentVolume, error) {
-	capacity, err := pvCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
+	capacity, err := request.PVCapacity(in.volume.GetCapacityBytes(), in.requestedBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -89,20 +78,20 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		// The driver made an empty volume where the user asked for data.
 		return nil, fmt.Errorf("volume content source missing")
 	}
-	attributes := map[string]string{provisionerIDKey: in.identity}
+	attributes := map[string]string{request.ProvisionerIDKey: in.identity}
 	maps.Copy(attributes, in.volume.GetVolumeContext())
 	source := &v1.CSIPersistentVolumeSource{
 		Driver:                     in.driver,
 		VolumeHandle:               in.volume.GetVolumeId(),
 		VolumeAttributes:           attributes,
 		ReadOnly:                   in.readOnly,
-		ControllerPublishSecretRef: in.secrets.controllerPublish,
-		NodeStageSecretRef:         in.secrets.nodeStage,
-		NodePublishSecretRef:       in.secrets.nodePublish,
-		ControllerExpandSecretRef:  in.secrets.controllerExpand,
-		NodeExpandSecretRef:        in.secrets.nodeExpand,
+		ControllerPublishSecretRef: in.secrets.ControllerPublish,
+		NodeStageSecretRef:         in.secrets.NodeStage,
+		NodePublishSecretRef:       in.secrets.NodePublish,
+		ControllerExpandSecretRef:  in.secrets.ControllerExpand,
+		NodeExpandSecretRef:        in.secrets.NodeExpand,
 	}
-	if !isBlock(in.claim) {
+	if !request.IsBlock(in.claim) {
 		source.FSType = in.fsType
 	}
 	// Upstream's library writes the class's provisioner: the driver, or the in-tree plugin.
@@ -141,11 +130,11 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 			},
 		},
 	}
-	if ref := in.secrets.provisioner; ref != nil {
+	if ref := in.secrets.Provisioner; ref != nil {
 		pv.Annotations[annDeletionSecretName] = ref.Name
 		pv.Annotations[annDeletionSecretNamespace] = ref.Namespace
 	}
-	if ref := in.secrets.controllerModify; ref != nil {
+	if ref := in.secrets.ControllerModify; ref != nil {
 		pv.Annotations[annModifySecretName] = ref.Name
 		pv.Annotations[annModifySecretNamespace] = ref.Namespace
 	}
@@ -153,13 +142,13 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		pv.Finalizers = []string{volumehelpers.PVDeletionProtectionFinalizer}
 	}
 	if in.topology {
-		pv.Spec.NodeAffinity = nodeAffinity(in.volume.GetAccessibleTopology())
+		pv.Spec.NodeAffinity = request.NodeAffinity(in.volume.GetAccessibleTopology())
 	}
 	if in.vac != "" {
 		pv.Spec.VolumeAttributesClassName = &in.vac
 	}
 	if in.migrated {
-		return inTreePV(pv)
+		return request.InTreePV(pv)
 	}
 	return pv, nil
 }

@@ -3,6 +3,8 @@ package provisioner
 import (
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
@@ -23,8 +25,8 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 	in := pvInput{
 		name: "pvc-1", driver: drv, claim: claim, class: class, fsType: "xfs", identity: "id-1", topology: true, vac: "gold",
 		requestedBytes: 1 << 30,
-		secrets: secretRefs{provisioner: ref("prov"), controllerPublish: ref("cp"), nodeStage: ref("ns"),
-			nodePublish: ref("np"), controllerExpand: ref("ce"), nodeExpand: ref("ne"), controllerModify: ref("cm")},
+		secrets: request.SecretRefs{Provisioner: ref("prov"), ControllerPublish: ref("cp"), NodeStage: ref("ns"),
+			NodePublish: ref("np"), ControllerExpand: ref("ce"), NodeExpand: ref("ne"), ControllerModify: ref("cm")},
 		volume: &csi.Volume{VolumeId: "vol-1", CapacityBytes: 2 << 30, VolumeContext: map[string]string{"k": "v"},
 			AccessibleTopology: []*csi.Topology{topo(zoneKey, "z1")}},
 	}
@@ -50,7 +52,7 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 			Capacity:     v1.ResourceList{v1.ResourceStorage: *resource.NewQuantity(2<<30, resource.BinarySI)},
 			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{
 				Driver: drv, VolumeHandle: "vol-1", FSType: "xfs",
-				VolumeAttributes:           map[string]string{provisionerIDKey: "id-1", "k": "v"},
+				VolumeAttributes:           map[string]string{request.ProvisionerIDKey: "id-1", "k": "v"},
 				ControllerPublishSecretRef: ref("cp"), NodeStageSecretRef: ref("ns"), NodePublishSecretRef: ref("np"),
 				ControllerExpandSecretRef: ref("ce"), NodeExpandSecretRef: ref("ne"),
 			}},
@@ -58,7 +60,7 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 			StorageClassName:              "fast",
 			VolumeMode:                    ptr.To(v1.PersistentVolumeFilesystem),
 			ClaimRef:                      &v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: "ns", Name: "data", UID: testUID, ResourceVersion: "7"},
-			NodeAffinity:                  nodeAffinity([]*csi.Topology{topo(zoneKey, "z1")}),
+			NodeAffinity:                  request.NodeAffinity([]*csi.Topology{topo(zoneKey, "z1")}),
 			VolumeAttributesClassName:     ptr.To("gold"),
 		},
 	}

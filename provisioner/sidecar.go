@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -82,7 +83,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	cfg := config{
 		opts:           s.opts,
 		driver:         env.DriverName,
-		inTree:         namesOf(env.DriverName).inTree,
+		inTree:         request.NamesOf(env.DriverName).InTree,
 		identity:       identity,
 		kube:           env.Kube,
 		csi:            csi.NewControllerClient(env.CSI),

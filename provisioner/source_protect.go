@@ -6,6 +6,8 @@ package provisioner
 import (
 	"context"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"slices"
 	"strings"
 	"time"
@@ -61,7 +63,7 @@ type sourceGuard struct {
 // sourceUsers names a claim of the driver whose volume is still being made from a source,
 // "" for none.
 type sourceUsers interface {
-	sourceUser(ref sourceRef) string
+	sourceUser(ref request.SourceRef) string
 }
 
 // newSourceGuard queues sources from the claims' events (claims is the claim informer),
@@ -168,8 +170,8 @@ func (g *sourceGuard) start(stop <-chan struct{}) {
 }
 
 func (g *sourceGuard) enqueueProtectedSnapshot(obj any) {
-	if snap, ok := obj.(*snapshotv1.VolumeSnapshot); ok && slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
-		g.queue.Add(sourceRef{kind: sourceSnapshot, namespace: snap.Namespace, name: snap.Name}.key())
+	if snap, ok := obj.(*snapshotv1.VolumeSnapshot); ok && slices.Contains(snap.Finalizers, request.SnapshotProtectionFinalizer) {
+		g.queue.Add(request.SourceRef{Kind: request.SourceSnapshot, Namespace: snap.Namespace, Name: snap.Name}.Key())
 	}
 }
 
@@ -183,11 +185,11 @@ func (g *sourceGuard) enqueueClaimSources(obj any) {
 	if !ok {
 		return
 	}
-	if slices.Contains(claim.Finalizers, cloneProtectionFinalizer) {
-		g.queue.Add(sourceRef{kind: sourceClone, namespace: claim.Namespace, name: claim.Name}.key())
+	if slices.Contains(claim.Finalizers, request.CloneProtectionFinalizer) {
+		g.queue.Add(request.SourceRef{Kind: request.SourceClone, Namespace: claim.Namespace, Name: claim.Name}.Key())
 	}
-	if ref, err := claimSource(claim); err == nil && ref.kind != sourceNone {
-		g.queue.Add(ref.key())
+	if ref, err := request.ClaimSource(claim); err == nil && ref.Kind != request.SourceNone {
+		g.queue.Add(ref.Key())
 	}
 }
 
@@ -203,11 +205,11 @@ func cachedClaim(claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim], namespa
 
 // protect puts the protection finalizer on the plan's source before CreateVolume,
 // on ctx (Ops()).
-func (g *sourceGuard) protect(ctx context.Context, ref sourceRef) error {
-	switch ref.kind {
-	case sourceClone:
+func (g *sourceGuard) protect(ctx context.Context, ref request.SourceRef) error {
+	switch ref.Kind {
+	case request.SourceClone:
 		return g.setClaimFinalizer(ctx, ref, true)
-	case sourceSnapshot:
+	case request.SourceSnapshot:
 		return g.setSnapshotFinalizer(ctx, ref, true)
 	}
 	return nil
@@ -225,22 +227,22 @@ func (g *sourceGuard) sync(key string) error {
 	ctx := klog.NewContext(g.ops, klog.Background().WithValues("source", ref.String()))
 	// The finalizer names are shared by every provisioner of the cluster: a source of
 	// another driver is its provisioner's to release, whatever this one's claims say.
-	switch ref.kind {
-	case sourceClone:
-		claim := cachedClaim(g.claims, ref.namespace, ref.name)
-		if claim == nil || !slices.Contains(claim.Finalizers, cloneProtectionFinalizer) || !g.isDriverClaim(claim) {
+	switch ref.Kind {
+	case request.SourceClone:
+		claim := cachedClaim(g.claims, ref.Namespace, ref.Name)
+		if claim == nil || !slices.Contains(claim.Finalizers, request.CloneProtectionFinalizer) || !g.isDriverClaim(claim) {
 			return nil
 		}
 		if user := g.users.sourceUser(ref); user != "" {
 			return fmt.Errorf("%s is still the source of claim %s", ref, user)
 		}
 		return g.setClaimFinalizer(ctx, ref, false)
-	case sourceSnapshot:
+	case request.SourceSnapshot:
 		if g.snapshots == nil {
 			return nil
 		}
-		snap, err := g.snapshots.lister.VolumeSnapshots(ref.namespace).Get(ref.name)
-		if err != nil || !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
+		snap, err := g.snapshots.lister.VolumeSnapshots(ref.Namespace).Get(ref.Name)
+		if err != nil || !slices.Contains(snap.Finalizers, request.SnapshotProtectionFinalizer) {
 			return nil
 		}
 		// The caches first: a snapshot still in use keeps its finalizer without an API
@@ -265,7 +267,7 @@ func (g *sourceGuard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 		pv, _ = g.volumes.Get(claim.Spec.VolumeName)
 	}
 	var class *storagev1.StorageClass
-	if name := storageClassName(claim); name != "" {
+	if name := volumehelpers.GetPersistentVolumeClaimClass(claim); name != "" {
 		class, _ = g.classes.Get(name)
 	}
 	return claimOfDriver(claim, pv, class, g.names())
@@ -273,16 +275,16 @@ func (g *sourceGuard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 
 // claimOfDriver decides isDriverClaim; pv and class are nil when unknown. An in-tree
 // volume, provisioner or class counts when the driver replaces its plugin (CSI migration).
-func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class *storagev1.StorageClass, names driverNames) bool {
+func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, class *storagev1.StorageClass, names request.DriverNames) bool {
 	switch {
 	case pv != nil && pv.Spec.CSI != nil:
-		return pv.Spec.CSI.Driver == names.driver
+		return pv.Spec.CSI.Driver == names.Driver
 	case pv != nil:
-		return names.inTreeOfDriver(pv)
-	case claimProvisioner(claim) != "":
-		return names.claimNamesDriver(claim)
+		return names.InTreeOfDriver(pv)
+	case request.ClaimProvisioner(claim) != "":
+		return names.ClaimNamesDriver(claim)
 	case class != nil:
-		return names.classOfDriver(class)
+		return names.ClassOfDriver(class)
 	}
 	return false
 }
@@ -309,19 +311,19 @@ func (g *sourceGuard) releasableSnapshot(ctx context.Context, snap *snapshotv1.V
 	return content.Spec.Driver == g.driver, nil
 }
 
-func parseSourceKey(key string) (sourceRef, error) {
+func parseSourceKey(key string) (request.SourceRef, error) {
 	parts := strings.SplitN(key, "/", 3)
 	if len(parts) != 3 {
-		return sourceRef{}, fmt.Errorf("source key %q is not kind/namespace/name", key)
+		return request.SourceRef{}, fmt.Errorf("source key %q is not kind/namespace/name", key)
 	}
-	ref := sourceRef{namespace: parts[1], name: parts[2]}
+	ref := request.SourceRef{Namespace: parts[1], Name: parts[2]}
 	switch parts[0] {
 	case "pvc":
-		ref.kind = sourceClone
+		ref.Kind = request.SourceClone
 	case "snapshot":
-		ref.kind = sourceSnapshot
+		ref.Kind = request.SourceSnapshot
 	default:
-		return sourceRef{}, fmt.Errorf("source key %q has an unknown kind", key)
+		return request.SourceRef{}, fmt.Errorf("source key %q has an unknown kind", key)
 	}
 	return ref, nil
 }
@@ -329,26 +331,26 @@ func parseSourceKey(key string) (sourceRef, error) {
 // setClaimFinalizer adds or removes the cloning finalizer of a source claim: one update of
 // the freshest copy this process knows (OwnWrites), with its resource version; a conflict
 // goes back to the queue, whose backoff lets the cache catch up (P14).
-func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref sourceRef, add bool) error {
-	claim := cachedClaim(g.claims, ref.namespace, ref.name)
+func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
+	claim := cachedClaim(g.claims, ref.Namespace, ref.Name)
 	if claim == nil {
 		if add {
 			return fmt.Errorf("source claim %s not found", ref)
 		}
 		return nil
 	}
-	finalizers, changed := record.WithFinalizer(claim.Finalizers, cloneProtectionFinalizer, add)
+	finalizers, changed := record.WithFinalizer(claim.Finalizers, request.CloneProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}
 	update := claim.DeepCopy()
 	update.Finalizers = finalizers
-	out, err := g.kube.CoreV1().PersistentVolumeClaims(ref.namespace).Update(ctx, update, metav1.UpdateOptions{})
+	out, err := g.kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && !add:
 		return nil
 	case err != nil:
-		return fmt.Errorf("setting finalizer %s on claim %s (add=%v): %w", cloneProtectionFinalizer, ref, add, err)
+		return fmt.Errorf("setting finalizer %s on claim %s (add=%v): %w", request.CloneProtectionFinalizer, ref, add, err)
 	}
 	g.claims.Wrote(out)
 	klog.FromContext(ctx).V(3).Info("Cloning protection changed", "claim", ref.String(), "protected", add)
@@ -361,12 +363,12 @@ func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref sourceRef, add 
 // the write is forbidden and, as upstream, that is no failure: the restore goes on without
 // protection (add), or the finalizer stays for a sweep to retry (remove); a warning says
 // so once.
-func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref sourceRef, add bool) error {
+func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
 	if g.snapshots == nil {
 		return nil
 	}
 	logger := klog.FromContext(ctx)
-	snap, ok, err := g.snapshots.own.Get(ref.namespace + "/" + ref.name)
+	snap, ok, err := g.snapshots.own.Get(ref.Namespace + "/" + ref.Name)
 	switch {
 	case err != nil:
 		return fmt.Errorf("reading snapshot %s from the cache: %w", ref, err)
@@ -375,13 +377,13 @@ func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref sourceRef, a
 	case !ok:
 		return nil
 	}
-	finalizers, changed := record.WithFinalizer(snap.Finalizers, snapshotProtectionFinalizer, add)
+	finalizers, changed := record.WithFinalizer(snap.Finalizers, request.SnapshotProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}
 	update := snap.DeepCopy()
 	update.Finalizers = finalizers
-	out, err := g.snapshots.client.SnapshotV1().VolumeSnapshots(ref.namespace).Update(ctx, update, metav1.UpdateOptions{})
+	out, err := g.snapshots.client.SnapshotV1().VolumeSnapshots(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	if err == nil {
 		g.snapshots.own.Wrote(out)
 	}
@@ -392,7 +394,7 @@ func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref sourceRef, a
 		g.snapshots.updateForbidden.report(logger, err, "snapshot", ref.String(), "protect", add)
 		return nil
 	case err != nil:
-		return fmt.Errorf("setting finalizer %s on snapshot %s (add=%v): %w", snapshotProtectionFinalizer, ref, add, err)
+		return fmt.Errorf("setting finalizer %s on snapshot %s (add=%v): %w", request.SnapshotProtectionFinalizer, ref, add, err)
 	}
 	if changed {
 		logger.V(3).Info("Snapshot source protection changed", "snapshot", ref.String(), "protected", add)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -28,7 +30,7 @@ func TestAClonePutsTheCloningFinalizerOnItsSourceUntilItsVolumeIsRecorded(t *tes
 	src.Namespace = "ns"
 	dst := claimFor("dst", "uid-dst", "fast")
 	dst.Namespace = "ns"
-	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: request.PVCKind, Name: "src"}
 	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, nil, class("fast", nil), src)
 	srcPV.Spec.CSI.VolumeHandle = w.sourceVolume()
 	w.create(srcPV, dst)
@@ -44,7 +46,7 @@ func TestAClonePutsTheCloningFinalizerOnItsSourceUntilItsVolumeIsRecorded(t *tes
 	}
 	w.waitFor("the cloning finalizer gone", func() bool {
 		c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), "src", metav1.GetOptions{})
-		return err == nil && !slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+		return err == nil && !slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)
 	})
 	// It was there while the volume was made: the first update of the source adds it.
 	var added, removed bool
@@ -57,7 +59,7 @@ func TestAClonePutsTheCloningFinalizerOnItsSourceUntilItsVolumeIsRecorded(t *tes
 		if c.Name != "src" {
 			continue
 		}
-		has := slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+		has := slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)
 		if has && !removed {
 			added = true
 		} else if !has && added {
@@ -73,7 +75,7 @@ func TestACloneIsRefusedWithoutCloneVolume(t *testing.T) {
 	src, srcPV := boundSource()
 	dst := claimFor("dst", "uid-dst", "fast")
 	dst.Namespace = "ns"
-	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: request.PVCKind, Name: "src"}
 	w := newWorld(t, testdriver.Config{}, nil, class("fast", nil), src, srcPV, dst)
 	w.waitFor("a ProvisioningFailed event naming CLONE_VOLUME", func() bool {
 		return slices.ContainsFunc(w.events(), func(e string) bool { return strings.Contains(e, "CLONE_VOLUME") })
@@ -118,15 +120,15 @@ func (w *world) create(objs ...any) {
 
 func TestTheOrphanSweepRemovesASnapshotFinalizerNoClaimNeedsAndKeepsOneThatIsNeeded(t *testing.T) {
 	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
-	orphan, orphanContent := snapshotOf("orphan", drv, snapshotProtectionFinalizer, "other")
-	needed, neededContent := snapshotOf("needed", drv, snapshotProtectionFinalizer)
+	orphan, orphanContent := snapshotOf("orphan", drv, request.SnapshotProtectionFinalizer, "other")
+	needed, neededContent := snapshotOf("needed", drv, request.SnapshotProtectionFinalizer)
 	// Another driver's snapshot, protected by its provisioner (the finalizer name is
 	// shared): this provisioner must leave it alone even though none of its claims uses it.
-	foreign, foreignContent := snapshotOf("foreign", "other.csi.test", snapshotProtectionFinalizer)
+	foreign, foreignContent := snapshotOf("foreign", "other.csi.test", request.SnapshotProtectionFinalizer)
 	// A claim of the driver still waiting for its restore.
 	waiting := claimFor("waiting", "uid-waiting", "fast")
 	waiting.Namespace = "ns"
-	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "needed"}
+	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "needed"}
 	snaps := snapfake.NewSimpleClientset(orphan, orphanContent, needed, neededContent, foreign, foreignContent)
 	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
 		c.snapshotClient = noWatchList{snaps}
@@ -141,13 +143,13 @@ func TestTheOrphanSweepRemovesASnapshotFinalizerNoClaimNeedsAndKeepsOneThatIsNee
 		return s.Finalizers
 	}
 	w.waitFor("the orphaned finalizer removed", func() bool {
-		return !slices.Contains(finalizers("orphan"), snapshotProtectionFinalizer)
+		return !slices.Contains(finalizers("orphan"), request.SnapshotProtectionFinalizer)
 	})
 	if got := finalizers("orphan"); !slices.Equal(got, []string{"other"}) {
 		t.Errorf("orphan's finalizers %v, want only the other one", got)
 	}
 	// The sweep runs every 50ms: a later orphan removed means the foreign one was seen.
-	late, lateContent := snapshotOf("late", drv, snapshotProtectionFinalizer)
+	late, lateContent := snapshotOf("late", drv, request.SnapshotProtectionFinalizer)
 	if _, err := snaps.SnapshotV1().VolumeSnapshotContents().Create(context.Background(), lateContent, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -155,12 +157,12 @@ func TestTheOrphanSweepRemovesASnapshotFinalizerNoClaimNeedsAndKeepsOneThatIsNee
 		t.Fatal(err)
 	}
 	w.waitFor("the later orphan's finalizer removed", func() bool {
-		return !slices.Contains(finalizers("late"), snapshotProtectionFinalizer)
+		return !slices.Contains(finalizers("late"), request.SnapshotProtectionFinalizer)
 	})
-	if !slices.Contains(finalizers("needed"), snapshotProtectionFinalizer) {
+	if !slices.Contains(finalizers("needed"), request.SnapshotProtectionFinalizer) {
 		t.Errorf("the finalizer of a snapshot a pending claim restores was removed")
 	}
-	if !slices.Contains(finalizers("foreign"), snapshotProtectionFinalizer) {
+	if !slices.Contains(finalizers("foreign"), request.SnapshotProtectionFinalizer) {
 		t.Errorf("the finalizer of another driver's snapshot was removed")
 	}
 }
@@ -184,9 +186,9 @@ func TestTheCloningFinalizerOfAnotherDriversClaimIsLeftAlone(t *testing.T) {
 	// Claims carrying the cloning finalizer that no clone of this driver needs: one of
 	// this driver (removed), one whose volume is another driver's (kept).
 	ours, oursPV := boundSource()
-	ours.Namespace, ours.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	ours.Namespace, ours.Finalizers = "ns", []string{request.CloneProtectionFinalizer}
 	foreign := claimFor("foreign", "uid-foreign", "slow")
-	foreign.Namespace, foreign.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	foreign.Namespace, foreign.Finalizers = "ns", []string{request.CloneProtectionFinalizer}
 	foreign.Annotations[volumehelpers.AnnStorageProvisioner] = "other.csi.test"
 	foreign.Spec.VolumeName = "pv-foreign"
 	foreignPV := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-foreign"}, Spec: v1.PersistentVolumeSpec{
@@ -202,13 +204,13 @@ func TestTheCloningFinalizerOfAnotherDriversClaimIsLeftAlone(t *testing.T) {
 		}
 		return c.Finalizers
 	}
-	w.waitFor("our claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers(ours.Name), cloneProtectionFinalizer) })
+	w.waitFor("our claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers(ours.Name), request.CloneProtectionFinalizer) })
 	// One worker takes the keys in order: a claim added later is handled after the foreign one.
 	late := claimFor("late", "uid-late", "fast")
-	late.Namespace, late.Finalizers = "ns", []string{cloneProtectionFinalizer}
+	late.Namespace, late.Finalizers = "ns", []string{request.CloneProtectionFinalizer}
 	w.create(late)
-	w.waitFor("the later claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers("late"), cloneProtectionFinalizer) })
-	if !slices.Contains(finalizers("foreign"), cloneProtectionFinalizer) {
+	w.waitFor("the later claim's cloning finalizer removed", func() bool { return !slices.Contains(finalizers("late"), request.CloneProtectionFinalizer) })
+	if !slices.Contains(finalizers("foreign"), request.CloneProtectionFinalizer) {
 		t.Errorf("another driver's cloning finalizer was removed")
 	}
 }
@@ -244,12 +246,12 @@ func TestASourceClaimBelongsToTheDriverOfItsVolumeElseOfItsProvisionerOrClass(t 
 		{"unannotated, class of another", annotated(""), nil, classOf("other"), false},
 		{"nothing known", annotated(""), nil, nil, false},
 	} {
-		if got := claimOfDriver(tc.claim, tc.pv, tc.class, driverNames{driver: drv}); got != tc.want {
+		if got := claimOfDriver(tc.claim, tc.pv, tc.class, request.DriverNames{Driver: drv}); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 	// CSI migration: the in-tree volumes, provisioner and class of the replaced plugin.
-	ebs := namesOf(ebsDriver)
+	ebs := request.NamesOf(ebsDriver)
 	ebsPV := &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{
 		AWSElasticBlockStore: &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}}}}
 	handedOver := annotated(ebsInTree)
@@ -297,7 +299,7 @@ func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDe
 	w.kube.PrependReactor("update", "persistentvolumeclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if c := a.(k8stesting.UpdateAction).GetObject().(*v1.PersistentVolumeClaim); c.Name == "src" {
 			mu.Lock()
-			changes = append(changes, change{time.Now(), slices.Contains(c.Finalizers, cloneProtectionFinalizer)})
+			changes = append(changes, change{time.Now(), slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)})
 			mu.Unlock()
 		}
 		return false, nil, nil
@@ -305,7 +307,7 @@ func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDe
 	w.driver.SetMethodLatency(testdriver.MethodCreateVolume, 500*time.Millisecond)
 	dst := claimFor("dst", "uid-dst", "fast")
 	dst.Namespace = "ns"
-	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
+	dst.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: request.PVCKind, Name: "src"}
 	w.create(dst)
 	clone := func() (testdriver.Call, bool) {
 		for _, c := range w.calls(testdriver.MethodCreateVolume) {
@@ -321,7 +323,7 @@ func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDe
 	}
 	w.waitFor("the cloning finalizer gone", func() bool {
 		c, err := w.kube.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), "src", metav1.GetOptions{})
-		return err == nil && !slices.Contains(c.Finalizers, cloneProtectionFinalizer)
+		return err == nil && !slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)
 	})
 	call, _ := clone()
 	mu.Lock()
@@ -339,16 +341,16 @@ func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDe
 func TestASnapshotWithoutContentLosesItsFinalizerAndOneInUseIsCheckedFromTheCaches(t *testing.T) {
 	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
 	// Its content deleted: nothing can restore from it.
-	gone, _ := snapshotOf("gone", drv, snapshotProtectionFinalizer)
+	gone, _ := snapshotOf("gone", drv, request.SnapshotProtectionFinalizer)
 	gone.DeletionTimestamp = ptr.To(metav1.Now())
 	// Never bound to a content.
-	unbound, _ := snapshotOf("unbound", drv, snapshotProtectionFinalizer)
+	unbound, _ := snapshotOf("unbound", drv, request.SnapshotProtectionFinalizer)
 	unbound.Status = nil
 	// In use by a claim of the driver (waiting for its class): kept, from the caches.
-	needed, neededContent := snapshotOf("needed", drv, snapshotProtectionFinalizer)
+	needed, neededContent := snapshotOf("needed", drv, request.SnapshotProtectionFinalizer)
 	waiting := claimFor("waiting", "uid-waiting", "missing")
 	waiting.Namespace = "ns"
-	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "needed"}
+	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "needed"}
 	snaps := snapfake.NewSimpleClientset(gone, unbound, needed, neededContent)
 	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
 		c.snapshotClient = noWatchList{snaps}
@@ -362,12 +364,12 @@ func TestASnapshotWithoutContentLosesItsFinalizerAndOneInUseIsCheckedFromTheCach
 		return s.Finalizers
 	}
 	w.waitFor("the finalizers of the snapshots without content removed", func() bool {
-		return !slices.Contains(finalizers("gone"), snapshotProtectionFinalizer) && !slices.Contains(finalizers("unbound"), snapshotProtectionFinalizer)
+		return !slices.Contains(finalizers("gone"), request.SnapshotProtectionFinalizer) && !slices.Contains(finalizers("unbound"), request.SnapshotProtectionFinalizer)
 	})
 	// The sweep runs every 20ms and the snapshot in use is retried with backoff: no
 	// condition marks "checked and kept", so give it a window of several passes.
 	time.Sleep(200 * time.Millisecond)
-	if !slices.Contains(finalizers("needed"), snapshotProtectionFinalizer) {
+	if !slices.Contains(finalizers("needed"), request.SnapshotProtectionFinalizer) {
 		t.Errorf("the finalizer of a snapshot in use was removed")
 	}
 	for _, a := range snaps.Actions() {

@@ -6,6 +6,8 @@ package provisioner
 import (
 	"context"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"sync"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
@@ -80,7 +82,7 @@ func (u *undoer) undo(ctx context.Context, uid string, claim *v1.PersistentVolum
 			}
 			deleted = true
 			if owner := p.claimOr(claim); owner != nil {
-				u.capacityChanged(storageClassName(owner), nil)
+				u.capacityChanged(volumehelpers.GetPersistentVolumeClaimClass(owner), nil)
 			}
 		}
 		// Known absent now: a retry of the write below must not create it again.
@@ -213,14 +215,14 @@ func (u *undoer) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClai
 	if claim != nil {
 		// While the claim is there its templates resolve (gone, the recorded secret it is).
 		if class, err := u.planner.classFor(claim); err == nil && class != nil {
-			if class, _, err := u.names().csiClass(class); err == nil {
-				if fromClass, err := secretReference(provisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
+			if class, _, err := u.names().CSIClass(class); err == nil {
+				if fromClass, err := request.SecretReference(request.ProvisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
 					ref = fromClass
 				}
 			}
 		}
 	}
-	secrets, err := readSecret(ctx, u.kube, ref)
+	secrets, err := request.ReadSecret(ctx, u.kube, ref)
 	if err != nil {
 		// Without the secret the driver's answer would not say whether the volume exists.
 		return nil, fmt.Errorf("the provisioner secret is needed to find the volume: %w", err)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"time"
 
 	"encoding/json"
@@ -68,7 +69,7 @@ func newVolumeDeleter(cfg *config, queue *lifecycle.Queue[string], volumes *life
 }
 
 func (d *volumeDeleter) enqueue(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && isDriverVolume(pv, d.names()) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && request.IsDriverVolume(pv, d.names()) {
 		d.queue.Add(pv.Name)
 	}
 }
@@ -81,29 +82,6 @@ func (d *volumeDeleter) enqueueAttached(obj any) {
 	if va, ok := obj.(*storagev1.VolumeAttachment); ok && va.Spec.Source.PersistentVolumeName != nil {
 		d.queue.Add(*va.Spec.Source.PersistentVolumeName)
 	}
-}
-
-// isDriverVolume tells whether the driver is responsible for the PersistentVolume: it is
-// a CSI volume and the driver provisioned it, or, for a volume without that annotation
-// (static), it is the volume's CSI driver.
-//
-// An in-tree volume (CSI migration) is the driver's when its source is of the in-tree
-// plugin the driver replaces, and it was provisioned by either name or is migrated to the
-// driver (pv.kubernetes.io/migrated-to, which kube-controller-manager sets). Upstream does
-// not look at the source; a volume of another plugin could not be translated for this
-// driver, and a finalizer put on it would never go.
-func isDriverVolume(pv *v1.PersistentVolume, names driverNames) bool {
-	if pv.Spec.CSI == nil {
-		if !names.inTreeOfDriver(pv) {
-			return false
-		}
-		by := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]
-		return by == names.driver || names.isInTree(by) || pv.Annotations[volumehelpers.AnnMigratedTo] == names.driver
-	}
-	if by, ok := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; ok {
-		return by == names.driver
-	}
-	return pv.Spec.CSI.Driver == names.driver
 }
 
 // desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
@@ -162,7 +140,7 @@ func (d *volumeDeleter) sync(name string) error {
 	if !exists || err != nil {
 		return err
 	}
-	if !isDriverVolume(pv, d.names()) {
+	if !request.IsDriverVolume(pv, d.names()) {
 		return nil
 	}
 	logger := klog.Background().WithValues("pv", name)
@@ -178,7 +156,7 @@ func (d *volumeDeleter) sync(name string) error {
 	}
 	// From here on the volume is seen as CSI sees it: an in-tree volume migrated to the
 	// driver is translated (its handle, its topology), as upstream's Delete does.
-	vol, migrated, err := csiVolume(pv)
+	vol, migrated, err := request.CSIVolume(pv)
 	if err != nil {
 		logger.Error(err, "Volume deletion failed, retrying")
 		d.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
@@ -344,17 +322,17 @@ func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) ma
 			return nil
 		}
 		// An in-tree class is read in its CSI translation, as when the volume was made.
-		if class, _, err = d.names().csiClass(class); err != nil {
+		if class, _, err = d.names().CSIClass(class); err != nil {
 			logger.Info("Cannot translate the StorageClass, deleting without secrets", "err", err.Error())
 			return nil
 		}
 		claim := &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: pv.Spec.ClaimRef.Name, Namespace: pv.Spec.ClaimRef.Namespace}}
-		if ref, err = secretReference(provisionerSecret, class.Parameters, pv.Name, claim); err != nil {
+		if ref, err = request.SecretReference(request.ProvisionerSecret, class.Parameters, pv.Name, claim); err != nil {
 			logger.Info("Cannot resolve the provisioner secret, deleting without secrets", "err", err.Error())
 			return nil
 		}
 	}
-	secrets, err := readSecret(ctx, d.kube, ref)
+	secrets, err := request.ReadSecret(ctx, d.kube, ref)
 	if err != nil {
 		logger.Error(err, "Cannot read the deletion secret, deleting without it")
 	}

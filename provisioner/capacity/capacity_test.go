@@ -33,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -718,10 +719,5 @@ func TestGetCapacityRequestIsUpstreams(t *testing.T) {
 const drv = "drv.example.com"
 
 func class(name string, change func(*storagev1.StorageClass)) *storagev1.StorageClass {
-	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: drv,
-		ReclaimPolicy: ptr.To(v1.PersistentVolumeReclaimDelete), Parameters: map[string]string{"type": "fast"}}
-	if change != nil {
-		change(sc)
-	}
-	return sc
+	return objects.Class(drv, name, change)
 }

@@ -10,15 +10,12 @@ import (
 	"testing"
 	"time"
 
-	volumehelpers "k8s.io/component-helpers/storage/volume"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -394,12 +391,6 @@ func TestARecordBatchLingersOneTokenOfTheBudget(t *testing.T) {
 
 const drv = "drv.example.com"
 
-// claimFor is a claim of the driver in namespace ns, asking for 1 GiB of class className.
 func claimFor(name, uid, className string) *v1.PersistentVolumeClaim {
-	return &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
-			Annotations: map[string]string{volumehelpers.AnnStorageProvisioner: drv}},
-		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: ptr.To(className),
-			Resources: v1.VolumeResourceRequirements{Requests: v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}}},
-	}
+	return objects.ClaimFor(drv, name, uid, className)
 }

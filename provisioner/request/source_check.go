@@ -1,11 +1,12 @@
 // A claim's data source, checked as upstream checks it (pure functions): which kind, and
 // the CreateVolume content source it gives.
 
-package provisioner
+package request
 
 import (
 	"errors"
 	"fmt"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"slices"
 
 	"strconv"
@@ -17,55 +18,55 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 )
 
-// errExternalPopulator marks a claim whose data source another controller fills: the
+// ErrExternalPopulator marks a claim whose data source another controller fills: the
 // provisioner leaves it alone, as upstream.
-var errExternalPopulator = errors.New("data source is not handled by the provisioner, assuming an external populator will provision it")
+var ErrExternalPopulator = errors.New("data source is not handled by the provisioner, assuming an external populator will provision it")
 
 // Data source kinds, finalizers and annotations, with upstream's names (P9).
 const (
-	pvcKind          = "PersistentVolumeClaim"
-	snapshotKind     = "VolumeSnapshot"
-	snapshotAPIGroup = "snapshot.storage.k8s.io"
+	PVCKind          = "PersistentVolumeClaim"
+	SnapshotKind     = "VolumeSnapshot"
+	SnapshotAPIGroup = "snapshot.storage.k8s.io"
 
-	// cloneProtectionFinalizer keeps a source claim while a clone of it is provisioned.
-	cloneProtectionFinalizer = "provisioner.storage.kubernetes.io/cloning-protection"
-	// snapshotProtectionFinalizer keeps a VolumeSnapshot while a volume is restored from it.
-	snapshotProtectionFinalizer = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection"
+	// CloneProtectionFinalizer keeps a source claim while a clone of it is provisioned.
+	CloneProtectionFinalizer = "provisioner.storage.kubernetes.io/cloning-protection"
+	// SnapshotProtectionFinalizer keeps a VolumeSnapshot while a volume is restored from it.
+	SnapshotProtectionFinalizer = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection"
 	// annAllowVolumeModeChange on a VolumeSnapshotContent lets volumes restored from it
 	// have another volume mode than the snapshotted volume.
 	annAllowVolumeModeChange = "snapshot.storage.kubernetes.io/allow-volume-mode-change"
 )
 
-// sourceKind is what the provisioner does with a claim's data source.
-type sourceKind int
+// SourceKind is what the provisioner does with a claim's data source.
+type SourceKind int
 
 const (
-	sourceNone     sourceKind = iota
-	sourceClone               // a PersistentVolumeClaim: CreateVolume clones its volume
-	sourceSnapshot            // a VolumeSnapshot: CreateVolume restores it
+	SourceNone     SourceKind = iota
+	SourceClone               // a PersistentVolumeClaim: CreateVolume clones its volume
+	SourceSnapshot            // a VolumeSnapshot: CreateVolume restores it
 )
 
-// sourceRef names the object a claim's volume is made from.
-type sourceRef struct {
-	kind            sourceKind
-	namespace, name string
+// SourceRef names the object a claim's volume is made from.
+type SourceRef struct {
+	Kind            SourceKind
+	Namespace, Name string
 }
 
-// key is the source-protection queue's key of the object.
-func (r sourceRef) key() string {
+// Key is the source-protection queue's key of the object.
+func (r SourceRef) Key() string {
 	prefix := "pvc"
-	if r.kind == sourceSnapshot {
+	if r.Kind == SourceSnapshot {
 		prefix = "snapshot"
 	}
-	return prefix + "/" + r.namespace + "/" + r.name
+	return prefix + "/" + r.Namespace + "/" + r.Name
 }
 
-func (r sourceRef) String() string { return r.key() }
+func (r SourceRef) String() string { return r.Key() }
 
-// claimSource reads the claim's data source (dataSourceRef, else dataSource) as upstream
+// ClaimSource reads the claim's data source (dataSourceRef, else dataSource) as upstream
 // does: a PersistentVolumeClaim is cloned, a VolumeSnapshot restored; anything else
 // (populators) is errExternalPopulator. Cross-namespace sources are not supported.
-func claimSource(claim *v1.PersistentVolumeClaim) (sourceRef, error) {
+func ClaimSource(claim *v1.PersistentVolumeClaim) (SourceRef, error) {
 	var group, kind, name, namespace string
 	switch {
 	case claim.Spec.DataSourceRef != nil:
@@ -84,47 +85,47 @@ func claimSource(claim *v1.PersistentVolumeClaim) (sourceRef, error) {
 			group = *ds.APIGroup
 		}
 	default:
-		return sourceRef{}, nil
+		return SourceRef{}, nil
 	}
-	ref := sourceRef{namespace: claim.Namespace, name: name}
+	ref := SourceRef{Namespace: claim.Namespace, Name: name}
 	switch {
-	case kind == pvcKind && group == "":
-		ref.kind = sourceClone
-	case kind == snapshotKind:
-		if group != snapshotAPIGroup {
-			return sourceRef{}, fmt.Errorf("the PVC source does not belong to the right APIGroup. Expected %s, Got %s", snapshotAPIGroup, group)
+	case kind == PVCKind && group == "":
+		ref.Kind = SourceClone
+	case kind == SnapshotKind:
+		if group != SnapshotAPIGroup {
+			return SourceRef{}, fmt.Errorf("the PVC source does not belong to the right APIGroup. Expected %s, Got %s", SnapshotAPIGroup, group)
 		}
-		ref.kind = sourceSnapshot
+		ref.Kind = SourceSnapshot
 	default:
-		return sourceRef{}, errExternalPopulator
+		return SourceRef{}, ErrExternalPopulator
 	}
 	if name == "" {
-		return sourceRef{}, fmt.Errorf("the PVC source not found for PVC %s", claim.Name)
+		return SourceRef{}, fmt.Errorf("the PVC source not found for PVC %s", claim.Name)
 	}
 	if namespace != "" && namespace != claim.Namespace {
-		return sourceRef{}, fmt.Errorf("data source %s %s/%s is in another namespace than the claim: cross-namespace data sources (CrossNamespaceVolumeDataSource) are not supported by csi-sidecars", kind, namespace, name)
+		return SourceRef{}, fmt.Errorf("data source %s %s/%s is in another namespace than the claim: cross-namespace data sources (CrossNamespaceVolumeDataSource) are not supported by csi-sidecars", kind, namespace, name)
 	}
 	return ref, nil
 }
 
-// checkSourceCapability says why the driver cannot make a volume from this kind of source,
+// CheckSourceCapability says why the driver cannot make a volume from this kind of source,
 // as upstream words it.
-func checkSourceCapability(controller rpc.ControllerCapabilitySet, kind sourceKind) error {
+func CheckSourceCapability(controller rpc.ControllerCapabilitySet, kind SourceKind) error {
 	switch {
-	case kind == sourceClone && !controller[csi.ControllerServiceCapability_RPC_CLONE_VOLUME]:
+	case kind == SourceClone && !controller[csi.ControllerServiceCapability_RPC_CLONE_VOLUME]:
 		return errors.New("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported")
-	case kind == sourceSnapshot && !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT]:
+	case kind == SourceSnapshot && !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT]:
 		return errors.New("CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported")
 	}
 	return nil
 }
 
-// cloneSource checks that the source claim can be cloned into claim and returns the
+// CloneSource checks that the source claim can be cloned into claim and returns the
 // content source: same namespace, both with a class, bound to a volume of the class's
 // driver, not smaller than the source's request, same volume mode. The classes may differ
 // (upstream dropped that check): the driver decides whether it can clone across its
 // classes. sourcePV is nil when the source's PersistentVolume is not found.
-func cloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, source *v1.PersistentVolumeClaim, sourcePV *v1.PersistentVolume) (*csi.VolumeContentSource, error) {
+func CloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, source *v1.PersistentVolumeClaim, sourcePV *v1.PersistentVolume) (*csi.VolumeContentSource, error) {
 	if source == nil {
 		return nil, fmt.Errorf("the PVC DataSource %s/%s does not exist", claim.Namespace, dataSourceName(claim))
 	}
@@ -135,10 +136,10 @@ func cloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass,
 		return nil, fmt.Errorf("the PVC DataSource %s is currently being deleted", source.Name)
 	case source.Spec.StorageClassName == nil:
 		return nil, fmt.Errorf("the source PVC (%s) storageclass cannot be empty", source.Name)
-	case storageClassName(claim) == "":
+	case volumehelpers.GetPersistentVolumeClaimClass(claim) == "":
 		return nil, fmt.Errorf("the requested PVC (%s) storageclass cannot be empty", claim.Name)
 	}
-	if requested, sourceSize := requestedBytes(claim), requestedBytes(source); requested < sourceSize {
+	if requested, sourceSize := RequestedBytes(claim), RequestedBytes(source); requested < sourceSize {
 		return nil, fmt.Errorf("error, new PVC request must be greater than or equal in size to the specified PVC data source, requested %v but source is %v", requested, sourceSize)
 	}
 	if source.Spec.VolumeName == "" {
@@ -178,14 +179,14 @@ func dataSourceName(claim *v1.PersistentVolumeClaim) string {
 	return ""
 }
 
-// snapshotSource checks that the snapshot can be restored into claim and returns the
+// SnapshotSource checks that the snapshot can be restored into claim and returns the
 // content source: bound to a content of the same driver that points back to it, ready,
 // with a snapshot handle, a restore size that fits the request and, with
 // preventModeConversion, the same volume mode unless the content allows a change.
-func snapshotSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent, preventModeConversion bool) (*csi.VolumeContentSource, error) {
+func SnapshotSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent, preventModeConversion bool) (*csi.VolumeContentSource, error) {
 	name := snap.Name
 	notBound := fmt.Errorf("snapshot %s not bound", name)
-	if snap.DeletionTimestamp != nil && !slices.Contains(snap.Finalizers, snapshotProtectionFinalizer) {
+	if snap.DeletionTimestamp != nil && !slices.Contains(snap.Finalizers, SnapshotProtectionFinalizer) {
 		// With the finalizer, a restore started before the deletion: finish it rather than
 		// leak what the driver may have created.
 		return nil, fmt.Errorf("snapshot %s is being deleted", name)
@@ -203,8 +204,8 @@ func snapshotSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageCla
 	if content.Status == nil || content.Status.SnapshotHandle == nil {
 		return nil, fmt.Errorf("snapshot handle %s is not available", name)
 	}
-	if size := snap.Status.RestoreSize; size != nil && requestedBytes(claim) < size.Value() {
-		return nil, fmt.Errorf("requested volume size %d is less than the size %d for the source snapshot %s", requestedBytes(claim), size.Value(), name)
+	if size := snap.Status.RestoreSize; size != nil && RequestedBytes(claim) < size.Value() {
+		return nil, fmt.Errorf("requested volume size %d is less than the size %d for the source snapshot %s", RequestedBytes(claim), size.Value(), name)
 	}
 	if preventModeConversion && content.Spec.SourceVolumeMode != nil && claim.Spec.VolumeMode != nil && *content.Spec.SourceVolumeMode != *claim.Spec.VolumeMode {
 		if err := modeChangeAllowed(claim, content); err != nil {

@@ -1,7 +1,7 @@
 // The parts of a claim's CreateVolume request: the volume's name, size,
 // capabilities and parameters.
 
-package provisioner
+package request
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 
 // Keys of StorageClass parameters that are for the provisioner, not the driver.
 const (
-	fsTypeKey = csiParameterPrefix + "fstype"
+	FSTypeKey = csiParameterPrefix + "fstype"
 	// legacyFSTypeKey is matched case-insensitively and, not being prefixed, still passed
 	// to the driver, as upstream does.
 	legacyFSTypeKey = "fstype"
@@ -25,14 +25,14 @@ const (
 	pvcNamespaceKey = csiParameterPrefix + "pvc/namespace"
 	pvNameKey       = csiParameterPrefix + "pv/name"
 
-	// provisionerIDKey is the volume attribute naming the provisioner instance that
+	// ProvisionerIDKey is the volume attribute naming the provisioner instance that
 	// created a volume, as upstream.
-	provisionerIDKey = "storage.kubernetes.io/csiProvisionerIdentity"
+	ProvisionerIDKey = "storage.kubernetes.io/csiProvisionerIdentity"
 )
 
-// volumeName is the name of the volume and of its PersistentVolume: <prefix>-<claim UID>,
+// VolumeName is the name of the volume and of its PersistentVolume: <prefix>-<claim UID>,
 // or with uuidLength > 0 the UID without dashes cut to that length, as upstream.
-func volumeName(prefix string, uid types.UID, uuidLength int) (string, error) {
+func VolumeName(prefix string, uid types.UID, uuidLength int) (string, error) {
 	if prefix == "" {
 		return "", fmt.Errorf("volume name prefix cannot be empty")
 	}
@@ -49,26 +49,26 @@ func volumeName(prefix string, uid types.UID, uuidLength int) (string, error) {
 	return prefix + "-" + compact[:uuidLength], nil
 }
 
-// requestedBytes is the claim's storage request in bytes, rounded up to a whole byte
+// RequestedBytes is the claim's storage request in bytes, rounded up to a whole byte
 // (Quantity.Value), as upstream sends it in the capacity range.
-func requestedBytes(claim *v1.PersistentVolumeClaim) int64 {
+func RequestedBytes(claim *v1.PersistentVolumeClaim) int64 {
 	q := claim.Spec.Resources.Requests[v1.ResourceStorage]
 	return q.Value()
 }
 
-// fsTypeFor picks the file system from the StorageClass parameters (the prefixed key or
+// FSTypeFor picks the file system from the StorageClass parameters (the prefixed key or
 // the legacy "fstype" key, never both), else the default.
-func fsTypeFor(params map[string]string, defaultFSType string) (string, error) {
+func FSTypeFor(params map[string]string, defaultFSType string) (string, error) {
 	found := 0
 	fsType := ""
 	for k, v := range params {
-		if k == fsTypeKey || strings.EqualFold(k, legacyFSTypeKey) {
+		if k == FSTypeKey || strings.EqualFold(k, legacyFSTypeKey) {
 			fsType = v
 			found++
 		}
 	}
 	if found > 1 {
-		return "", fmt.Errorf("fstype specified in parameters with both %q and %q keys", legacyFSTypeKey, fsTypeKey)
+		return "", fmt.Errorf("fstype specified in parameters with both %q and %q keys", legacyFSTypeKey, FSTypeKey)
 	}
 	if fsType == "" {
 		fsType = defaultFSType
@@ -76,14 +76,14 @@ func fsTypeFor(params map[string]string, defaultFSType string) (string, error) {
 	return fsType, nil
 }
 
-// isBlock tells whether the claim asks for a raw block volume.
-func isBlock(claim *v1.PersistentVolumeClaim) bool {
+// IsBlock tells whether the claim asks for a raw block volume.
+func IsBlock(claim *v1.PersistentVolumeClaim) bool {
 	return claim.Spec.VolumeMode != nil && *claim.Spec.VolumeMode == v1.PersistentVolumeBlock
 }
 
-// volumeCapabilities makes one capability per access mode of the claim: block, or mount
+// VolumeCapabilities makes one capability per access mode of the claim: block, or mount
 // with the file system and the StorageClass's mount options.
-func volumeCapabilities(claim *v1.PersistentVolumeClaim, fsType string, mountOptions []string, singleNodeMultiWriter bool) ([]*csi.VolumeCapability, error) {
+func VolumeCapabilities(claim *v1.PersistentVolumeClaim, fsType string, mountOptions []string, singleNodeMultiWriter bool) ([]*csi.VolumeCapability, error) {
 	caps := make([]*csi.VolumeCapability, 0, len(claim.Spec.AccessModes))
 	for _, m := range claim.Spec.AccessModes {
 		mode, err := accessmodes.ToCSIAccessMode([]v1.PersistentVolumeAccessMode{m}, singleNodeMultiWriter)
@@ -91,7 +91,7 @@ func volumeCapabilities(claim *v1.PersistentVolumeClaim, fsType string, mountOpt
 			return nil, err
 		}
 		c := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
-		if isBlock(claim) {
+		if IsBlock(claim) {
 			c.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 		} else {
 			c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: mountOptions}}
@@ -104,21 +104,21 @@ func volumeCapabilities(claim *v1.PersistentVolumeClaim, fsType string, mountOpt
 // isKnownPrefixedKey tells whether k is a csi.storage.k8s.io/ parameter the provisioner
 // understands.
 func isKnownPrefixedKey(k string) bool {
-	if k == fsTypeKey {
+	if k == FSTypeKey {
 		return true
 	}
-	for _, s := range append(allSecrets(), defaultSecret) {
-		if k == s.nameKey || k == s.namespaceKey {
+	for _, s := range append(allSecrets(), DefaultSecret) {
+		if k == s.NameKey || k == s.NamespaceKey {
 			return true
 		}
 	}
 	return false
 }
 
-// driverParameters are the StorageClass parameters the driver gets: the csi.storage.k8s.io/
+// DriverParameters are the StorageClass parameters the driver gets: the csi.storage.k8s.io/
 // keys are the provisioner's and are removed; an unknown key with that prefix is an error,
 // because it is most likely a typo the user should hear about.
-func driverParameters(params map[string]string) (map[string]string, error) {
+func DriverParameters(params map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(params))
 	for k, v := range params {
 		if !strings.HasPrefix(k, csiParameterPrefix) {
@@ -132,10 +132,22 @@ func driverParameters(params map[string]string) (map[string]string, error) {
 	return out, nil
 }
 
-// addExtraMetadata adds the claim's and the PersistentVolume's names to the parameters
+// AddExtraMetadata adds the claim's and the PersistentVolume's names to the parameters
 // (--extra-create-metadata).
-func addExtraMetadata(params map[string]string, claim *v1.PersistentVolumeClaim, pvName string) {
+func AddExtraMetadata(params map[string]string, claim *v1.PersistentVolumeClaim, pvName string) {
 	params[pvcNameKey] = claim.Name
 	params[pvcNamespaceKey] = claim.Namespace
 	params[pvNameKey] = pvName
+}
+
+// PVCapacity is the capacity to record: the driver's, or the request when the driver does
+// not know (0). Less than requested is an error: the volume does not fit the claim.
+func PVCapacity(reported, requested int64) (int64, error) {
+	switch {
+	case reported == 0:
+		return requested, nil
+	case reported < requested:
+		return 0, fmt.Errorf("created volume capacity %d less than requested capacity %d", reported, requested)
+	}
+	return reported, nil
 }

@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"context"
@@ -16,67 +16,67 @@ import (
 // driver's: the secrets' and the request's own (fstype, the claim's name).
 const csiParameterPrefix = "csi.storage.k8s.io/"
 
-// secretParams names the StorageClass parameters of one kind of secret.
-type secretParams struct {
-	kind string
-	// deprecated keys (csiProvisionerSecretName, ...) are read but, not being prefixed,
+// SecretParams names the StorageClass parameters of one kind of secret.
+type SecretParams struct {
+	Kind string
+	// The deprecated keys (csiProvisionerSecretName, ...) are read but, not being prefixed,
 	// still passed to the driver, as upstream.
-	deprecatedNameKey, deprecatedNamespaceKey string
-	nameKey, namespaceKey                     string
+	DeprecatedNameKey, DeprecatedNamespaceKey string
+	NameKey, NamespaceKey                     string
 }
 
 var (
-	provisionerSecret = secretParams{kind: "Provisioner",
-		deprecatedNameKey: "csiProvisionerSecretName", deprecatedNamespaceKey: "csiProvisionerSecretNamespace",
-		nameKey: csiParameterPrefix + "provisioner-secret-name", namespaceKey: csiParameterPrefix + "provisioner-secret-namespace"}
-	controllerPublishSecret = secretParams{kind: "ControllerPublish",
-		deprecatedNameKey: "csiControllerPublishSecretName", deprecatedNamespaceKey: "csiControllerPublishSecretNamespace",
-		nameKey: csiParameterPrefix + "controller-publish-secret-name", namespaceKey: csiParameterPrefix + "controller-publish-secret-namespace"}
-	nodeStageSecret = secretParams{kind: "NodeStage",
-		deprecatedNameKey: "csiNodeStageSecretName", deprecatedNamespaceKey: "csiNodeStageSecretNamespace",
-		nameKey: csiParameterPrefix + "node-stage-secret-name", namespaceKey: csiParameterPrefix + "node-stage-secret-namespace"}
-	nodePublishSecret = secretParams{kind: "NodePublish",
-		deprecatedNameKey: "csiNodePublishSecretName", deprecatedNamespaceKey: "csiNodePublishSecretNamespace",
-		nameKey: csiParameterPrefix + "node-publish-secret-name", namespaceKey: csiParameterPrefix + "node-publish-secret-namespace"}
-	controllerExpandSecret = secretParams{kind: "ControllerExpand",
-		nameKey: csiParameterPrefix + "controller-expand-secret-name", namespaceKey: csiParameterPrefix + "controller-expand-secret-namespace"}
-	nodeExpandSecret = secretParams{kind: "NodeExpand",
-		nameKey: csiParameterPrefix + "node-expand-secret-name", namespaceKey: csiParameterPrefix + "node-expand-secret-namespace"}
-	// controllerModifySecret is for the resizer's ControllerModifyVolume: the
+	ProvisionerSecret = SecretParams{Kind: "Provisioner",
+		DeprecatedNameKey: "csiProvisionerSecretName", DeprecatedNamespaceKey: "csiProvisionerSecretNamespace",
+		NameKey: csiParameterPrefix + "provisioner-secret-name", NamespaceKey: csiParameterPrefix + "provisioner-secret-namespace"}
+	ControllerPublishSecret = SecretParams{Kind: "ControllerPublish",
+		DeprecatedNameKey: "csiControllerPublishSecretName", DeprecatedNamespaceKey: "csiControllerPublishSecretNamespace",
+		NameKey: csiParameterPrefix + "controller-publish-secret-name", NamespaceKey: csiParameterPrefix + "controller-publish-secret-namespace"}
+	NodeStageSecret = SecretParams{Kind: "NodeStage",
+		DeprecatedNameKey: "csiNodeStageSecretName", DeprecatedNamespaceKey: "csiNodeStageSecretNamespace",
+		NameKey: csiParameterPrefix + "node-stage-secret-name", NamespaceKey: csiParameterPrefix + "node-stage-secret-namespace"}
+	NodePublishSecret = SecretParams{Kind: "NodePublish",
+		DeprecatedNameKey: "csiNodePublishSecretName", DeprecatedNamespaceKey: "csiNodePublishSecretNamespace",
+		NameKey: csiParameterPrefix + "node-publish-secret-name", NamespaceKey: csiParameterPrefix + "node-publish-secret-namespace"}
+	ControllerExpandSecret = SecretParams{Kind: "ControllerExpand",
+		NameKey: csiParameterPrefix + "controller-expand-secret-name", NamespaceKey: csiParameterPrefix + "controller-expand-secret-namespace"}
+	NodeExpandSecret = SecretParams{Kind: "NodeExpand",
+		NameKey: csiParameterPrefix + "node-expand-secret-name", NamespaceKey: csiParameterPrefix + "node-expand-secret-namespace"}
+	// ControllerModifySecret is for the resizer's ControllerModifyVolume: the
 	// PersistentVolume names it in annotations (a CSI source has no field for it).
-	controllerModifySecret = secretParams{kind: "ControllerModify",
-		nameKey: csiParameterPrefix + "controller-modify-secret-name", namespaceKey: csiParameterPrefix + "controller-modify-secret-namespace"}
-	// defaultSecret applies to every kind that names no secret of its own.
-	defaultSecret = secretParams{kind: "Default",
-		nameKey: csiParameterPrefix + "secret-name", namespaceKey: csiParameterPrefix + "secret-namespace"}
+	ControllerModifySecret = SecretParams{Kind: "ControllerModify",
+		NameKey: csiParameterPrefix + "controller-modify-secret-name", NamespaceKey: csiParameterPrefix + "controller-modify-secret-namespace"}
+	// DefaultSecret applies to every kind that names no secret of its own.
+	DefaultSecret = SecretParams{Kind: "Default",
+		NameKey: csiParameterPrefix + "secret-name", NamespaceKey: csiParameterPrefix + "secret-namespace"}
 )
 
 // allSecrets lists every kind of secret but the default.
-func allSecrets() []secretParams {
-	return []secretParams{provisionerSecret, controllerPublishSecret, nodeStageSecret, nodePublishSecret, controllerExpandSecret, nodeExpandSecret, controllerModifySecret}
+func allSecrets() []SecretParams {
+	return []SecretParams{ProvisionerSecret, ControllerPublishSecret, NodeStageSecret, NodePublishSecret, ControllerExpandSecret, NodeExpandSecret, ControllerModifySecret}
 }
 
-// secretRefs are the secrets of one volume, resolved from the StorageClass.
-type secretRefs struct {
-	provisioner, controllerPublish, nodeStage, nodePublish, controllerExpand, nodeExpand, controllerModify *v1.SecretReference
+// SecretRefs are the secrets of one volume, resolved from the StorageClass.
+type SecretRefs struct {
+	Provisioner, ControllerPublish, NodeStage, NodePublish, ControllerExpand, NodeExpand, ControllerModify *v1.SecretReference
 }
 
-// resolveSecretRefs resolves every kind of secret for a volume.
-func resolveSecretRefs(params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (secretRefs, error) {
-	var refs secretRefs
+// ResolveSecretRefs resolves every kind of secret for a volume.
+func ResolveSecretRefs(params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (SecretRefs, error) {
+	var refs SecretRefs
 	for _, s := range []struct {
-		params secretParams
+		params SecretParams
 		into   **v1.SecretReference
 	}{
-		{provisionerSecret, &refs.provisioner},
-		{controllerPublishSecret, &refs.controllerPublish},
-		{nodeStageSecret, &refs.nodeStage},
-		{nodePublishSecret, &refs.nodePublish},
-		{controllerExpandSecret, &refs.controllerExpand},
-		{nodeExpandSecret, &refs.nodeExpand},
-		{controllerModifySecret, &refs.controllerModify},
+		{ProvisionerSecret, &refs.Provisioner},
+		{ControllerPublishSecret, &refs.ControllerPublish},
+		{NodeStageSecret, &refs.NodeStage},
+		{NodePublishSecret, &refs.NodePublish},
+		{ControllerExpandSecret, &refs.ControllerExpand},
+		{NodeExpandSecret, &refs.NodeExpand},
+		{ControllerModifySecret, &refs.ControllerModify},
 	} {
-		ref, err := secretReference(s.params, params, pvName, claim)
+		ref, err := SecretReference(s.params, params, pvName, claim)
 		if err != nil {
 			return refs, err
 		}
@@ -87,15 +87,15 @@ func resolveSecretRefs(params map[string]string, pvName string, claim *v1.Persis
 
 // secretTemplates reads the name and namespace templates of one kind of secret: both or
 // neither must be given, each by one key only.
-func secretTemplates(s secretParams, params map[string]string) (name, namespace string, err error) {
+func secretTemplates(s SecretParams, params map[string]string) (name, namespace string, err error) {
 	names, namespaces := 0, 0
-	for _, k := range []string{s.deprecatedNameKey, s.nameKey} {
+	for _, k := range []string{s.DeprecatedNameKey, s.NameKey} {
 		if v, ok := params[k]; ok && k != "" {
 			name = v
 			names++
 		}
 	}
-	for _, k := range []string{s.deprecatedNamespaceKey, s.namespaceKey} {
+	for _, k := range []string{s.DeprecatedNamespaceKey, s.NamespaceKey} {
 		if v, ok := params[k]; ok && k != "" {
 			namespace = v
 			namespaces++
@@ -103,11 +103,11 @@ func secretTemplates(s secretParams, params map[string]string) (name, namespace 
 	}
 	switch {
 	case names > 1 || namespaces > 1:
-		return "", "", fmt.Errorf("%s secrets specified in parameters with both \"csi\" and %q keys", s.kind, csiParameterPrefix)
+		return "", "", fmt.Errorf("%s secrets specified in parameters with both \"csi\" and %q keys", s.Kind, csiParameterPrefix)
 	case names != namespaces:
-		return "", "", fmt.Errorf("either name and namespace for %s secrets specified, Both must be specified", s.kind)
+		return "", "", fmt.Errorf("either name and namespace for %s secrets specified, Both must be specified", s.Kind)
 	case names == 1 && (name == "" || namespace == ""):
-		return "", "", fmt.Errorf("%s secrets specified in parameters but value of either namespace or name is empty", s.kind)
+		return "", "", fmt.Errorf("%s secrets specified in parameters but value of either namespace or name is empty", s.Kind)
 	}
 	return name, namespace, nil
 }
@@ -142,16 +142,16 @@ func nameTemplateValues(pvName string, claim *v1.PersistentVolumeClaim) map[stri
 	return values
 }
 
-// secretReference resolves one kind of secret (or the default secret when the kind names
+// SecretReference resolves one kind of secret (or the default secret when the kind names
 // none) into a reference; nil when the StorageClass names no secret. The secret is not
 // read here.
-func secretReference(s secretParams, params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (*v1.SecretReference, error) {
+func SecretReference(s SecretParams, params map[string]string, pvName string, claim *v1.PersistentVolumeClaim) (*v1.SecretReference, error) {
 	nameTmpl, nsTmpl, err := secretTemplates(s, params)
 	if err != nil {
 		return nil, fmt.Errorf("failed to get name and namespace template from params: %w", err)
 	}
 	if nameTmpl == "" && nsTmpl == "" {
-		if nameTmpl, nsTmpl, err = secretTemplates(defaultSecret, params); err != nil {
+		if nameTmpl, nsTmpl, err = secretTemplates(DefaultSecret, params); err != nil {
 			return nil, fmt.Errorf("failed to get default name and namespace template from params: %w", err)
 		}
 	}
@@ -226,9 +226,9 @@ func isShellNameByte(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
-// readSecret returns the data of a secret as the strings CSI calls take; nil for no
+// ReadSecret returns the data of a secret as the strings CSI calls take; nil for no
 // reference. Secret values are never logged.
-func readSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
+func ReadSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretReference) (map[string]string, error) {
 	if ref == nil {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"errors"
@@ -19,38 +19,38 @@ func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		claim   func(*v1.PersistentVolumeClaim)
-		want    sourceRef
+		want    SourceRef
 		wantErr string
 		popul   bool
 	}{
 		{name: "no data source", claim: func(*v1.PersistentVolumeClaim) {}},
 		{name: "clone by dataSource", claim: func(c *v1.PersistentVolumeClaim) {
-			c.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: pvcKind, Name: "src"}
-		}, want: sourceRef{kind: sourceClone, namespace: "ns", name: "src"}},
+			c.Spec.DataSource = &v1.TypedLocalObjectReference{Kind: PVCKind, Name: "src"}
+		}, want: SourceRef{Kind: SourceClone, Namespace: "ns", Name: "src"}},
 		{name: "snapshot by dataSourceRef", claim: func(c *v1.PersistentVolumeClaim) {
-			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To(snapshotAPIGroup), Kind: snapshotKind, Name: "snap"}
-		}, want: sourceRef{kind: sourceSnapshot, namespace: "ns", name: "snap"}},
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To(SnapshotAPIGroup), Kind: SnapshotKind, Name: "snap"}
+		}, want: SourceRef{Kind: SourceSnapshot, Namespace: "ns", Name: "snap"}},
 		{name: "snapshot of another group", claim: func(c *v1.PersistentVolumeClaim) {
-			c.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To("example.com"), Kind: snapshotKind, Name: "snap"}
+			c.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To("example.com"), Kind: SnapshotKind, Name: "snap"}
 		}, wantErr: "right APIGroup"},
 		{name: "populator", claim: func(c *v1.PersistentVolumeClaim) {
 			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("hello.example.com"), Kind: "Hello", Name: "h"}
 		}, popul: true},
 		{name: "claim kind of another group is a populator", claim: func(c *v1.PersistentVolumeClaim) {
-			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("example.com"), Kind: pvcKind, Name: "x"}
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("example.com"), Kind: PVCKind, Name: "x"}
 		}, popul: true},
 		{name: "cross-namespace", claim: func(c *v1.PersistentVolumeClaim) {
-			c.Spec.DataSourceRef = &v1.TypedObjectReference{Kind: pvcKind, Name: "src", Namespace: ptr.To("other")}
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{Kind: PVCKind, Name: "src", Namespace: ptr.To("other")}
 		}, wantErr: "cross-namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := claimFor("dst", "uid-dst", "fast")
 			claim.Namespace = "ns"
 			tc.claim(claim)
-			got, err := claimSource(claim)
+			got, err := ClaimSource(claim)
 			switch {
 			case tc.popul:
-				if !errors.Is(err, errExternalPopulator) {
+				if !errors.Is(err, ErrExternalPopulator) {
 					t.Fatalf("got %v, %v; want the populator error", got, err)
 				}
 			case tc.wantErr != "":
@@ -67,30 +67,17 @@ func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
 func TestSourceKindsNeedTheirCapability(t *testing.T) {
 	none := rpc.ControllerCapabilitySet{}
 	all := rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CLONE_VOLUME: true, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT: true}
-	if err := checkSourceCapability(none, sourceClone); err == nil || !strings.Contains(err.Error(), "CLONE_VOLUME") {
+	if err := CheckSourceCapability(none, SourceClone); err == nil || !strings.Contains(err.Error(), "CLONE_VOLUME") {
 		t.Errorf("clone without CLONE_VOLUME: %v", err)
 	}
-	if err := checkSourceCapability(none, sourceSnapshot); err == nil || !strings.Contains(err.Error(), "CREATE_DELETE_SNAPSHOT") {
+	if err := CheckSourceCapability(none, SourceSnapshot); err == nil || !strings.Contains(err.Error(), "CREATE_DELETE_SNAPSHOT") {
 		t.Errorf("restore without CREATE_DELETE_SNAPSHOT: %v", err)
 	}
-	for _, k := range []sourceKind{sourceNone, sourceClone, sourceSnapshot} {
-		if err := checkSourceCapability(all, k); err != nil {
+	for _, k := range []SourceKind{SourceNone, SourceClone, SourceSnapshot} {
+		if err := CheckSourceCapability(all, k); err != nil {
 			t.Errorf("kind %d with every capability: %v", k, err)
 		}
 	}
-}
-
-// boundSource is a source claim "src" of class fast, bound to PV "pv-src" of drv.
-func boundSource() (*v1.PersistentVolumeClaim, *v1.PersistentVolume) {
-	src := claimFor("src", "uid-src", "fast")
-	src.Namespace = "ns"
-	src.Spec.VolumeName = "pv-src"
-	src.Status.Phase = v1.ClaimBound
-	pv := &v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-src"}, Spec: v1.PersistentVolumeSpec{
-		PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv, VolumeHandle: "vol-src"}},
-		ClaimRef:               &v1.ObjectReference{Namespace: "ns", Name: "src", UID: "uid-src"},
-	}, Status: v1.PersistentVolumeStatus{Phase: v1.VolumeBound}}
-	return src, pv
 }
 
 func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
@@ -153,7 +140,7 @@ func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
 			if tc.change != nil {
 				src, pv = tc.change(dst, src, pv)
 			}
-			got, err := cloneSource(dst, class("fast", nil), src, pv)
+			got, err := CloneSource(dst, class("fast", nil), src, pv)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)
@@ -165,17 +152,6 @@ func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
 			}
 		})
 	}
-}
-
-// readySnapshot is snapshot "snap" of 1Gi bound to content "content" of drv, handle "h".
-func readySnapshot() (*snapshotv1.VolumeSnapshot, *snapshotv1.VolumeSnapshotContent) {
-	snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "snap", Namespace: "ns", UID: "uid-snap"},
-		Status: &snapshotv1.VolumeSnapshotStatus{BoundVolumeSnapshotContentName: ptr.To("content"), ReadyToUse: ptr.To(true), RestoreSize: ptr.To(resource.MustParse("1Gi"))}}
-	content := &snapshotv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: "content"},
-		Spec: snapshotv1.VolumeSnapshotContentSpec{Driver: drv, VolumeSnapshotRef: v1.ObjectReference{Namespace: "ns", Name: "snap", UID: "uid-snap"},
-			SourceVolumeMode: ptr.To(v1.PersistentVolumeFilesystem)},
-		Status: &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To("h")}}
-	return snap, content
 }
 
 func TestSnapshotSourceChecksReadinessBindingSizeAndVolumeMode(t *testing.T) {
@@ -220,7 +196,7 @@ func TestSnapshotSourceChecksReadinessBindingSizeAndVolumeMode(t *testing.T) {
 		}, wantErr: "being deleted"},
 		{name: "being deleted with our finalizer: the restore goes on", change: func(_ *v1.PersistentVolumeClaim, s *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
 			s.DeletionTimestamp = &metav1.Time{}
-			s.Finalizers = []string{snapshotProtectionFinalizer}
+			s.Finalizers = []string{SnapshotProtectionFinalizer}
 			return c
 		}},
 		{name: "mode change without annotation", change: func(d *v1.PersistentVolumeClaim, _ *snapshotv1.VolumeSnapshot, c *snapshotv1.VolumeSnapshotContent) *snapshotv1.VolumeSnapshotContent {
@@ -255,7 +231,7 @@ func TestSnapshotSourceChecksReadinessBindingSizeAndVolumeMode(t *testing.T) {
 			if tc.change != nil {
 				content = tc.change(dst, snap, content)
 			}
-			got, err := snapshotSource(dst, class("fast", nil), snap, content, !tc.noPrevent)
+			got, err := SnapshotSource(dst, class("fast", nil), snap, content, !tc.noPrevent)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)

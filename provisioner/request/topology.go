@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"errors"
@@ -14,12 +14,12 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 )
 
-// term is one topology segment: key/value pairs that hold together (AND).
-type term map[string]string
+// Term is one topology segment: key/value pairs that hold together (AND).
+type Term map[string]string
 
-// id is a canonical form of a term: "k1#v1,k2#v2" with keys sorted. It finds duplicates
+// ID is a canonical form of a term: "k1#v1,k2#v2" with keys sorted. It finds duplicates
 // and, among terms of one length, orders them.
-func (t term) id() string {
+func (t Term) ID() string {
 	parts := make([]string, 0, len(t))
 	for k, v := range t {
 		parts = append(parts, k+"#"+v)
@@ -31,15 +31,15 @@ func (t term) id() string {
 // compare orders terms as upstream does: fewer pairs first, then pair by pair (key, then
 // value), which the id's order is for the characters label keys and values may hold. The
 // order decides which term the selected node's preference starts at.
-func (t term) compare(other term) int {
+func (t Term) compare(other Term) int {
 	if len(t) != len(other) {
 		return len(t) - len(other)
 	}
-	return strings.Compare(t.id(), other.id())
+	return strings.Compare(t.ID(), other.ID())
 }
 
 // containedIn tells whether every pair of t is also in other.
-func (t term) containedIn(other term) bool {
+func (t Term) containedIn(other Term) bool {
 	for k, v := range t {
 		if other[k] != v {
 			return false
@@ -48,26 +48,26 @@ func (t term) containedIn(other term) bool {
 	return true
 }
 
-// topologyInput is what the accessibility requirement of a new volume depends on, read
+// TopologyInput is what the accessibility requirement of a new volume depends on, read
 // from the listers by the caller.
-type topologyInput struct {
-	driver    string
-	claimName string
-	// allowed are the StorageClass's allowedTopologies.
-	allowed []v1.TopologySelectorTerm
-	// selectedNode and selectedCSINode are set for delayed binding (the scheduler's
+type TopologyInput struct {
+	Driver    string
+	ClaimName string
+	// Allowed are the StorageClass's allowedTopologies.
+	Allowed []v1.TopologySelectorTerm
+	// SelectedNode and selectedCSINode are set for delayed binding (the scheduler's
 	// choice); both nil for immediate binding.
-	selectedNode    *v1.Node
-	selectedCSINode *storagev1.CSINode
-	// csiNodes and nodes are the cluster's, to aggregate topologies from.
-	csiNodes []*storagev1.CSINode
-	nodes    []*v1.Node
-	// strict passes only the selected node's topology; immediate passes the aggregated
+	SelectedNode    *v1.Node
+	SelectedCSINode *storagev1.CSINode
+	// CSINodes and nodes are the cluster's, to aggregate topologies from.
+	CSINodes []*storagev1.CSINode
+	Nodes    []*v1.Node
+	// Strict passes only the selected node's topology; immediate passes the aggregated
 	// topology of the cluster for immediate binding (else no requirement).
-	strict, immediate bool
+	Strict, Immediate bool
 }
 
-// accessibilityRequirements computes the TopologyRequirement of CreateVolume as upstream:
+// AccessibilityRequirements computes the TopologyRequirement of CreateVolume as upstream:
 // requisite from allowedTopologies, else aggregated from the nodes where the driver
 // registered its topology keys (aggregate; only the selected node with strict topology); preferred is the
 // requisite list starting at the first term the selected node's segment satisfies (a
@@ -76,32 +76,32 @@ type topologyInput struct {
 // nil means no requirement. With nothing to aggregate from (no node has registered the
 // driver's topology keys yet) it is an error to retry, as upstream: a volume made without
 // a requirement could land where no node of the driver is.
-func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, error) {
-	var selected term
-	var requisite []term
-	if in.selectedNode != nil {
-		keys := topologyKeys(in.selectedCSINode, in.driver)
+func AccessibilityRequirements(in TopologyInput) (*csi.TopologyRequirement, error) {
+	var selected Term
+	var requisite []Term
+	if in.SelectedNode != nil {
+		keys := topologyKeys(in.SelectedCSINode, in.Driver)
 		if len(keys) == 0 {
 			// The driver has not registered on that node (yet): the scheduler should try
 			// again, perhaps elsewhere.
-			return nil, fmt.Errorf("no topology key found on CSINode %s", in.selectedNode.Name)
+			return nil, fmt.Errorf("no topology key found on CSINode %s", in.SelectedNode.Name)
 		}
 		var ok bool
-		if selected, ok = nodeTerm(in.selectedNode, keys); !ok {
-			return nil, fmt.Errorf("topology labels from selected node %v does not match topology keys from CSINode %v", in.selectedNode.Labels, keys)
+		if selected, ok = nodeTerm(in.SelectedNode, keys); !ok {
+			return nil, fmt.Errorf("topology labels from selected node %v does not match topology keys from CSINode %v", in.SelectedNode.Labels, keys)
 		}
-		if in.strict {
-			if len(in.allowed) > 0 && !slices.ContainsFunc(flatten(in.allowed), func(t term) bool { return t.containedIn(selected) }) {
-				return nil, fmt.Errorf("selected node %q topology %v is not in allowed topologies: %v", in.selectedNode.Name, selected, flatten(in.allowed))
+		if in.Strict {
+			if len(in.Allowed) > 0 && !slices.ContainsFunc(flatten(in.Allowed), func(t Term) bool { return t.containedIn(selected) }) {
+				return nil, fmt.Errorf("selected node %q topology %v is not in allowed topologies: %v", in.SelectedNode.Name, selected, flatten(in.Allowed))
 			}
-			requisite = []term{selected}
+			requisite = []Term{selected}
 		}
 	}
 	if len(requisite) == 0 {
 		switch {
-		case len(in.allowed) > 0:
-			requisite = flatten(in.allowed)
-		case in.selectedNode == nil && !in.immediate:
+		case len(in.Allowed) > 0:
+			requisite = flatten(in.Allowed)
+		case in.SelectedNode == nil && !in.Immediate:
 			return nil, nil
 		default:
 			var err error
@@ -118,17 +118,17 @@ func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, erro
 	}
 	requisite = sortedUnique(requisite)
 
-	var preferred []term
+	var preferred []Term
 	switch {
-	case in.selectedNode == nil:
-		hash, index := claimNameHash(in.claimName)
+	case in.SelectedNode == nil:
+		hash, index := claimNameHash(in.ClaimName)
 		preferred = rotate(requisite, int((hash+index)%uint32(len(requisite))))
-	case in.strict:
+	case in.Strict:
 		preferred = requisite
 	default:
-		i := slices.IndexFunc(requisite, func(t term) bool { return t.containedIn(selected) })
+		i := slices.IndexFunc(requisite, func(t Term) bool { return t.containedIn(selected) })
 		if i < 0 {
-			return nil, fmt.Errorf("topology %v from selected node %q is not in requisite: %v", selected, in.selectedNode.Name, requisite)
+			return nil, fmt.Errorf("topology %v from selected node %q is not in requisite: %v", selected, in.SelectedNode.Name, requisite)
 		}
 		preferred = rotate(requisite, i)
 	}
@@ -140,16 +140,16 @@ func accessibilityRequirements(in topologyInput) (*csi.TopologyRequirement, erro
 // the driver; with none (immediate binding), of every set of keys the driver registered
 // on some node, each from the nodes whose CSINode registered that set. A node's labels
 // alone never count: a node where the driver did not register the keys is left out.
-func aggregate(in topologyInput) ([]term, error) {
+func aggregate(in TopologyInput) ([]Term, error) {
 	registered := map[string][]string{}
-	for _, n := range in.csiNodes {
-		if keys := topologyKeys(n, in.driver); len(keys) > 0 {
+	for _, n := range in.CSINodes {
+		if keys := topologyKeys(n, in.Driver); len(keys) > 0 {
 			registered[n.Name] = keys
 		}
 	}
 	var keySets [][]string
-	if in.selectedNode != nil {
-		keySets = [][]string{topologyKeys(in.selectedCSINode, in.driver)}
+	if in.SelectedNode != nil {
+		keySets = [][]string{topologyKeys(in.SelectedCSINode, in.Driver)}
 	} else {
 		for _, keys := range registered {
 			keys = slices.Sorted(slices.Values(keys))
@@ -163,9 +163,9 @@ func aggregate(in topologyInput) ([]term, error) {
 		}
 		slices.SortFunc(keySets, slices.Compare)
 	}
-	var terms []term
+	var terms []Term
 	for _, keys := range keySets {
-		for _, n := range in.nodes {
+		for _, n := range in.Nodes {
 			if !registersAll(registered[n.Name], keys) {
 				continue
 			}
@@ -207,8 +207,8 @@ func topologyKeys(n *storagev1.CSINode, driver string) []string {
 }
 
 // nodeTerm is the node's segment for keys; false if a label is missing.
-func nodeTerm(n *v1.Node, keys []string) (term, bool) {
-	t := term{}
+func nodeTerm(n *v1.Node, keys []string) (Term, bool) {
+	t := Term{}
 	for _, k := range keys {
 		v, ok := n.Labels[k]
 		if !ok {
@@ -222,12 +222,12 @@ func nodeTerm(n *v1.Node, keys []string) (term, bool) {
 // flatten turns allowedTopologies (an OR of terms, each an AND of keys, each an OR of
 // values) into an OR of segments by distributing the value ORs: {zone: [a, b], rack: [1]}
 // becomes {zone: a, rack: 1} OR {zone: b, rack: 1}.
-func flatten(allowed []v1.TopologySelectorTerm) []term {
-	var out []term
+func flatten(allowed []v1.TopologySelectorTerm) []Term {
+	var out []Term
 	for _, st := range allowed {
-		terms := []term{{}}
+		terms := []Term{{}}
 		for _, expr := range st.MatchLabelExpressions {
-			var next []term
+			var next []Term
 			for _, t := range terms {
 				for _, v := range expr.Values {
 					n := maps.Clone(t)
@@ -247,18 +247,18 @@ func flatten(allowed []v1.TopologySelectorTerm) []term {
 }
 
 // sortedUnique sorts terms (compare) and removes duplicates.
-func sortedUnique(terms []term) []term {
+func sortedUnique(terms []Term) []Term {
 	out := slices.Clone(terms)
-	slices.SortFunc(out, term.compare)
-	return slices.CompactFunc(out, func(a, b term) bool { return a.id() == b.id() })
+	slices.SortFunc(out, Term.compare)
+	return slices.CompactFunc(out, func(a, b Term) bool { return a.ID() == b.ID() })
 }
 
 // rotate returns terms starting at index i, wrapping around.
-func rotate(terms []term, i int) []term {
+func rotate(terms []Term, i int) []Term {
 	return append(slices.Clone(terms[i:]), terms[:i]...)
 }
 
-func toCSI(terms []term) []*csi.Topology {
+func toCSI(terms []Term) []*csi.Topology {
 	out := make([]*csi.Topology, 0, len(terms))
 	for _, t := range terms {
 		out = append(out, &csi.Topology{Segments: maps.Clone(t)})
@@ -285,9 +285,9 @@ func claimNameHash(name string) (hash, index uint32) {
 	return h.Sum32(), index
 }
 
-// nodeAffinity makes the PersistentVolume's node affinity from the topology CreateVolume
+// NodeAffinity makes the PersistentVolume's node affinity from the topology CreateVolume
 // returned: one term per segment, nil for none.
-func nodeAffinity(accessible []*csi.Topology) *v1.VolumeNodeAffinity {
+func NodeAffinity(accessible []*csi.Topology) *v1.VolumeNodeAffinity {
 	var terms []v1.NodeSelectorTerm
 	for _, t := range accessible {
 		if len(t.GetSegments()) == 0 {

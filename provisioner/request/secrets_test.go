@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"strings"
@@ -17,7 +17,7 @@ func annotatedClaim() *v1.PersistentVolumeClaim {
 }
 
 func TestSecretReferencesResolveTemplatesWithTheAllowedTokensOnly(t *testing.T) {
-	p := provisionerSecret
+	p := ProvisionerSecret
 	for _, tc := range []struct {
 		name    string
 		params  map[string]string
@@ -25,31 +25,31 @@ func TestSecretReferencesResolveTemplatesWithTheAllowedTokensOnly(t *testing.T) 
 		wantErr string
 	}{
 		{name: "no secret", params: map[string]string{"type": "x"}, want: nil},
-		{name: "literal", params: map[string]string{p.nameKey: "creds", p.namespaceKey: "kube-system"},
+		{name: "literal", params: map[string]string{p.NameKey: "creds", p.NamespaceKey: "kube-system"},
 			want: &v1.SecretReference{Name: "creds", Namespace: "kube-system"}},
-		{name: "claim name and namespace", params: map[string]string{p.nameKey: "${pvc.name}-creds", p.namespaceKey: "${pvc.namespace}"},
+		{name: "claim name and namespace", params: map[string]string{p.NameKey: "${pvc.name}-creds", p.NamespaceKey: "${pvc.namespace}"},
 			want: &v1.SecretReference{Name: "data-creds", Namespace: "team-a"}},
-		{name: "pv name in both", params: map[string]string{p.nameKey: "s-${pv.name}", p.namespaceKey: "${pv.name}"},
+		{name: "pv name in both", params: map[string]string{p.NameKey: "s-${pv.name}", p.NamespaceKey: "${pv.name}"},
 			want: &v1.SecretReference{Name: "s-pvc-1", Namespace: "pvc-1"}},
-		{name: "annotation in name", params: map[string]string{p.nameKey: "${pvc.annotations['example.com/secret']}", p.namespaceKey: "ns"},
+		{name: "annotation in name", params: map[string]string{p.NameKey: "${pvc.annotations['example.com/secret']}", p.NamespaceKey: "ns"},
 			want: &v1.SecretReference{Name: "custom-secret", Namespace: "ns"}},
-		{name: "deprecated keys", params: map[string]string{p.deprecatedNameKey: "old", p.deprecatedNamespaceKey: "ns"},
+		{name: "deprecated keys", params: map[string]string{p.DeprecatedNameKey: "old", p.DeprecatedNamespaceKey: "ns"},
 			want: &v1.SecretReference{Name: "old", Namespace: "ns"}},
-		{name: "default secret applies", params: map[string]string{defaultSecret.nameKey: "all", defaultSecret.namespaceKey: "ns"},
+		{name: "default secret applies", params: map[string]string{DefaultSecret.NameKey: "all", DefaultSecret.NamespaceKey: "ns"},
 			want: &v1.SecretReference{Name: "all", Namespace: "ns"}},
-		{name: "own secret wins over default", params: map[string]string{defaultSecret.nameKey: "all", defaultSecret.namespaceKey: "ns", p.nameKey: "mine", p.namespaceKey: "ns"},
+		{name: "own secret wins over default", params: map[string]string{DefaultSecret.NameKey: "all", DefaultSecret.NamespaceKey: "ns", p.NameKey: "mine", p.NamespaceKey: "ns"},
 			want: &v1.SecretReference{Name: "mine", Namespace: "ns"}},
-		{name: "claim name not allowed in namespace", params: map[string]string{p.nameKey: "s", p.namespaceKey: "${pvc.name}"}, wantErr: "invalid tokens"},
-		{name: "annotation not allowed in namespace", params: map[string]string{p.nameKey: "s", p.namespaceKey: "${pvc.annotations['example.com/secret']}"}, wantErr: "invalid tokens"},
-		{name: "unknown token", params: map[string]string{p.nameKey: "${pvc.uid}", p.namespaceKey: "ns"}, wantErr: "invalid tokens"},
-		{name: "missing annotation", params: map[string]string{p.nameKey: "${pvc.annotations['nope']}", p.namespaceKey: "ns"}, wantErr: "invalid tokens"},
-		{name: "resolves to an invalid name", params: map[string]string{p.nameKey: "${pvc.annotations['evil']}", p.namespaceKey: "ns"}, wantErr: "not a valid secret name"},
-		{name: "name without namespace", params: map[string]string{p.nameKey: "s"}, wantErr: "Both must be specified"},
-		{name: "empty value", params: map[string]string{p.nameKey: "", p.namespaceKey: "ns"}, wantErr: "value of either namespace or name is empty"},
-		{name: "both old and new keys", params: map[string]string{p.nameKey: "a", p.deprecatedNameKey: "b", p.namespaceKey: "ns"}, wantErr: "with both"},
+		{name: "claim name not allowed in namespace", params: map[string]string{p.NameKey: "s", p.NamespaceKey: "${pvc.name}"}, wantErr: "invalid tokens"},
+		{name: "annotation not allowed in namespace", params: map[string]string{p.NameKey: "s", p.NamespaceKey: "${pvc.annotations['example.com/secret']}"}, wantErr: "invalid tokens"},
+		{name: "unknown token", params: map[string]string{p.NameKey: "${pvc.uid}", p.NamespaceKey: "ns"}, wantErr: "invalid tokens"},
+		{name: "missing annotation", params: map[string]string{p.NameKey: "${pvc.annotations['nope']}", p.NamespaceKey: "ns"}, wantErr: "invalid tokens"},
+		{name: "resolves to an invalid name", params: map[string]string{p.NameKey: "${pvc.annotations['evil']}", p.NamespaceKey: "ns"}, wantErr: "not a valid secret name"},
+		{name: "name without namespace", params: map[string]string{p.NameKey: "s"}, wantErr: "Both must be specified"},
+		{name: "empty value", params: map[string]string{p.NameKey: "", p.NamespaceKey: "ns"}, wantErr: "value of either namespace or name is empty"},
+		{name: "both old and new keys", params: map[string]string{p.NameKey: "a", p.DeprecatedNameKey: "b", p.NamespaceKey: "ns"}, wantErr: "with both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := secretReference(p, tc.params, "pvc-1", annotatedClaim())
+			got, err := SecretReference(p, tc.params, "pvc-1", annotatedClaim())
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
@@ -69,20 +69,20 @@ func TestSecretReferencesResolveTemplatesWithTheAllowedTokensOnly(t *testing.T) 
 func TestEveryKindOfSecretIsResolvedIntoItsOwnReference(t *testing.T) {
 	params := map[string]string{}
 	for _, s := range allSecrets() {
-		params[s.nameKey] = strings.ToLower(s.kind) + "-${pvc.name}"
-		params[s.namespaceKey] = "${pvc.namespace}"
+		params[s.NameKey] = strings.ToLower(s.Kind) + "-${pvc.name}"
+		params[s.NamespaceKey] = "${pvc.namespace}"
 	}
-	refs, err := resolveSecretRefs(params, "pvc-1", annotatedClaim())
+	refs, err := ResolveSecretRefs(params, "pvc-1", annotatedClaim())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ref := func(n string) *v1.SecretReference { return &v1.SecretReference{Name: n, Namespace: "team-a"} }
-	want := secretRefs{
-		provisioner: ref("provisioner-data"), controllerPublish: ref("controllerpublish-data"), nodeStage: ref("nodestage-data"),
-		nodePublish: ref("nodepublish-data"), controllerExpand: ref("controllerexpand-data"), nodeExpand: ref("nodeexpand-data"),
-		controllerModify: ref("controllermodify-data"),
+	want := SecretRefs{
+		Provisioner: ref("provisioner-data"), ControllerPublish: ref("controllerpublish-data"), NodeStage: ref("nodestage-data"),
+		NodePublish: ref("nodepublish-data"), ControllerExpand: ref("controllerexpand-data"), NodeExpand: ref("nodeexpand-data"),
+		ControllerModify: ref("controllermodify-data"),
 	}
-	if diff := cmp.Diff(want, refs, cmp.AllowUnexported(secretRefs{})); diff != "" {
+	if diff := cmp.Diff(want, refs, cmp.AllowUnexported(SecretRefs{})); diff != "" {
 		t.Errorf("references (-want +got):\n%s", diff)
 	}
 }
@@ -90,11 +90,11 @@ func TestEveryKindOfSecretIsResolvedIntoItsOwnReference(t *testing.T) {
 // The modify secret takes the default secret when it names none of its own, as every
 // kind does upstream.
 func TestTheModifySecretFallsBackToTheDefaultSecret(t *testing.T) {
-	refs, err := resolveSecretRefs(map[string]string{defaultSecret.nameKey: "all", defaultSecret.namespaceKey: "ns"}, "pvc-1", annotatedClaim())
+	refs, err := ResolveSecretRefs(map[string]string{DefaultSecret.NameKey: "all", DefaultSecret.NamespaceKey: "ns"}, "pvc-1", annotatedClaim())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&v1.SecretReference{Name: "all", Namespace: "ns"}, refs.controllerModify); diff != "" {
+	if diff := cmp.Diff(&v1.SecretReference{Name: "all", Namespace: "ns"}, refs.ControllerModify); diff != "" {
 		t.Errorf("modify secret (-want +got):\n%s", diff)
 	}
 }

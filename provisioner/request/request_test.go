@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"testing"
@@ -7,13 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
-
-const testUID = types.UID("3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8")
 
 func TestVolumeNameIsPrefixAndClaimUIDTruncatedOnlyWhenAsked(t *testing.T) {
 	for _, tc := range []struct {
@@ -33,7 +29,7 @@ func TestVolumeNameIsPrefixAndClaimUIDTruncatedOnlyWhenAsked(t *testing.T) {
 		{name: "claim without UID is refused", prefix: "pvc", uid: "", length: -1, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := volumeName(tc.prefix, tc.uid, tc.length)
+			got, err := VolumeName(tc.prefix, tc.uid, tc.length)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error %v, want error %v", err, tc.wantErr)
 			}
@@ -42,17 +38,6 @@ func TestVolumeNameIsPrefixAndClaimUIDTruncatedOnlyWhenAsked(t *testing.T) {
 			}
 		})
 	}
-}
-
-func claimWith(size string, modes ...v1.PersistentVolumeAccessMode) *v1.PersistentVolumeClaim {
-	c := &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: "ns", UID: testUID},
-		Spec:       v1.PersistentVolumeClaimSpec{AccessModes: modes},
-	}
-	if size != "" {
-		c.Spec.Resources.Requests = v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}
-	}
-	return c
 }
 
 func TestCapacityIsTheRequestRoundedUpToWholeBytesAndThePVGetsWhatTheDriverReports(t *testing.T) {
@@ -72,11 +57,11 @@ func TestCapacityIsTheRequestRoundedUpToWholeBytesAndThePVGetsWhatTheDriverRepor
 		{request: "2Gi", reported: 1 << 30, wantReq: 2 << 30, wantError: true}, // smaller than asked
 	} {
 		t.Run(tc.request, func(t *testing.T) {
-			req := requestedBytes(claimWith(tc.request))
+			req := RequestedBytes(claimWith(tc.request))
 			if req != tc.wantReq {
 				t.Errorf("requested %d bytes, want %d", req, tc.wantReq)
 			}
-			got, err := pvCapacity(tc.reported, req)
+			got, err := PVCapacity(tc.reported, req)
 			if (err != nil) != tc.wantError {
 				t.Fatalf("error %v, want error %v", err, tc.wantError)
 			}
@@ -95,14 +80,14 @@ func TestFSTypeComesFromThePrefixedOrLegacyKeyElseTheDefault(t *testing.T) {
 		want    string
 		wantErr bool
 	}{
-		{name: "prefixed key", params: map[string]string{fsTypeKey: "xfs"}, def: "ext4", want: "xfs"},
+		{name: "prefixed key", params: map[string]string{FSTypeKey: "xfs"}, def: "ext4", want: "xfs"},
 		{name: "legacy key any case", params: map[string]string{"FsType": "btrfs"}, want: "btrfs"},
 		{name: "default", params: map[string]string{"other": "x"}, def: "ext4", want: "ext4"},
 		{name: "none", params: nil, want: ""},
-		{name: "both keys", params: map[string]string{fsTypeKey: "xfs", "fstype": "ext4"}, wantErr: true},
+		{name: "both keys", params: map[string]string{FSTypeKey: "xfs", "fstype": "ext4"}, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := fsTypeFor(tc.params, tc.def)
+			got, err := FSTypeFor(tc.params, tc.def)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error %v, want error %v", err, tc.wantErr)
 			}
@@ -144,7 +129,7 @@ func TestVolumeCapabilitiesFollowAccessModesVolumeModeAndFSType(t *testing.T) {
 		{name: "unknown access mode is refused", claim: claimWith("1Gi", "ReadSometimes"), wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := volumeCapabilities(tc.claim, "ext4", []string{"noatime"}, tc.snmw)
+			got, err := VolumeCapabilities(tc.claim, "ext4", []string{"noatime"}, tc.snmw)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error %v, want error %v", err, tc.wantErr)
 			}
@@ -163,18 +148,18 @@ func TestDriverParametersDropTheProvisionersKeysAndRefuseUnknownOnes(t *testing.
 		wantErr bool
 	}{
 		{name: "strips fstype and secrets, keeps legacy keys", params: map[string]string{
-			"type": "fast", fsTypeKey: "xfs", "fstype": "ext4",
-			provisionerSecret.nameKey: "s", provisionerSecret.namespaceKey: "ns",
-			defaultSecret.nameKey: "d", defaultSecret.namespaceKey: "ns",
-			nodeExpandSecret.nameKey: "e", nodeExpandSecret.namespaceKey: "ns",
-			controllerModifySecret.nameKey: "m", controllerModifySecret.namespaceKey: "ns",
+			"type": "fast", FSTypeKey: "xfs", "fstype": "ext4",
+			ProvisionerSecret.NameKey: "s", ProvisionerSecret.NamespaceKey: "ns",
+			DefaultSecret.NameKey: "d", DefaultSecret.NamespaceKey: "ns",
+			NodeExpandSecret.NameKey: "e", NodeExpandSecret.NamespaceKey: "ns",
+			ControllerModifySecret.NameKey: "m", ControllerModifySecret.NamespaceKey: "ns",
 			"csiProvisionerSecretName": "old",
 		}, want: map[string]string{"type": "fast", "fstype": "ext4", "csiProvisionerSecretName": "old"}},
 		{name: "empty", params: nil, want: map[string]string{}},
 		{name: "unknown reserved key", params: map[string]string{csiParameterPrefix + "fs-type": "xfs"}, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := driverParameters(tc.params)
+			got, err := DriverParameters(tc.params)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error %v, want error %v", err, tc.wantErr)
 			}
@@ -184,7 +169,7 @@ func TestDriverParametersDropTheProvisionersKeysAndRefuseUnknownOnes(t *testing.
 		})
 	}
 	params := map[string]string{"type": "fast"}
-	addExtraMetadata(params, claimWith("1Gi"), "pvc-x")
+	AddExtraMetadata(params, claimWith("1Gi"), "pvc-x")
 	want := map[string]string{"type": "fast", pvcNameKey: "data", pvcNamespaceKey: "ns", pvNameKey: "pvc-x"}
 	if diff := cmp.Diff(want, params); diff != "" {
 		t.Errorf("extra metadata (-want +got):\n%s", diff)

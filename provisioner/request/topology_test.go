@@ -1,4 +1,4 @@
-package provisioner
+package request
 
 import (
 	"strings"
@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const (
@@ -18,38 +17,20 @@ const (
 	drv     = "drv.example.com"
 )
 
-func node(name string, labels map[string]string) *v1.Node {
-	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
-}
-
-func csiNode(name string, keys ...string) *storagev1.CSINode {
-	return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: storagev1.CSINodeSpec{
-		Drivers: []storagev1.CSINodeDriver{{Name: "other"}, {Name: drv, NodeID: name, TopologyKeys: keys}},
-	}}
-}
-
-func topo(pairs ...string) *csi.Topology {
-	t := &csi.Topology{Segments: map[string]string{}}
-	for i := 0; i+1 < len(pairs); i += 2 {
-		t.Segments[pairs[i]] = pairs[i+1]
-	}
-	return t
-}
-
 func TestAccessibilityRequirements(t *testing.T) {
 	n1 := node("n1", map[string]string{zoneKey: "z1"})
 	n2 := node("n2", map[string]string{zoneKey: "z2"})
 	n3 := node("n3", map[string]string{zoneKey: "z3"})
 	nUnlabelled := node("n4", map[string]string{})
 	twoKeys := node("n5", map[string]string{zoneKey: "z2", rackKey: "r1"})
-	cluster := topologyInput{
-		driver:    drv,
-		claimName: "data",
-		csiNodes:  []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3", zoneKey)},
-		nodes:     []*v1.Node{n1, n2, n3, nUnlabelled},
-		immediate: true,
+	cluster := TopologyInput{
+		Driver:    drv,
+		ClaimName: "data",
+		CSINodes:  []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3", zoneKey)},
+		Nodes:     []*v1.Node{n1, n2, n3, nUnlabelled},
+		Immediate: true,
 	}
-	with := func(change func(*topologyInput)) topologyInput {
+	with := func(change func(*TopologyInput)) TopologyInput {
 		in := cluster
 		change(&in)
 		return in
@@ -59,13 +40,13 @@ func TestAccessibilityRequirements(t *testing.T) {
 	}}}
 	for _, tc := range []struct {
 		name    string
-		in      topologyInput
+		in      TopologyInput
 		want    *csi.TopologyRequirement
 		wantErr string
 	}{
 		{
 			name: "delayed binding: every zone, selected first",
-			in:   with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = n2, csiNode("n2", zoneKey) }),
+			in:   with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2", zoneKey) }),
 			want: &csi.TopologyRequirement{
 				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z3")},
 				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z1")},
@@ -73,22 +54,22 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name: "delayed binding, strict: only the selected node",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.strict = n2, csiNode("n2", zoneKey), true
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Strict = n2, csiNode("n2", zoneKey), true
 			}),
 			want: &csi.TopologyRequirement{Requisite: []*csi.Topology{topo(zoneKey, "z2")}, Preferred: []*csi.Topology{topo(zoneKey, "z2")}},
 		},
 		{
 			name: "delayed binding, strict: selected node outside allowed topologies",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.strict, in.allowed = n3, csiNode("n3", zoneKey), true, allowed
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Strict, in.Allowed = n3, csiNode("n3", zoneKey), true, allowed
 			}),
 			wantErr: "is not in allowed topologies",
 		},
 		{
 			name: "delayed binding with allowed topologies",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.allowed = n2, csiNode("n2", zoneKey), allowed
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = n2, csiNode("n2", zoneKey), allowed
 			}),
 			want: &csi.TopologyRequirement{
 				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
@@ -97,12 +78,12 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name:    "selected node without the driver's keys",
-			in:      with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = n2, csiNode("n2") }),
+			in:      with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2") }),
 			wantErr: "no topology key found",
 		},
 		{
 			name:    "selected node without the topology label",
-			in:      with(func(in *topologyInput) { in.selectedNode, in.selectedCSINode = nUnlabelled, csiNode("n4", zoneKey) }),
+			in:      with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = nUnlabelled, csiNode("n4", zoneKey) }),
 			wantErr: "does not match topology keys",
 		},
 		{
@@ -117,12 +98,12 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name: "immediate binding without --immediate-topology: no requirement",
-			in:   with(func(in *topologyInput) { in.immediate = false }),
+			in:   with(func(in *TopologyInput) { in.Immediate = false }),
 			want: nil,
 		},
 		{
 			name: "immediate binding, allowed topologies even without --immediate-topology",
-			in:   with(func(in *topologyInput) { in.immediate, in.allowed, in.claimName = false, allowed, "" }),
+			in:   with(func(in *TopologyInput) { in.Immediate, in.Allowed, in.ClaimName = false, allowed, "" }),
 			want: func() *csi.TopologyRequirement {
 				h, i := claimNameHash("")
 				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")}
@@ -134,14 +115,14 @@ func TestAccessibilityRequirements(t *testing.T) {
 			// Upstream's error, retried: a volume without a requirement could land where
 			// no node of the driver is.
 			name:    "immediate binding, no node registered topology yet: retried",
-			in:      with(func(in *topologyInput) { in.csiNodes = []*storagev1.CSINode{csiNode("n1")} }),
+			in:      with(func(in *TopologyInput) { in.CSINodes = []*storagev1.CSINode{csiNode("n1")} }),
 			wantErr: "no available topology found",
 		},
 		{
 			name: "delayed binding, two keys, allowed topologies on one: the term the node satisfies first",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.allowed = twoKeys, csiNode("n5", zoneKey, rackKey), allowed
-				in.nodes = []*v1.Node{twoKeys}
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = twoKeys, csiNode("n5", zoneKey, rackKey), allowed
+				in.Nodes = []*v1.Node{twoKeys}
 			}),
 			want: &csi.TopologyRequirement{
 				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
@@ -150,9 +131,9 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name: "delayed binding, the node satisfies terms of two lengths: the shorter first, as upstream sorts",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.nodes = twoKeys, csiNode("n5", zoneKey, rackKey), []*v1.Node{twoKeys}
-				in.allowed = []v1.TopologySelectorTerm{
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Nodes = twoKeys, csiNode("n5", zoneKey, rackKey), []*v1.Node{twoKeys}
+				in.Allowed = []v1.TopologySelectorTerm{
 					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z2"}}, {Key: rackKey, Values: []string{"r1"}}}},
 					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z3", "z2"}}}},
 				}
@@ -164,8 +145,8 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name: "delayed binding, allowed topologies the node does not satisfy",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode, in.allowed = n3, csiNode("n3", zoneKey), allowed
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = n3, csiNode("n3", zoneKey), allowed
 			}),
 			wantErr: "is not in requisite",
 		},
@@ -174,9 +155,9 @@ func TestAccessibilityRequirements(t *testing.T) {
 			// nodes that registered it; a node with the labels but without the driver's
 			// registration (n6) is left out.
 			name: "immediate binding, nodes registered different key sets: each set, from its own nodes",
-			in: with(func(in *topologyInput) {
-				in.csiNodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n5", rackKey, zoneKey), csiNode("n6")}
-				in.nodes = []*v1.Node{n1, n2, twoKeys, node("n6", map[string]string{zoneKey: "z9", rackKey: "r9"})}
+			in: with(func(in *TopologyInput) {
+				in.CSINodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n5", rackKey, zoneKey), csiNode("n6")}
+				in.Nodes = []*v1.Node{n1, n2, twoKeys, node("n6", map[string]string{zoneKey: "z9", rackKey: "r9"})}
 			}),
 			want: func() *csi.TopologyRequirement {
 				h, i := claimNameHash("data")
@@ -187,9 +168,9 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name: "delayed binding: a node whose driver did not register the keys is left out, labels or not",
-			in: with(func(in *topologyInput) {
-				in.selectedNode, in.selectedCSINode = n2, csiNode("n2", zoneKey)
-				in.csiNodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3")}
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2", zoneKey)
+				in.CSINodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3")}
 			}),
 			want: &csi.TopologyRequirement{
 				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
@@ -198,12 +179,12 @@ func TestAccessibilityRequirements(t *testing.T) {
 		},
 		{
 			name:    "keys registered but no node carries them",
-			in:      with(func(in *topologyInput) { in.nodes = []*v1.Node{nUnlabelled} }),
+			in:      with(func(in *TopologyInput) { in.Nodes = []*v1.Node{nUnlabelled} }),
 			wantErr: "were not found on any nodes",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := accessibilityRequirements(tc.in)
+			got, err := AccessibilityRequirements(tc.in)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
@@ -230,7 +211,7 @@ func TestFlattenDistributesValuesOverKeys(t *testing.T) {
 		{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z1"}}}},
 	}))
 	// Sorted as upstream sorts: fewer pairs first, then pair by pair.
-	want := []term{
+	want := []Term{
 		{zoneKey: "z1"},
 		{rackKey: "r1", zoneKey: "z1"}, {rackKey: "r1", zoneKey: "z2"},
 		{rackKey: "r2", zoneKey: "z1"}, {rackKey: "r2", zoneKey: "z2"},
@@ -256,7 +237,7 @@ func TestClaimNameHashKeepsAStatefulSetPodsClaimsTogetherAndSpreadsOrdinals(t *t
 }
 
 func TestNodeAffinityHasOneTermPerAccessibleSegment(t *testing.T) {
-	got := nodeAffinity([]*csi.Topology{topo(zoneKey, "z1", rackKey, "r1"), topo(), topo(zoneKey, "z2")})
+	got := NodeAffinity([]*csi.Topology{topo(zoneKey, "z1", rackKey, "r1"), topo(), topo(zoneKey, "z2")})
 	want := &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
 		{MatchExpressions: []v1.NodeSelectorRequirement{
 			{Key: rackKey, Operator: v1.NodeSelectorOpIn, Values: []string{"r1"}},
@@ -267,7 +248,7 @@ func TestNodeAffinityHasOneTermPerAccessibleSegment(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("affinity (-want +got):\n%s", diff)
 	}
-	if nodeAffinity(nil) != nil {
+	if NodeAffinity(nil) != nil {
 		t.Error("no topology must give no affinity")
 	}
 }
