@@ -8,18 +8,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 func (c *claimController) enqueueClaim(obj any) {

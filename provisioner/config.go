@@ -4,16 +4,17 @@ package provisioner
 
 import (
 	"context"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	eventrecord "k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // config is what the controller needs from the outside world; Setup fills it from the

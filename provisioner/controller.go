@@ -8,16 +8,16 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/informers"
 	storagev1informers "k8s.io/client-go/informers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 )
 
 // Upstream's queue names (sig-storage-lib-external-provisioner), the label of the

@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
@@ -34,11 +31,11 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // world is a controller on a fake clientset and the project's test driver, running.

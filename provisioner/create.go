@@ -4,12 +4,13 @@
 package provisioner
 
 import (
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // inFlight holds, by claim UID, the plan of every CreateVolume that is about to run or may

@@ -5,16 +5,15 @@ package provisioner
 
 import (
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
+
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // mayNeedVolume is the cheap test informer handlers use: the claim is unbound and asks

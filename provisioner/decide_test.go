@@ -5,10 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
@@ -22,6 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 func TestWantsVolume(t *testing.T) {

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
@@ -21,6 +19,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/draintest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 )
 
 // drainingDriver stands for the core's connection to the driver while the replica drains:

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/featuregate"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Feature gates of the provisioner, joined to the shared --feature-gates flag.

@@ -9,10 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -28,6 +24,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // servedWorld is a world whose controller talks to an API server that deletes as the real

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
@@ -17,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // The CSI driver csi-translation-lib migrates the in-tree kubernetes.io/aws-ebs plugin to.

@@ -7,12 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
@@ -24,6 +20,10 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // plan is one claim's CreateVolume, made once and retried as it is: the same name and

@@ -7,13 +7,9 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"sync/atomic"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +20,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // claimUIDIndex indexes claims by UID: the claim queue is keyed by UID, as upstream, so that

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -28,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // grants is what an RBAC role allows: resource ("resource/subresource" for a subresource)

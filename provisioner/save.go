@@ -4,10 +4,8 @@ package provisioner
 
 import (
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-	"time"
-
 	"maps"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
@@ -16,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
+
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // savePVBackoff bounds how long one sync retries saving a PersistentVolume before it gives

@@ -3,8 +3,6 @@ package provisioner
 import (
 	"testing"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
@@ -13,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {

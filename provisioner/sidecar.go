@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/capacity"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // Sidecar is the provisioner, as the lifecycle core hosts it.

@@ -6,15 +6,10 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	snaplisters "github.com/kubernetes-csi/external-snapshotter/client/v8/listers/volumesnapshot/v1"
@@ -29,7 +24,12 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // Data sources: a clone or a restore protects its source with a finalizer from before

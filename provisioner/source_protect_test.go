@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
@@ -22,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 func TestAClonePutsTheCloningFinalizerOnItsSourceUntilItsVolumeIsRecorded(t *testing.T) {

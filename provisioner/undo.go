@@ -6,21 +6,21 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"sync"
 
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // undoer deletes the volume a claim no longer wants, or that a record says may exist while

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // CloseQueueName is the record Closer's queue (ours: upstream has no record).

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +23,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // Where the provisioning record is kept: Events on the claim (P14). Upstream records a

@@ -2,10 +2,11 @@ package request
 
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 )
 
 // The objects the tests start from (internal/testkit/objects), of the driver drv.

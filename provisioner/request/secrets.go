@@ -6,10 +6,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // csiParameterPrefix starts the StorageClass parameters that are the sidecar's, not the

@@ -6,9 +6,7 @@ package request
 import (
 	"errors"
 	"fmt"
-	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"slices"
-
 	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -16,6 +14,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	volumehelpers "k8s.io/component-helpers/storage/volume"
 )
 
 // ErrExternalPopulator marks a claim whose data source another controller fills: the
