@@ -292,7 +292,7 @@ func TestProvisionsAClaimAndRecordsTheVolumeAsAPersistentVolume(t *testing.T) {
 		t.Errorf("driver got parameters %v, want only type=fast", vol.Parameters)
 	}
 	if pv.Spec.CSI.VolumeHandle != calls[0].VolumeID || pv.Spec.ClaimRef.UID != "uid-1" || pv.Spec.CSI.FSType != "xfs" ||
-		pv.Annotations[annDeletionSecretName] != "data-creds" || pv.Annotations[volumehelpers.AnnDynamicallyProvisioned] != drv ||
+		pv.Annotations[request.AnnDeletionSecretName] != "data-creds" || pv.Annotations[volumehelpers.AnnDynamicallyProvisioned] != drv ||
 		!slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) {
 		t.Errorf("PV does not record the volume for the claim: %+v", pv)
 	}
@@ -441,7 +441,7 @@ func TestDelayedBindingWaitsForTheSelectedNodeAndReschedulesWhenItIsGone(t *test
 func releasedPV(name, handle string, policy v1.PersistentVolumeReclaimPolicy, finalizers ...string) *v1.PersistentVolume {
 	return &v1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: finalizers, Annotations: map[string]string{
-			volumehelpers.AnnDynamicallyProvisioned: drv, annDeletionSecretName: "del-creds", annDeletionSecretNamespace: "ns",
+			volumehelpers.AnnDynamicallyProvisioned: drv, request.AnnDeletionSecretName: "del-creds", request.AnnDeletionSecretNamespace: "ns",
 		}},
 		Spec: v1.PersistentVolumeSpec{
 			PersistentVolumeReclaimPolicy: policy, StorageClassName: "fast",

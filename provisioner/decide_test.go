@@ -100,7 +100,7 @@ func TestCapabilityChecksSayWhatIsMissing(t *testing.T) {
 		{"no create/delete", plugin, rpc.ControllerCapabilitySet{}, false, "does not support dynamic provisioning: controller CREATE_DELETE_VOLUME"},
 		{"no modify for a VAC", plugin, rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true}, true, "does not support VolumeAttributesClass"},
 	} {
-		err := checkCapabilities(tc.plugin, tc.controller, tc.modify)
+		err := request.CheckCapabilities(tc.plugin, tc.controller, tc.modify)
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}

@@ -94,7 +94,7 @@ func TestBuildPVOfAMigratedClassIsInTree(t *testing.T) {
 	if got := pv.Annotations[volumehelpers.AnnDynamicallyProvisioned]; got != ebsInTree {
 		t.Errorf("provisioned-by %q, want %q", got, ebsInTree)
 	}
-	if pv.Annotations[annDeletionSecretName] != "prov" || !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) ||
+	if pv.Annotations[request.AnnDeletionSecretName] != "prov" || !slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer) ||
 		pv.Spec.StorageClassName != "ebs" || pv.Spec.ClaimRef == nil {
 		t.Errorf("PV %+v lacks what deletion and binding need", pv)
 	}

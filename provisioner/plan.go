@@ -9,7 +9,6 @@ import (
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -86,7 +85,7 @@ func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.Storage
 	if c.vac && claim.Spec.VolumeAttributesClassName != nil {
 		vacName = *claim.Spec.VolumeAttributesClassName
 	}
-	if err := checkCapabilities(c.pluginCaps, c.controllerCaps, vacName != ""); err != nil {
+	if err := request.CheckCapabilities(c.pluginCaps, c.controllerCaps, vacName != ""); err != nil {
 		return nil, err
 	}
 	if claim.Spec.Selector != nil {
@@ -218,19 +217,6 @@ func (c *planner) requirements(claim *v1.PersistentVolumeClaim, class *storagev1
 		return nil, fmt.Errorf("error generating accessibility requirements: %w", err)
 	}
 	return req, nil
-}
-
-// checkCapabilities says why the driver cannot provision this claim, as upstream words it.
-func checkCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.ControllerCapabilitySet, needsModify bool) error {
-	switch {
-	case !plugin[csi.PluginCapability_Service_CONTROLLER_SERVICE]:
-		return errors.New("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported")
-	case !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME]:
-		return errors.New("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported")
-	case needsModify && !controller[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME]:
-		return errors.New("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported")
-	}
-	return nil
 }
 
 // contentSource reads the claim's source and checks it (cloneSource, snapshotSource).

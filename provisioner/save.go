@@ -24,16 +24,6 @@ func savePVBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 6, Cap: 2 * time.Second}
 }
 
-// Annotations on the PersistentVolume naming the secret DeleteVolume needs, so deletion
-// works even when the StorageClass is gone (upstream's names).
-const (
-	annDeletionSecretName      = "volume.kubernetes.io/provisioner-deletion-secret-name"
-	annDeletionSecretNamespace = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
-	// The secret of ControllerModifyVolume, which the resizer reads from the
-	// PersistentVolume; set only when the StorageClass names one (upstream's names).
-	annModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
-	annModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
-)
 
 // pvInput is what the PersistentVolume of a new volume is made from.
 type pvInput struct {
@@ -108,8 +98,8 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 			Name: in.name,
 			Annotations: map[string]string{
 				volumehelpers.AnnDynamicallyProvisioned: provisionedBy,
-				annDeletionSecretName:                   "",
-				annDeletionSecretNamespace:              "",
+				request.AnnDeletionSecretName:                   "",
+				request.AnnDeletionSecretNamespace:              "",
 			},
 		},
 		Spec: v1.PersistentVolumeSpec{
@@ -131,12 +121,12 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 		},
 	}
 	if ref := in.secrets.Provisioner; ref != nil {
-		pv.Annotations[annDeletionSecretName] = ref.Name
-		pv.Annotations[annDeletionSecretNamespace] = ref.Namespace
+		pv.Annotations[request.AnnDeletionSecretName] = ref.Name
+		pv.Annotations[request.AnnDeletionSecretNamespace] = ref.Namespace
 	}
 	if ref := in.secrets.ControllerModify; ref != nil {
-		pv.Annotations[annModifySecretName] = ref.Name
-		pv.Annotations[annModifySecretNamespace] = ref.Namespace
+		pv.Annotations[request.AnnModifySecretName] = ref.Name
+		pv.Annotations[request.AnnModifySecretNamespace] = ref.Namespace
 	}
 	if reclaim == v1.PersistentVolumeReclaimDelete {
 		pv.Finalizers = []string{volumehelpers.PVDeletionProtectionFinalizer}

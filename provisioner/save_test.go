@@ -39,10 +39,10 @@ func TestBuildPVRecordsTheVolumeForTheClaim(t *testing.T) {
 			Name: "pvc-1",
 			Annotations: map[string]string{
 				volumehelpers.AnnDynamicallyProvisioned: drv,
-				annDeletionSecretName:                   "prov",
-				annDeletionSecretNamespace:              "ns",
-				annModifySecretName:                     "cm",
-				annModifySecretNamespace:                "ns",
+				request.AnnDeletionSecretName:                   "prov",
+				request.AnnDeletionSecretNamespace:              "ns",
+				request.AnnModifySecretName:                     "cm",
+				request.AnnModifySecretNamespace:                "ns",
 			},
 			Finalizers: []string{volumehelpers.PVDeletionProtectionFinalizer},
 		},
@@ -84,11 +84,11 @@ func TestBuildPVVariants(t *testing.T) {
 		if len(pv.Finalizers) != 0 || pv.Spec.PersistentVolumeReclaimPolicy != v1.PersistentVolumeReclaimRetain {
 			t.Errorf("finalizers %v, policy %s", pv.Finalizers, pv.Spec.PersistentVolumeReclaimPolicy)
 		}
-		if v, ok := pv.Annotations[annDeletionSecretName]; !ok || v != "" {
+		if v, ok := pv.Annotations[request.AnnDeletionSecretName]; !ok || v != "" {
 			t.Errorf("deletion secret name annotation %q (present %v), want present and empty", v, ok)
 		}
 		// Upstream writes the modify-secret annotations only for a class naming the secret.
-		if _, ok := pv.Annotations[annModifySecretName]; ok {
+		if _, ok := pv.Annotations[request.AnnModifySecretName]; ok {
 			t.Errorf("modify secret annotation without a modify secret: %v", pv.Annotations)
 		}
 	})

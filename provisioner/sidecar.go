@@ -106,7 +106,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	if cfg.inTree != "" {
 		logger.Info("Supports migration from in-tree plugin", "plugin", cfg.inTree)
 	}
-	if err := checkCapabilities(env.PluginCapabilities, env.ControllerCapabilities, false); err != nil {
+	if err := request.CheckCapabilities(env.PluginCapabilities, env.ControllerCapabilities, false); err != nil {
 		// Upstream starts anyway and reports it on every claim; so do we.
 		logger.Error(err, "The driver cannot provision volumes; claims will get events saying so")
 	}

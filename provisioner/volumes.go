@@ -220,7 +220,7 @@ func (d *volumeDeleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolum
 	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	} else {
-		if err := checkCapabilities(d.pluginCaps, d.controllerCaps, false); err != nil {
+		if err := request.CheckCapabilities(d.pluginCaps, d.controllerCaps, false); err != nil {
 			return err
 		}
 		if node := d.attachedTo(pv.Name); node != "" {
@@ -308,8 +308,8 @@ func (d *volumeDeleter) attachedTo(pvName string) string {
 func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[string]string {
 	logger := klog.FromContext(ctx)
 	var ref *v1.SecretReference
-	name, hasName := pv.Annotations[annDeletionSecretName]
-	namespace, hasNamespace := pv.Annotations[annDeletionSecretNamespace]
+	name, hasName := pv.Annotations[request.AnnDeletionSecretName]
+	namespace, hasNamespace := pv.Annotations[request.AnnDeletionSecretNamespace]
 	switch {
 	case hasName && hasNamespace:
 		if name != "" && namespace != "" {

@@ -4,11 +4,13 @@
 package request
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -150,4 +152,17 @@ func PVCapacity(reported, requested int64) (int64, error) {
 		return 0, fmt.Errorf("created volume capacity %d less than requested capacity %d", reported, requested)
 	}
 	return reported, nil
+}
+
+// CheckCapabilities says why the driver cannot provision this claim, as upstream words it.
+func CheckCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.ControllerCapabilitySet, needsModify bool) error {
+	switch {
+	case !plugin[csi.PluginCapability_Service_CONTROLLER_SERVICE]:
+		return errors.New("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported")
+	case !controller[csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME]:
+		return errors.New("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported")
+	case needsModify && !controller[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME]:
+		return errors.New("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported")
+	}
+	return nil
 }

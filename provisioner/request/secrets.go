@@ -243,3 +243,14 @@ func ReadSecret(ctx context.Context, kube kubernetes.Interface, ref *v1.SecretRe
 	}
 	return data, nil
 }
+
+// Annotations on the PersistentVolume naming the secret DeleteVolume needs, so deletion
+// works even when the StorageClass is gone (upstream's names).
+const (
+	AnnDeletionSecretName      = "volume.kubernetes.io/provisioner-deletion-secret-name"
+	AnnDeletionSecretNamespace = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+	// The secret of ControllerModifyVolume, which the resizer reads from the
+	// PersistentVolume; set only when the StorageClass names one (upstream's names).
+	AnnModifySecretName      = "volume.kubernetes.io/controller-modify-secret-name"
+	AnnModifySecretNamespace = "volume.kubernetes.io/controller-modify-secret-namespace"
+)
