@@ -3,9 +3,6 @@ package provisioner
 import (
 	"strings"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
-	v1 "k8s.io/api/core/v1"
 )
 
 func TestCapacityFlagsNeedTheirEnvironment(t *testing.T) {
@@ -35,18 +32,5 @@ func TestCapacityFlagsNeedTheirEnvironment(t *testing.T) {
 				t.Errorf("validate: %v, want %q", err, tc.wantErr)
 			}
 		})
-	}
-}
-
-func TestVolumeTopology(t *testing.T) {
-	pv := &v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{NodeAffinity: &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
-		{MatchExpressions: []v1.NodeSelectorRequirement{{Key: "zone", Operator: v1.NodeSelectorOpIn, Values: []string{"a"}}}},
-	}}}}}
-	if got := volumeTopology(pv); len(got) != 1 || !cmp.Equal(got[0].GetSegments(), map[string]string{"zone": "a"}) {
-		t.Errorf("volumeTopology: %v, want zone=a", got)
-	}
-	pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a", "b"}
-	if got := volumeTopology(pv); got != nil {
-		t.Errorf("volumeTopology of a multi-value term: %v, want nil (every segment)", got)
 	}
 }

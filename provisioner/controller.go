@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/deletion"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 )
 
@@ -87,7 +88,13 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 	if cfg.controllerCaps[csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME] {
 		attachments = factory.Storage().V1().VolumeAttachments()
 	}
-	if c.deleter, err = newVolumeDeleter(&c.config, queue(volumeQueueName), c.ownPVs, volumes.Informer(), c.classes, attachments); err != nil {
+	deletions := deletion.Config{Names: cfg.names(), Kube: cfg.kube, Recorder: cfg.recorder, Ops: cfg.ops,
+		PluginCaps: cfg.pluginCaps, ControllerCaps: cfg.controllerCaps, DeleteVolume: c.deleteBackendVolume,
+		Deleted: cfg.metrics.deleted, CapacityChanged: c.capacityChanged}
+	if cfg.node != nil {
+		deletions.Holds = cfg.node.holds
+	}
+	if c.deleter, err = deletion.New(deletions, queue(volumeQueueName), c.ownPVs, volumes.Informer(), c.classes, attachments); err != nil {
 		return nil, err
 	}
 
@@ -124,7 +131,7 @@ func (c *claimController) run(intake context.Context) {
 	}
 	if !cache.WaitForCacheSync(intake.Done(), synced...) {
 		c.claimQueue.ShutDown()
-		c.deleter.queue.ShutDown()
+		c.deleter.Queue().ShutDown()
 		c.sources.queue.ShutDown()
 		c.closer.Queue().ShutDown()
 		return
@@ -132,7 +139,7 @@ func (c *claimController) run(intake context.Context) {
 	var wg sync.WaitGroup
 	n := int(c.opts.workerThreads)
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.deleter.queue, n, c.deleter.sync) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.deleter.Queue(), n, c.deleter.Sync) })
 	wg.Go(func() {
 		lifecycle.RunWorkers(intake, c.sources.queue, int(c.opts.cloningProtectionThreads), c.sources.sync)
 	})

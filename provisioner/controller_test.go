@@ -476,7 +476,7 @@ func TestReleasedVolumesWithReclaimDeleteAreDeletedAfterDetachAndRetainedOnesKep
 	if _, err := w.kube.StorageV1().VolumeAttachments().Create(ctx, va, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.waitFor("the attachment in the cache", func() bool { return w.ctrl.deleter.attachedTo("pvc-del") == "n1" })
+	w.waitFor("the attachment in the cache", func() bool { return w.ctrl.deleter.AttachedTo("pvc-del") == "n1" })
 	for _, pv := range []*v1.PersistentVolume{releasedPV("pvc-del", deleteID, v1.PersistentVolumeReclaimDelete, fin), releasedPV("pvc-ret", retainID, v1.PersistentVolumeReclaimRetain, fin)} {
 		if _, err := w.kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/google/go-cmp/cmp"
-	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -81,107 +79,6 @@ func TestCreateVolumeErrorsThatMayLeaveAVolumeAreRetriedWithTheSameName(t *testi
 	} {
 		if got := classifyCreateError(tc.err, tc.mayReschedule); got != tc.want {
 			t.Errorf("%v (may reschedule %v): %s, want %s", tc.err, tc.mayReschedule, got, tc.want)
-		}
-	}
-}
-
-func TestCapabilityChecksSayWhatIsMissing(t *testing.T) {
-	plugin := rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true}
-	full := rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME: true}
-	for _, tc := range []struct {
-		name       string
-		plugin     rpc.PluginCapabilitySet
-		controller rpc.ControllerCapabilitySet
-		modify     bool
-		want       string
-	}{
-		{"all there", plugin, full, true, ""},
-		{"no controller service", rpc.PluginCapabilitySet{}, full, false, "does not support dynamic provisioning: plugin CONTROLLER_SERVICE"},
-		{"no create/delete", plugin, rpc.ControllerCapabilitySet{}, false, "does not support dynamic provisioning: controller CREATE_DELETE_VOLUME"},
-		{"no modify for a VAC", plugin, rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true}, true, "does not support VolumeAttributesClass"},
-	} {
-		err := request.CheckCapabilities(tc.plugin, tc.controller, tc.modify)
-		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
-			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
-		}
-	}
-}
-
-func TestFinalizerAndDeletionDecisions(t *testing.T) {
-	fin := volumehelpers.PVDeletionProtectionFinalizer
-	pv := func(policy v1.PersistentVolumeReclaimPolicy, phase v1.PersistentVolumePhase, deleting bool, finalizers ...string) *v1.PersistentVolume {
-		p := &v1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "pv", Finalizers: finalizers},
-			Spec:       v1.PersistentVolumeSpec{PersistentVolumeReclaimPolicy: policy, PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}},
-			Status:     v1.PersistentVolumeStatus{Phase: phase},
-		}
-		if deleting {
-			p.DeletionTimestamp = &metav1.Time{}
-		}
-		return p
-	}
-	del, ret := v1.PersistentVolumeReclaimDelete, v1.PersistentVolumeReclaimRetain
-	for _, tc := range []struct {
-		name           string
-		pv             *v1.PersistentVolume
-		wantFinalizers []string
-		wantChanged    bool
-		wantDelete     bool
-	}{
-		{"bound Delete gets the finalizer", pv(del, v1.VolumeBound, false), []string{fin}, true, false},
-		{"bound Delete keeps it", pv(del, v1.VolumeBound, false, "other", fin), []string{"other", fin}, false, false},
-		{"released Delete is deleted", pv(del, v1.VolumeReleased, false, fin), []string{fin}, false, true},
-		{"released Delete being deleted with finalizer is deleted", pv(del, v1.VolumeReleased, true, fin), []string{fin}, false, true},
-		{"being deleted without finalizer was done", pv(del, v1.VolumeReleased, true), nil, false, false},
-		{"Retain loses the finalizer, never deleted", pv(ret, v1.VolumeReleased, false, "other", fin), []string{"other"}, true, false},
-		{"Retain without finalizer: nothing", pv(ret, v1.VolumeReleased, false), nil, false, false},
-		{"pending Delete gets no finalizer yet", pv(del, v1.VolumePending, false), nil, false, false},
-		// isDriverVolume lets in-tree volumes through only when the driver can delete them
-		// (CSI migration): they are protected and deleted like the others.
-		{"bound Delete in-tree volume gets the finalizer", inTree(pv(del, v1.VolumeBound, false)), []string{fin}, true, false},
-		{"released Delete in-tree volume is deleted", inTree(pv(del, v1.VolumeReleased, false, fin)), []string{fin}, false, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, changed := desiredFinalizers(tc.pv)
-			if changed != tc.wantChanged {
-				t.Errorf("changed %v, want %v", changed, tc.wantChanged)
-			}
-			if diff := cmp.Diff(tc.wantFinalizers, got); diff != "" {
-				t.Errorf("finalizers (-want +got):\n%s", diff)
-			}
-			if d := shouldDelete(tc.pv); d != tc.wantDelete {
-				t.Errorf("shouldDelete %v, want %v", d, tc.wantDelete)
-			}
-		})
-	}
-}
-
-// inTree gives a PersistentVolume an in-tree EBS source in place of its CSI source.
-func inTree(pv *v1.PersistentVolume) *v1.PersistentVolume {
-	pv.Spec.CSI = nil
-	pv.Spec.AWSElasticBlockStore = &v1.AWSElasticBlockStoreVolumeSource{VolumeID: "vol-1"}
-	return pv
-}
-
-func TestDriverVolumes(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		pv   v1.PersistentVolume
-		want bool
-	}{
-		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}},
-			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
-		// drv replaces no in-tree plugin (migration_test.go has those that do).
-		{"in-tree volume migrated to the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
-			volumehelpers.AnnDynamicallyProvisioned: "kubernetes.io/gce-pd", volumehelpers.AnnMigratedTo: drv}},
-			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{GCEPersistentDisk: &v1.GCEPersistentDiskVolumeSource{PDName: "disk"}}}}, false},
-		{"provisioned by another", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: "other"}},
-			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, false},
-		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
-		{"static volume of another", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "x"}}}}, false},
-	} {
-		if got := request.IsDriverVolume(&tc.pv, request.DriverNames{Driver: drv}); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

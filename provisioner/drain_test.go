@@ -182,7 +182,7 @@ func TestADeleteVolumeOfAReleasedVolumeTheDrainRefusedRecordsNothing(t *testing.
 	w.waitFor("the PersistentVolume in the cache", func() bool { _, err := w.ctrl.volumes.Get("pvc-del"); return err == nil })
 	d.refuse(t, "DeleteVolume")
 
-	if err := w.ctrl.deleter.sync("pvc-del"); !lifecycle.NotStarted(err) {
+	if err := w.ctrl.deleter.Sync("pvc-del"); !lifecycle.NotStarted(err) {
 		t.Fatalf("syncVolume: %v, want the refusal", err)
 	}
 	d.checkNothingRecorded(w)
@@ -195,7 +195,7 @@ func TestADeleteVolumeOfAReleasedVolumeTheDrainRefusedRecordsNothing(t *testing.
 
 	// The next sync (here, or the next leader's) deletes it.
 	d.allow()
-	if err := w.ctrl.deleter.sync("pvc-del"); err != nil {
+	if err := w.ctrl.deleter.Sync("pvc-del"); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := w.driver.Volume(id); ok || w.pv("pvc-del") != nil {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/deletion"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
@@ -46,7 +47,7 @@ type claimController struct {
 	// undoer deletes the volumes that claims no longer want and closes their records.
 	undoer *undoer
 	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
-	deleter *volumeDeleter
+	deleter *deletion.Deleter
 	// sources protects the data sources of clones and restores, with a queue of its own.
 	sources *sourceGuard
 	// closer writes the events that close records, off the provisioning's path.

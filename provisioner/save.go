@@ -24,7 +24,6 @@ func savePVBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 6, Cap: 2 * time.Second}
 }
 
-
 // pvInput is what the PersistentVolume of a new volume is made from.
 type pvInput struct {
 	name     string
@@ -98,8 +97,8 @@ func buildPV(in pvInput) (*v1.PersistentVolume, error) {
 			Name: in.name,
 			Annotations: map[string]string{
 				volumehelpers.AnnDynamicallyProvisioned: provisionedBy,
-				request.AnnDeletionSecretName:                   "",
-				request.AnnDeletionSecretNamespace:              "",
+				request.AnnDeletionSecretName:           "",
+				request.AnnDeletionSecretNamespace:      "",
 			},
 		},
 		Spec: v1.PersistentVolumeSpec{

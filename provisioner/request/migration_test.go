@@ -57,3 +57,26 @@ func TestInTreeVolumesOfTheReplacedPluginAreTheDrivers(t *testing.T) {
 		}
 	}
 }
+
+func TestDriverVolumes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pv   v1.PersistentVolume
+		want bool
+	}{
+		{"provisioned by the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: drv}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
+		// drv replaces no in-tree plugin (migration_test.go has those that do).
+		{"in-tree volume migrated to the driver", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{
+			volumehelpers.AnnDynamicallyProvisioned: "kubernetes.io/gce-pd", volumehelpers.AnnMigratedTo: drv}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{GCEPersistentDisk: &v1.GCEPersistentDiskVolumeSource{PDName: "disk"}}}}, false},
+		{"provisioned by another", v1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{volumehelpers.AnnDynamicallyProvisioned: "other"}},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, false},
+		{"static volume of the driver", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: drv}}}}, true},
+		{"static volume of another", v1.PersistentVolume{Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: "x"}}}}, false},
+	} {
+		if got := IsDriverVolume(&tc.pv, DriverNames{Driver: drv}); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

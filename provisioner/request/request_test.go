@@ -1,10 +1,12 @@
 package request
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -173,5 +175,27 @@ func TestDriverParametersDropTheProvisionersKeysAndRefuseUnknownOnes(t *testing.
 	want := map[string]string{"type": "fast", pvcNameKey: "data", pvcNamespaceKey: "ns", pvNameKey: "pvc-x"}
 	if diff := cmp.Diff(want, params); diff != "" {
 		t.Errorf("extra metadata (-want +got):\n%s", diff)
+	}
+}
+
+func TestCapabilityChecksSayWhatIsMissing(t *testing.T) {
+	plugin := rpc.PluginCapabilitySet{csi.PluginCapability_Service_CONTROLLER_SERVICE: true}
+	full := rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME: true}
+	for _, tc := range []struct {
+		name       string
+		plugin     rpc.PluginCapabilitySet
+		controller rpc.ControllerCapabilitySet
+		modify     bool
+		want       string
+	}{
+		{"all there", plugin, full, true, ""},
+		{"no controller service", rpc.PluginCapabilitySet{}, full, false, "does not support dynamic provisioning: plugin CONTROLLER_SERVICE"},
+		{"no create/delete", plugin, rpc.ControllerCapabilitySet{}, false, "does not support dynamic provisioning: controller CREATE_DELETE_VOLUME"},
+		{"no modify for a VAC", plugin, rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME: true}, true, "does not support VolumeAttributesClass"},
+	} {
+		err := CheckCapabilities(tc.plugin, tc.controller, tc.modify)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
 	}
 }

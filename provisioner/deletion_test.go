@@ -47,7 +47,7 @@ func TestADeletedVolumeIsDeletedAndLetGoOnceWhateverTheCacheShows(t *testing.T) 
 			}
 			w.show(pvWatch.Add, released)
 
-			if err := w.ctrl.deleter.sync("pvc-del"); err != nil {
+			if err := w.ctrl.deleter.Sync("pvc-del"); err != nil {
 				t.Fatalf("first sync: %v", err)
 			}
 			if n := len(w.calls(testdriver.MethodDeleteVolume)); n != 1 {
@@ -64,7 +64,7 @@ func TestADeletedVolumeIsDeletedAndLetGoOnceWhateverTheCacheShows(t *testing.T) 
 			deleting.DeletionTimestamp = left.DeletionTimestamp
 			w.show(pvWatch.Modify, deleting)
 
-			if err := w.ctrl.deleter.sync("pvc-del"); err != nil {
+			if err := w.ctrl.deleter.Sync("pvc-del"); err != nil {
 				t.Errorf("second sync: %v", err)
 			}
 
@@ -122,7 +122,7 @@ func (w *world) showGone(pvWatch *watch.FakeWatcher, pv *v1.PersistentVolume) {
 // nextVolume waits for name in the volume queue and takes it; nothing else may come first.
 func (w *world) nextVolume(name string) {
 	w.t.Helper()
-	q := w.ctrl.deleter.queue
+	q := w.ctrl.deleter.Queue()
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return q.Len() > 0, nil
 	}); err != nil {

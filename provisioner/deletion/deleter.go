@@ -1,7 +1,7 @@
 // A released PersistentVolume's way: DeleteVolume, then the PersistentVolume and its
 // finalizer, each step at most once per process.
 
-package provisioner
+package deletion
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,8 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	storagev1informers "k8s.io/client-go/informers/storage/v1"
+	"k8s.io/client-go/kubernetes"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 
@@ -28,11 +31,11 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
-// volumeDeleter keeps the finalizer of the driver's PersistentVolumes right and deletes
+// Deleter keeps the finalizer of the driver's PersistentVolumes right and deletes
 // the released ones: DeleteVolume, then the PersistentVolume, then its finalizer. It owns
 // the volume queue (keyed by PersistentVolume name); the claim's way never reaches it.
-type volumeDeleter struct {
-	*config
+type Deleter struct {
+	Config
 	queue *lifecycle.Queue[string]
 	// volumes is the PersistentVolume cache through this process's writes: a PersistentVolume
 	// it let go is missing (Gone), and a DeleteVolume that succeeded is remembered as a step
@@ -44,15 +47,39 @@ type volumeDeleter struct {
 	attachments storagelisters.VolumeAttachmentLister
 }
 
+// Config is what the deleter needs from the provisioner.
+type Config struct {
+	// Names are the names the driver's PersistentVolumes may give it.
+	Names request.DriverNames
+	Kube  kubernetes.Interface
+	// Recorder writes the events about PersistentVolumes.
+	Recorder record.EventRecorder
+	// Ops is the parent of every DeleteVolume and the writes recording it (P1).
+	Ops context.Context
+	// PluginCaps and ControllerCaps are the driver's capabilities: a driver that cannot
+	// delete volumes is not asked to.
+	PluginCaps     rpc.PluginCapabilitySet
+	ControllerCaps rpc.ControllerCapabilitySet
+	// DeleteVolume asks the driver to delete a volume, bounded by --timeout.
+	DeleteVolume func(ctx context.Context, id string, secrets map[string]string) error
+	// Holds says whether this process deletes the volume: a node deployment deletes those
+	// of its node only. nil: every volume.
+	Holds func(pv *v1.PersistentVolume) bool
+	// Deleted counts a deletion in the provisioner's metrics.
+	Deleted func(class string, start time.Time, err error)
+	// CapacityChanged tells capacity tracking which capacity a deletion freed.
+	CapacityChanged func(class string, topology []*csi.Topology)
+}
+
 // stepDeleteVolume is the step of a deletion that its PersistentVolume does not show: the
 // driver deleted the volume, and the PersistentVolume is still to go.
 const stepDeleteVolume = "DeleteVolume"
 
-// newVolumeDeleter queues the driver's PersistentVolumes from informer's events, and the
+// New queues the driver's PersistentVolumes from informer's events, and the
 // PersistentVolume of each VolumeAttachment that goes when attachments is not nil.
-func newVolumeDeleter(cfg *config, queue *lifecycle.Queue[string], volumes *lifecycle.OwnWrites[*v1.PersistentVolume], informer cache.SharedInformer,
-	classes storagelisters.StorageClassLister, attachments storagev1informers.VolumeAttachmentInformer) (*volumeDeleter, error) {
-	d := &volumeDeleter{config: cfg, queue: queue, volumes: volumes, classes: classes}
+func New(cfg Config, queue *lifecycle.Queue[string], volumes *lifecycle.OwnWrites[*v1.PersistentVolume], informer cache.SharedInformer,
+	classes storagelisters.StorageClassLister, attachments storagev1informers.VolumeAttachmentInformer) (*Deleter, error) {
+	d := &Deleter{Config: cfg, queue: queue, volumes: volumes, classes: classes}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    d.enqueue,
 		UpdateFunc: func(_, obj any) { d.enqueue(obj) },
@@ -68,14 +95,14 @@ func newVolumeDeleter(cfg *config, queue *lifecycle.Queue[string], volumes *life
 	return d, nil
 }
 
-func (d *volumeDeleter) enqueue(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && request.IsDriverVolume(pv, d.names()) {
+func (d *Deleter) enqueue(obj any) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && request.IsDriverVolume(pv, d.Names) {
 		d.queue.Add(pv.Name)
 	}
 }
 
 // enqueueAttached wakes a deletion that waits for this attachment to go.
-func (d *volumeDeleter) enqueueAttached(obj any) {
+func (d *Deleter) enqueueAttached(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -121,7 +148,7 @@ func shouldDelete(pv *v1.PersistentVolume) bool {
 	return pv.Spec.PersistentVolumeReclaimPolicy == v1.PersistentVolumeReclaimDelete
 }
 
-// sync is what happens to one PersistentVolume of the driver: keep its finalizer right,
+// Sync is what happens to one PersistentVolume of the driver: keep its finalizer right,
 // and when it is released with reclaim policy Delete, delete the volume and then the
 // PersistentVolume.
 //
@@ -135,16 +162,16 @@ func shouldDelete(pv *v1.PersistentVolume) bool {
 // of a write of ours that reads a cache older than the write); a new leader calls
 // DeleteVolume once more, which CSI requires a driver to answer with success for a volume
 // that is gone.
-func (d *volumeDeleter) sync(name string) error {
+func (d *Deleter) Sync(name string) error {
 	pv, exists, deletedAlready, err := d.volumes.GetTaken(name, stepDeleteVolume)
 	if !exists || err != nil {
 		return err
 	}
-	if !request.IsDriverVolume(pv, d.names()) {
+	if !request.IsDriverVolume(pv, d.Names) {
 		return nil
 	}
 	logger := klog.Background().WithValues("pv", name)
-	ctx := klog.NewContext(d.ops, logger)
+	ctx := klog.NewContext(d.Ops, logger)
 	if finalizers, changed := desiredFinalizers(pv); changed {
 		if pv, err = d.patchFinalizers(ctx, pv, finalizers); err != nil {
 			logger.Error(err, "Cannot set the finalizers of the PersistentVolume, retrying")
@@ -159,10 +186,10 @@ func (d *volumeDeleter) sync(name string) error {
 	vol, migrated, err := request.CSIVolume(pv)
 	if err != nil {
 		logger.Error(err, "Volume deletion failed, retrying")
-		d.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 		return err
 	}
-	if d.node != nil && !d.node.holds(vol) {
+	if d.Holds != nil && !d.Holds(vol) {
 		// Another node's provisioner deletes it.
 		return nil
 	}
@@ -171,14 +198,14 @@ func (d *volumeDeleter) sync(name string) error {
 	var pvErr pvRemovalError
 	var attached stillAttachedError
 	if !errors.As(err, &attached) {
-		d.metrics.deleted(pv.Spec.StorageClassName, start, err)
+		d.Deleted(pv.Spec.StorageClassName, start, err)
 	}
 	switch {
 	case errors.As(err, &attached):
 		// Expected when a workload and its claim are deleted together: postponed, not
 		// failed, as upstream v6.4 (a Normal event, not counted as a failed deletion).
 		logger.V(4).Info("Volume deletion postponed", "reason", err.Error())
-		d.recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
+		d.Recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
 		return err
 	case err == nil:
 	case errors.As(err, &pvErr):
@@ -190,7 +217,7 @@ func (d *volumeDeleter) sync(name string) error {
 		logger.V(2).Info("DeleteVolume not started; left to the next leader")
 	default:
 		logger.Error(err, "Volume deletion failed, retrying")
-		d.recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 	}
 	return err
 }
@@ -215,25 +242,27 @@ func (e pvRemovalError) Unwrap() error { return e.err }
 // deletedAlready says that DeleteVolume succeeded for it in this process already: only the
 // API writes after it are retried, the driver is not called again. Each step that succeeds is
 // remembered in d.volumes (Took, Gone) until the informer shows the PersistentVolume gone.
-func (d *volumeDeleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
+func (d *Deleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, deletedAlready bool) error {
 	logger := klog.FromContext(ctx)
 	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	} else {
-		if err := request.CheckCapabilities(d.pluginCaps, d.controllerCaps, false); err != nil {
+		if err := request.CheckCapabilities(d.PluginCaps, d.ControllerCaps, false); err != nil {
 			return err
 		}
-		if node := d.attachedTo(pv.Name); node != "" {
+		if node := d.AttachedTo(pv.Name); node != "" {
 			// Deleting an attached volume would fail in the driver or, worse, succeed.
 			return stillAttachedError{pv: pv.Name, node: node}
 		}
 		secrets := d.secrets(ctx, pv)
-		if err := d.deleteBackendVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
+		if err := d.DeleteVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
 			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
 		}
 		d.volumes.Took(pv, stepDeleteVolume)
 		logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
-		d.capacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
+		if d.CapacityChanged != nil {
+			d.CapacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
+		}
 	}
 	letGo, err := d.removePV(ctx, pv)
 	if err != nil {
@@ -253,8 +282,8 @@ func (d *volumeDeleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolum
 // needs nothing more from the provisioner: the finalizer removal was written, or it had none,
 // or the PersistentVolume is gone. A finalizer removal the API server refused as conflicting
 // or invalid is not retried here; a later sync of the PersistentVolume sees what it is.
-func (d *volumeDeleter) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
-	pvs := d.kube.CoreV1().PersistentVolumes()
+func (d *Deleter) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
+	pvs := d.Kube.CoreV1().PersistentVolumes()
 	if pv.DeletionTimestamp == nil {
 		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			// Gone, or another PersistentVolume of the same name: not this one's to touch.
@@ -284,9 +313,9 @@ func (d *volumeDeleter) removePV(ctx context.Context, pv *v1.PersistentVolume) (
 	return false, fmt.Errorf("removing finalizer %s from PersistentVolume %s: %w", volumehelpers.PVDeletionProtectionFinalizer, pv.Name, err)
 }
 
-// attachedTo names a node the volume is still attached to, "" for none (or when the
+// AttachedTo names a node the volume is still attached to, "" for none (or when the
 // driver does not publish).
-func (d *volumeDeleter) attachedTo(pvName string) string {
+func (d *Deleter) AttachedTo(pvName string) string {
 	if d.attachments == nil {
 		return ""
 	}
@@ -305,7 +334,7 @@ func (d *volumeDeleter) attachedTo(pvName string) string {
 // deletionSecrets reads the provisioner secret named by the PersistentVolume's annotations,
 // or else by its StorageClass. A secret that cannot be read is logged and deletion goes on
 // without it, as upstream: it may have been deleted on purpose.
-func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[string]string {
+func (d *Deleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[string]string {
 	logger := klog.FromContext(ctx)
 	var ref *v1.SecretReference
 	name, hasName := pv.Annotations[request.AnnDeletionSecretName]
@@ -322,7 +351,7 @@ func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) ma
 			return nil
 		}
 		// An in-tree class is read in its CSI translation, as when the volume was made.
-		if class, _, err = d.names().CSIClass(class); err != nil {
+		if class, _, err = d.Names.CSIClass(class); err != nil {
 			logger.Info("Cannot translate the StorageClass, deleting without secrets", "err", err.Error())
 			return nil
 		}
@@ -332,7 +361,7 @@ func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) ma
 			return nil
 		}
 	}
-	secrets, err := request.ReadSecret(ctx, d.kube, ref)
+	secrets, err := request.ReadSecret(ctx, d.Kube, ref)
 	if err != nil {
 		logger.Error(err, "Cannot read the deletion secret, deleting without it")
 	}
@@ -341,12 +370,12 @@ func (d *volumeDeleter) secrets(ctx context.Context, pv *v1.PersistentVolume) ma
 
 // patchFinalizers sets the PersistentVolume's finalizers, on Ops(). It patches: upstream's
 // RBAC grants patch on persistentvolumes, not update.
-func (d *volumeDeleter) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, finalizers []string) (*v1.PersistentVolume, error) {
+func (d *Deleter) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, finalizers []string) (*v1.PersistentVolume, error) {
 	patch, err := finalizerPatch(pv, finalizers)
 	if err != nil {
 		return pv, err
 	}
-	updated, err := d.kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	updated, err := d.Kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return pv, fmt.Errorf("setting finalizers %v on PersistentVolume %s: %w", finalizers, pv.Name, err)
 	}
@@ -382,3 +411,6 @@ func volumeTopology(pv *v1.PersistentVolume) []*csi.Topology {
 	}
 	return out
 }
+
+// Queue is the deleter's queue, by PersistentVolume name, for the workers that run Sync.
+func (d *Deleter) Queue() *lifecycle.Queue[string] { return d.queue }
