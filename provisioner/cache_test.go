@@ -44,10 +44,10 @@ func TestEveryCacheHoldsObjectsWithoutManagedFields(t *testing.T) {
 		t.Errorf("cached claim %+v (err %v), want it without managedFields", claim, err)
 	}
 	w.waitFor("the snapshot in its cache", func() bool {
-		_, exists, _ := w.ctrl.sources.snapshots.informer.GetStore().GetByKey("ns/snap")
+		_, exists, _ := w.ctrl.sources.SnapshotCache().GetByKey("ns/snap")
 		return exists
 	})
-	cached, _, _ := w.ctrl.sources.snapshots.informer.GetStore().GetByKey("ns/snap")
+	cached, _, _ := w.ctrl.sources.SnapshotCache().GetByKey("ns/snap")
 	if hasManagedFields(t, cached) {
 		t.Errorf("cached snapshot %+v, want it without managedFields", cached)
 	}

@@ -163,7 +163,7 @@ func (c *claimController) syncClaim(uid string) error {
 	// goes on: the claim may be deleted while CreateVolume runs, and the pending plan
 	// (and the claim's record) is then the sign that the source is still in use.
 	c.inFlight.set(uid, p)
-	if err := c.sources.protect(ctx, p.source); err != nil {
+	if err := c.sources.Protect(ctx, p.source); err != nil {
 		c.finish(uid, p)
 		c.recorder.Event(claim, v1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/deletion"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/sources"
 )
 
 // Upstream's queue names (sig-storage-lib-external-provisioner), the label of the
@@ -78,7 +79,8 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 	c.classes = factory.Storage().V1().StorageClasses().Lister()
 	volumes := factory.Core().V1().PersistentVolumes()
 	c.volumes = volumes.Lister()
-	if c.sources, err = newSourceGuard(&c.config, queue(sourceQueueName), c, claims, own, c.volumes, c.classes, cfg.snapshotClient); err != nil {
+	guard := sources.Config{Names: cfg.names(), Kube: cfg.kube, Ops: cfg.ops, Timeout: cfg.opts.timeout}
+	if c.sources, err = sources.New(guard, queue(sourceQueueName), c, claims, own, c.volumes, c.classes, cfg.snapshotClient); err != nil {
 		return nil, err
 	}
 	if c.ownPVs, err = lifecycle.NewOwnCreations[*v1.PersistentVolume](klog.Background(), volumes.Informer()); err != nil {
@@ -98,7 +100,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, err
 	}
 
-	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: c.sources.snapshots, startingWork: c.startingWork}
+	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: cfg.snapshotClient, startingWork: c.startingWork}
 	c.undoer = &undoer{config: &c.config, records: c.records, planner: c.planner, absent: &c.absent, claims: c}
 	if cfg.topology {
 		if cfg.node != nil {
@@ -116,7 +118,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 // and the snapshots', until stop closes (every replica, P7).
 func (c *claimController) startInformers(stop <-chan struct{}) {
 	c.records.Start(stop)
-	c.sources.start(stop)
+	c.sources.Start(stop)
 }
 
 // run works both queues until intake ends, then returns when every worker has finished
@@ -126,13 +128,11 @@ func (c *claimController) run(intake context.Context) {
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
 	synced := []cache.InformerSynced{c.records.HasSynced}
-	if c.sources.snapshots != nil {
-		synced = append(synced, c.sources.snapshots.informer.HasSynced)
-	}
+	synced = append(synced, c.sources.HasSynced)
 	if !cache.WaitForCacheSync(intake.Done(), synced...) {
 		c.claimQueue.ShutDown()
 		c.deleter.Queue().ShutDown()
-		c.sources.queue.ShutDown()
+		c.sources.Queue().ShutDown()
 		c.closer.Queue().ShutDown()
 		return
 	}
@@ -141,10 +141,10 @@ func (c *claimController) run(intake context.Context) {
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.claimQueue, n, c.syncClaim) })
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.deleter.Queue(), n, c.deleter.Sync) })
 	wg.Go(func() {
-		lifecycle.RunWorkers(intake, c.sources.queue, int(c.opts.cloningProtectionThreads), c.sources.sync)
+		lifecycle.RunWorkers(intake, c.sources.Queue(), int(c.opts.cloningProtectionThreads), c.sources.Sync)
 	})
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.Queue(), 1, c.closer.Sync) })
-	wg.Go(func() { c.sources.sweep(intake, c.opts.snapshotOrphanSweepInterval) })
+	wg.Go(func() { c.sources.Sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
 }

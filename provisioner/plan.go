@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,7 +65,7 @@ type planner struct {
 	// claims is the claim cache through this process's own writes (a clone's source).
 	claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	// snapshots is nil without snapshot support (a restore's source).
-	snapshots *snapshotWatch
+	snapshots snapclientset.Interface
 	// startingWork is the context of the plan's reads: they end with intake and wait
 	// behind the requests that finish work (P14).
 	startingWork func(context.Context) (context.Context, context.CancelFunc)
@@ -227,7 +228,7 @@ func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeC
 	)
 	switch ref.Kind {
 	case request.SourceClone:
-		source := cachedClaim(c.claims, ref.Namespace, ref.Name)
+		source, _, _ := c.claims.Get(ref.Namespace + "/" + ref.Name)
 		var sourcePV *v1.PersistentVolume
 		if source != nil && source.Spec.VolumeName != "" {
 			sourcePV, _ = c.volumes.Get(source.Spec.VolumeName)
@@ -250,13 +251,13 @@ func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.Persisten
 	if c.snapshots == nil {
 		return nil, fmt.Errorf("the %s API is not served by the cluster", snapshotv1.SchemeGroupVersion)
 	}
-	snap, err := c.snapshots.client.SnapshotV1().VolumeSnapshots(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	snap, err := c.snapshots.SnapshotV1().VolumeSnapshots(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("error getting snapshot %s from api server: %w", ref.Name, err)
 	}
 	var content *snapshotv1.VolumeSnapshotContent
 	if snap.Status != nil && snap.Status.BoundVolumeSnapshotContentName != nil {
-		content, err = c.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, *snap.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
+		content, err = c.snapshots.SnapshotV1().VolumeSnapshotContents().Get(ctx, *snap.Status.BoundVolumeSnapshotContentName, metav1.GetOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("error getting snapshotcontent %s: %w", *snap.Status.BoundVolumeSnapshotContentName, err)
 		}

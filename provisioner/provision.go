@@ -25,6 +25,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/provisioner/deletion"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/sources"
 )
 
 // claimUIDIndex indexes claims by UID: the claim queue is keyed by UID, as upstream, so that
@@ -49,7 +50,7 @@ type claimController struct {
 	// deleter deletes the driver's released PersistentVolumes, with a queue of its own.
 	deleter *deletion.Deleter
 	// sources protects the data sources of clones and restores, with a queue of its own.
-	sources *sourceGuard
+	sources *sources.Guard
 	// closer writes the events that close records, off the provisioning's path.
 	closer *record.Closer
 	// records keeps the provisioning records (events on the claims).
@@ -215,7 +216,7 @@ func (c *claimController) provision(ctx context.Context, uid string, p *plan) er
 func (c *claimController) finish(uid string, p *plan) {
 	c.inFlight.set(uid, nil)
 	if p.source.Kind != request.SourceNone {
-		c.sources.queue.Add(p.source.Key())
+		c.sources.Queue().Add(p.source.Key())
 	}
 }
 
@@ -257,10 +258,10 @@ func (c *claimController) reschedule(ctx context.Context, claim *v1.PersistentVo
 	return nil
 }
 
-// sourceUser names a claim of the driver whose volume is still being made from ref: an
+// SourceUser names a claim of the driver whose volume is still being made from ref: an
 // operation in flight, a claim carrying a provisioning record, or a claim that names it,
 // is not deleted and has no PersistentVolume yet; "" for none.
-func (c *claimController) sourceUser(ref request.SourceRef) string {
+func (c *claimController) SourceUser(ref request.SourceRef) string {
 	if who := c.inFlight.using(ref); who != "" {
 		return who
 	}

@@ -35,7 +35,7 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 		}
 	}
 	c.claimQueue.Add("uid-1")
-	c.sources.queue.Add("pvc/ns/src")
+	c.sources.Queue().Add("pvc/ns/src")
 	waiting := map[string]int{}
 	for _, q := range backlog.Now(time.Now()) {
 		waiting[q.Queue] = q.Waiting

@@ -381,7 +381,7 @@ func TestARestoreWorksWhenTheSnapshotUpdateIsForbidden(t *testing.T) {
 			t.Errorf("refused %q: not a verb the old RBAC lacks", r)
 		}
 	}
-	if !w.ctrl.sources.snapshots.updateForbidden.warned.Load() {
+	if !w.ctrl.sources.WarnedOfMissingSnapshotUpdate() {
 		t.Error("no warning about the missing update permission")
 	}
 	got, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(ctx, "snap", metav1.GetOptions{})
@@ -410,7 +410,7 @@ func TestAForbiddenSnapshotFinalizerRemovalIsNotRetriedInALoop(t *testing.T) {
 	if n := count(snapServer.refusals(), "update volumesnapshots"); n > wakes {
 		t.Errorf("%d refused removals for %d wakes of the snapshot: retried in a loop", n, wakes)
 	}
-	if !w.ctrl.sources.snapshots.updateForbidden.warned.Load() {
+	if !w.ctrl.sources.WarnedOfMissingSnapshotUpdate() {
 		t.Error("no warning about the missing update permission")
 	}
 }

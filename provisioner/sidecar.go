@@ -25,6 +25,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/capacity"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/sources"
 )
 
 // Sidecar is the provisioner, as the lifecycle core hosts it.
@@ -196,7 +197,7 @@ func snapshotClientFor(env *lifecycle.Env) (snapclientset.Interface, error) {
 	if !env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT] {
 		return nil, nil
 	}
-	served, err := snapshotAPIAvailable(env.Kube.Discovery())
+	served, err := sources.SnapshotAPIAvailable(env.Kube.Discovery())
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,7 @@
 // A data source's protection: upstream's finalizer on the source claim or snapshot while a
 // volume may be made from it (its own queue, and a sweep for snapshots).
 
-package provisioner
+package sources
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
@@ -32,26 +33,15 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
-// Data sources: a clone or a restore protects its source with a finalizer from before
-// CreateVolume until no claim of the driver still needs it (the source-protection queue,
-// --cloning-protection-threads workers). The finalizers are added and removed on Ops():
-// they belong to the operation they protect (P1). A stopping leader may leave a finalizer
-// behind; the next leader finds it in its caches (claims on add, snapshots by the orphan
-// sweep) and removes it once the source is free.
-//
-// Unlike upstream, which removes the cloning finalizer only once the source claim is being
-// deleted, the finalizer goes as soon as no clone is in progress: it then says what it
-// means, a clone is being made.
-
-// sourceGuard keeps the protection finalizers of data sources: it puts one on before a
+// Guard keeps the protection finalizers of data sources: it puts one on before a
 // CreateVolume from the source (protect) and takes it off once no claim of the driver
 // still needs the source (sync). It owns the source queue (keyed by sourceRef.key()), the
 // snapshot watch and its sweep; what "still needs" means is the claim's way's to say
-// (sourceUsers).
-type sourceGuard struct {
-	*config
+// (Users).
+type Guard struct {
+	Config
 	queue *lifecycle.Queue[string]
-	users sourceUsers
+	users Users
 	// claims is the claim cache through this process's own writes of claims.
 	claims  *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	volumes corelisters.PersistentVolumeLister
@@ -60,17 +50,29 @@ type sourceGuard struct {
 	snapshots *snapshotWatch
 }
 
-// sourceUsers names a claim of the driver whose volume is still being made from a source,
-// "" for none.
-type sourceUsers interface {
-	sourceUser(ref request.SourceRef) string
+// Config is what the guard needs from the provisioner.
+type Config struct {
+	// Names are the names the driver's claims, classes and PersistentVolumes may give it.
+	Names request.DriverNames
+	Kube  kubernetes.Interface
+	// Ops is the parent of the finalizers' writes, which belong to the operation they
+	// protect (P1).
+	Ops context.Context
+	// Timeout bounds the reads of a snapshot's content (--timeout).
+	Timeout time.Duration
 }
 
-// newSourceGuard queues sources from the claims' events (claims is the claim informer),
+// Users names a claim of the driver whose volume is still being made from a source,
+// "" for none.
+type Users interface {
+	SourceUser(ref request.SourceRef) string
+}
+
+// New queues sources from the claims' events (claims is the claim informer),
 // and from the snapshots' when snapshotClient is not nil.
-func newSourceGuard(cfg *config, queue *lifecycle.Queue[string], users sourceUsers, claims cache.SharedInformer, own *lifecycle.OwnWrites[*v1.PersistentVolumeClaim],
-	volumes corelisters.PersistentVolumeLister, classes storagelisters.StorageClassLister, snapshotClient snapclientset.Interface) (*sourceGuard, error) {
-	g := &sourceGuard{config: cfg, queue: queue, users: users, claims: own, volumes: volumes, classes: classes}
+func New(cfg Config, queue *lifecycle.Queue[string], users Users, claims cache.SharedInformer, own *lifecycle.OwnWrites[*v1.PersistentVolumeClaim],
+	volumes corelisters.PersistentVolumeLister, classes storagelisters.StorageClassLister, snapshotClient snapclientset.Interface) (*Guard, error) {
+	g := &Guard{Config: cfg, queue: queue, users: users, claims: own, volumes: volumes, classes: classes}
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    g.enqueueClaimSources,
 		UpdateFunc: func(_, obj any) { g.enqueueClaimSources(obj) },
@@ -86,8 +88,8 @@ func newSourceGuard(cfg *config, queue *lifecycle.Queue[string], users sourceUse
 	return g, nil
 }
 
-// snapshotAPIAvailable tells, by discovery, whether the VolumeSnapshot API is served.
-func snapshotAPIAvailable(d discovery.DiscoveryInterface) (bool, error) {
+// SnapshotAPIAvailable tells, by discovery, whether the VolumeSnapshot API is served.
+func SnapshotAPIAvailable(d discovery.DiscoveryInterface) (bool, error) {
 	resources, err := d.ServerResourcesForGroupVersion(snapshotv1.SchemeGroupVersion.String())
 	if apierrors.IsNotFound(err) {
 		return false, nil
@@ -119,7 +121,7 @@ type snapshotWatch struct {
 // watchSnapshots makes the snapshot informer and registers its handler; startSnapshots
 // starts it. The informer is built here rather than by the generated factory so that it
 // honours a client's IsWatchListSemanticsUnSupported (the generated fake's case).
-func (g *sourceGuard) watchSnapshots(client snapclientset.Interface) error {
+func (g *Guard) watchSnapshots(client snapclientset.Interface) error {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, options metav1.ListOptions) (runtime.Object, error) {
 			return client.SnapshotV1().VolumeSnapshots(metav1.NamespaceAll).List(ctx, options)
@@ -162,14 +164,14 @@ func (g *sourceGuard) watchSnapshots(client snapclientset.Interface) error {
 	return err
 }
 
-// start runs the snapshot informer, if there is one, until stop closes (every replica, P7).
-func (g *sourceGuard) start(stop <-chan struct{}) {
+// Start runs the snapshot informer, if there is one, until stop closes (every replica, P7).
+func (g *Guard) Start(stop <-chan struct{}) {
 	if g.snapshots != nil {
 		go g.snapshots.informer.Run(stop)
 	}
 }
 
-func (g *sourceGuard) enqueueProtectedSnapshot(obj any) {
+func (g *Guard) enqueueProtectedSnapshot(obj any) {
 	if snap, ok := obj.(*snapshotv1.VolumeSnapshot); ok && slices.Contains(snap.Finalizers, request.SnapshotProtectionFinalizer) {
 		g.queue.Add(request.SourceRef{Kind: request.SourceSnapshot, Namespace: snap.Namespace, Name: snap.Name}.Key())
 	}
@@ -177,7 +179,7 @@ func (g *sourceGuard) enqueueProtectedSnapshot(obj any) {
 
 // enqueueClaimSources wakes the source protection a claim takes part in: the claim's own
 // cloning finalizer, and the source of a claim that got its volume or goes away.
-func (g *sourceGuard) enqueueClaimSources(obj any) {
+func (g *Guard) enqueueClaimSources(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
 	}
@@ -203,9 +205,9 @@ func cachedClaim(claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim], namespa
 	return claim
 }
 
-// protect puts the protection finalizer on the plan's source before CreateVolume,
+// Protect puts the protection finalizer on the plan's source before CreateVolume,
 // on ctx (Ops()).
-func (g *sourceGuard) protect(ctx context.Context, ref request.SourceRef) error {
+func (g *Guard) Protect(ctx context.Context, ref request.SourceRef) error {
 	switch ref.Kind {
 	case request.SourceClone:
 		return g.setClaimFinalizer(ctx, ref, true)
@@ -215,16 +217,16 @@ func (g *sourceGuard) protect(ctx context.Context, ref request.SourceRef) error 
 	return nil
 }
 
-// sync is what happens to one protected source: once no claim of the
+// Sync is what happens to one protected source: once no claim of the
 // driver still needs it, its finalizer goes. While one does, the key is retried with
 // backoff (the claim's progress also wakes it).
-func (g *sourceGuard) sync(key string) error {
+func (g *Guard) Sync(key string) error {
 	ref, err := parseSourceKey(key)
 	if err != nil {
 		klog.Background().Error(err, "Dropping a malformed source key")
 		return nil
 	}
-	ctx := klog.NewContext(g.ops, klog.Background().WithValues("source", ref.String()))
+	ctx := klog.NewContext(g.Ops, klog.Background().WithValues("source", ref.String()))
 	// The finalizer names are shared by every provisioner of the cluster: a source of
 	// another driver is its provisioner's to release, whatever this one's claims say.
 	switch ref.Kind {
@@ -233,7 +235,7 @@ func (g *sourceGuard) sync(key string) error {
 		if claim == nil || !slices.Contains(claim.Finalizers, request.CloneProtectionFinalizer) || !g.isDriverClaim(claim) {
 			return nil
 		}
-		if user := g.users.sourceUser(ref); user != "" {
+		if user := g.users.SourceUser(ref); user != "" {
 			return fmt.Errorf("%s is still the source of claim %s", ref, user)
 		}
 		return g.setClaimFinalizer(ctx, ref, false)
@@ -247,7 +249,7 @@ func (g *sourceGuard) sync(key string) error {
 		}
 		// The caches first: a snapshot still in use keeps its finalizer without an API
 		// read of its content on every retry.
-		if user := g.users.sourceUser(ref); user != "" {
+		if user := g.users.SourceUser(ref); user != "" {
 			return fmt.Errorf("%s is still the source of claim %s", ref, user)
 		}
 		if ours, err := g.releasableSnapshot(ctx, snap); err != nil || !ours {
@@ -261,7 +263,7 @@ func (g *sourceGuard) sync(key string) error {
 // isDriverClaim tells, from the caches, whether the claim's volume is the driver's: its
 // PersistentVolume's CSI driver once bound, else the provisioner it names or its
 // StorageClass names.
-func (g *sourceGuard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
+func (g *Guard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 	var pv *v1.PersistentVolume
 	if claim.Spec.VolumeName != "" {
 		pv, _ = g.volumes.Get(claim.Spec.VolumeName)
@@ -270,7 +272,7 @@ func (g *sourceGuard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 	if name := volumehelpers.GetPersistentVolumeClaimClass(claim); name != "" {
 		class, _ = g.classes.Get(name)
 	}
-	return claimOfDriver(claim, pv, class, g.names())
+	return claimOfDriver(claim, pv, class, g.Names)
 }
 
 // claimOfDriver decides isDriverClaim; pv and class are nil when unknown. An in-tree
@@ -295,11 +297,11 @@ func claimOfDriver(claim *v1.PersistentVolumeClaim, pv *v1.PersistentVolume, cla
 // snapshot, whoever put the finalizer on, and keeping it would leave the snapshot stuck
 // Terminating for good. The content is read from the API server on ctx (Ops()): there is
 // no content informer, and only snapshots carrying the finalizer get here.
-func (g *sourceGuard) releasableSnapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) (bool, error) {
+func (g *Guard) releasableSnapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) (bool, error) {
 	if snap.Status == nil || snap.Status.BoundVolumeSnapshotContentName == nil {
 		return true, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.opts.timeout)
+	ctx, cancel := context.WithTimeout(ctx, g.Timeout)
 	defer cancel()
 	name := *snap.Status.BoundVolumeSnapshotContentName
 	content, err := g.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
@@ -308,7 +310,7 @@ func (g *sourceGuard) releasableSnapshot(ctx context.Context, snap *snapshotv1.V
 	} else if err != nil {
 		return false, fmt.Errorf("reading VolumeSnapshotContent %s of snapshot %s: %w", name, klog.KObj(snap), err)
 	}
-	return content.Spec.Driver == g.driver, nil
+	return content.Spec.Driver == g.Names.Driver, nil
 }
 
 func parseSourceKey(key string) (request.SourceRef, error) {
@@ -331,7 +333,7 @@ func parseSourceKey(key string) (request.SourceRef, error) {
 // setClaimFinalizer adds or removes the cloning finalizer of a source claim: one update of
 // the freshest copy this process knows (OwnWrites), with its resource version; a conflict
 // goes back to the queue, whose backoff lets the cache catch up (P14).
-func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
+func (g *Guard) setClaimFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
 	claim := cachedClaim(g.claims, ref.Namespace, ref.Name)
 	if claim == nil {
 		if add {
@@ -345,7 +347,7 @@ func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref request.SourceR
 	}
 	update := claim.DeepCopy()
 	update.Finalizers = finalizers
-	out, err := g.kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	out, err := g.Kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && !add:
 		return nil
@@ -363,7 +365,7 @@ func (g *sourceGuard) setClaimFinalizer(ctx context.Context, ref request.SourceR
 // the write is forbidden and, as upstream, that is no failure: the restore goes on without
 // protection (add), or the finalizer stays for a sweep to retry (remove); a warning says
 // so once.
-func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
+func (g *Guard) setSnapshotFinalizer(ctx context.Context, ref request.SourceRef, add bool) error {
 	if g.snapshots == nil {
 		return nil
 	}
@@ -402,10 +404,10 @@ func (g *sourceGuard) setSnapshotFinalizer(ctx context.Context, ref request.Sour
 	return nil
 }
 
-// sweep checks every snapshot that carries the provisioner's finalizer, every
+// Sweep checks every snapshot that carries the provisioner's finalizer, every
 // interval until intake ends: a finalizer whose restore is over (a crash, a claim deleted
 // meanwhile) goes.
-func (g *sourceGuard) sweep(intake context.Context, interval time.Duration) {
+func (g *Guard) Sweep(intake context.Context, interval time.Duration) {
 	if g.snapshots == nil || interval <= 0 {
 		return
 	}
@@ -414,4 +416,25 @@ func (g *sourceGuard) sweep(intake context.Context, interval time.Duration) {
 			g.enqueueProtectedSnapshot(obj)
 		}
 	}, interval)
+}
+
+// Queue is the guard's queue, by source key (request.SourceRef.Key), for the workers that
+// run Sync.
+func (g *Guard) Queue() *lifecycle.Queue[string] { return g.queue }
+
+// HasSynced says whether the snapshot cache, if the guard watches snapshots, is filled.
+func (g *Guard) HasSynced() bool { return g.snapshots == nil || g.snapshots.informer.HasSynced() }
+
+// SnapshotCache is the guard's cache of VolumeSnapshots, nil without snapshot support.
+func (g *Guard) SnapshotCache() cache.Store {
+	if g.snapshots == nil {
+		return nil
+	}
+	return g.snapshots.informer.GetStore()
+}
+
+// WarnedOfMissingSnapshotUpdate says whether the guard has warned that the RBAC does not
+// grant update on VolumeSnapshots (upstream's before v6.2).
+func (g *Guard) WarnedOfMissingSnapshotUpdate() bool {
+	return g.snapshots != nil && g.snapshots.updateForbidden.warned.Load()
 }
