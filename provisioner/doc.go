@@ -23,32 +23,34 @@
 // k8s.io/component-helpers (annotations, finalizer name, storage class and node-affinity
 // helpers) and csi-lib-utils (access modes, sanitised logging of requests).
 //
-// Reading order. The package is cut into parts that each own their state and reach the
-// others through plain values, a func or a small interface. From the top down, each file
-// uses only files listed after it; controller.go, above them all, wires the parts:
+// Reading order. The provisioner is cut into parts that each own their state. The parts
+// with a clear boundary are packages, so the compiler keeps every dependency running down:
 //
+//   - request: the pure parts of a request (names, sizes, capabilities, parameters,
+//     secrets, topology, data source checks, CSI migration), tested by tables;
+//   - record: the durable provisioning record, its store of events and its closer;
+//   - sources: the data sources' protection, with its own queue, snapshot watch and sweep;
+//   - deletion: the deletion of released volumes, with its own queue;
+//   - capacity: storage capacity tracking (--enable-capacity), with its own queue.
+//
+// This package holds the claim's way, which uses them all and which none of them uses.
+// From the top down, each file uses only files listed after it:
+//
+//   - sidecar.go: the sidecar the core hosts (flags, Setup, Run); controller.go wires the
+//     parts on the informer factory and runs their queues;
 //   - claims.go: the claim's way: the handlers that queue a claim by UID, and syncClaim,
 //     which reads top to bottom: an open record first (finish, drop or undo), then
 //     whether the claim wants a volume, its plan, its record and its provisioning;
 //   - provision.go: the claim's way's state (claimController) and its steps: CreateVolume
-//     and what its answer means (create.go: the plans in flight), the PersistentVolume, the
-//     record closed;
+//     and what its answer means, the PersistentVolume, the record closed;
 //   - undo.go: the undoer, which deletes a volume no claim wants and closes its record;
-//   - volumes.go: the volumeDeleter, a released PersistentVolume's way, with its own queue;
+//   - create.go: the plans in flight and what a CreateVolume error means;
 //   - plan.go: the planner, which reads what CreateVolume needs and writes nothing;
-//   - source_protect.go: the sourceGuard, the data sources' protection, with its own
-//     queue and a sweep;
-//   - close.go: the closer, which writes the event closing a record off the
-//     provisioning's path, with its own queue; config.go: what every part needs from the
-//     outside world;
-//   - record_store.go: the events that keep the provisioning records (recordStore), read
-//     back by every replica; metrics.go;
-//   - save.go (the PersistentVolume built from CreateVolume's answer), source_check.go (a data source checked as
-//     upstream checks it);
-//   - decide.go (does a claim want a volume, what does its open record ask for), request.go
-//     (the request's parts), nodedeployment.go (--node-deployment: localNode);
-//   - record.go (the record itself), secrets.go, topology.go, migration.go, flags.go,
-//     slowretry.go, rbac.go, vac.go: plain types and functions, tested by tables.
+//     config.go: what every file here needs from the outside world;
+//   - save.go (the PersistentVolume built from CreateVolume's answer), decide.go (does a
+//     claim want a volume, what does its open record ask for), nodedeployment.go
+//     (--node-deployment: localNode), vac.go;
+//   - metrics.go, slowretry.go, flags.go: plain types and functions.
 //
 // No leaked volumes (upstream's issue 486): a provisioning that was started is always
 // finished or undone, even after SIGKILL, because a durable record says it was started.
@@ -58,7 +60,7 @@
 //     provisioner.csi-sidecars.io/record=<driver> and .../claim-uid=<UID>, opens the
 //     record; its annotation provisioner.csi-sidecars.io/provisioning holds it: driver,
 //     volume name, the selected node, the provisioner secret's reference, the data source,
-//     and the CreateVolume request without its secrets (record.go, record_store.go).
+//     and the CreateVolume request without its secrets (package record).
 //   - Order of writes: record opened, then the source's protection finalizer, then
 //     CreateVolume, then the PersistentVolume, then upstream's "ProvisioningSucceeded"
 //     event, which closes the record (its annotation names the events it closes). Three
@@ -119,8 +121,8 @@
 // undo's first step.
 //
 // Data sources: a claim cloning a claim or restoring a VolumeSnapshot gets its source
-// checked as upstream checks it (source_check.go, pure) and protected by upstream's finalizer
-// from before CreateVolume until no claim still needs it (source_protect.go: a third queue, and
+// checked as upstream checks it (package request) and protected by upstream's finalizer
+// from before CreateVolume until no claim still needs it (package sources: a third queue, and
 // a periodic sweep for snapshot finalizers left behind). The plan is pending from before
 // the finalizer goes on, so a claim deleted while its CreateVolume runs does not free the
 // source mid-copy. A snapshot without a content (never bound, or the content gone) loses
@@ -141,14 +143,21 @@
 // deployment is upstream's value, long node names shortened exactly as upstream does.
 //
 // RBAC: the provisioner runs with upstream's own (external-provisioner v6.x,
-// deploy/kubernetes/rbac.yaml), so every API write uses a verb that file grants (rbac.go):
-// PersistentVolumes are created, patched and deleted, never updated; claims (the selected
-// node, an earlier version's record) are updated, never patched; events are created (the
-// record's) and listed and watched (a leader reads the records back). What some v6
-// release does not grant (watch and update on VolumeSnapshots before v6.2) degrades the feature it serves, with one warning, as upstream does, and
-// never fails the work.
+// deploy/kubernetes/rbac.yaml), so every API write uses a verb that file grants for its
+// resource:
 //
-// CSI migration (migration.go): a driver that replaces an in-tree plugin (csi-translation-lib)
+//	persistentvolumes       create, patch, delete  (never update)
+//	persistentvolumeclaims  update                 (never patch: the selected node, an earlier version's record)
+//	volumesnapshots         update                 (v6.2 on; v6.0 and v6.1 grant get, list only)
+//	csistoragecapacities    create, update, patch, delete
+//	events                  create, update, patch  (and list, watch: a leader reads the records back)
+//
+// What upstream's RBAC of some v6 release does not grant degrades the feature it serves,
+// with one warning in the log, as upstream does, and never fails the work: without update
+// on volumesnapshots a restore goes on without source protection, without watch on them
+// the snapshot cache is refreshed by relisting.
+//
+// CSI migration (package request): a driver that replaces an in-tree plugin (csi-translation-lib)
 // provisions the claims of the plugin's StorageClasses that kube-controller-manager hands
 // over, with the class translated, and records each volume as an in-tree
 // PersistentVolume provisioned by the plugin, as upstream; it deletes such volumes with the
