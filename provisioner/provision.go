@@ -107,6 +107,9 @@ func (c *claimController) recordFacts(uid string, claim *v1.PersistentVolumeClai
 	if c.node != nil {
 		f.node = c.node.name
 	}
+	if claim != nil {
+		f.wantName, _ = request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
+	}
 	if p != nil && p.rec != nil {
 		// This process wrote it: the cache may not show it yet.
 		f.rec, f.fromMemory = p.rec, true
@@ -119,14 +122,11 @@ func (c *claimController) recordFacts(uid string, claim *v1.PersistentVolumeClai
 		// A record of an earlier version, on the claim.
 		f.rec, f.recErr = record.Of(claim)
 	}
-	if claim != nil {
-		f.wantName, _ = request.VolumeName(c.opts.volumeNamePrefix, claim.UID, c.opts.volumeNameUUIDLength)
-	}
 	if f.rec != nil {
 		// A record whose closing event this process has yet to write was superseded by a
 		// PersistentVolume it saved, even if that PersistentVolume is gone since (the claim
 		// deleted, the volume deleted): never undo it.
-		f.pvExists = c.pvExists(f.rec.Volume) || c.closer.Pending(uid)
+		f.pvExists = c.closer.Pending(uid) || c.pvExists(f.rec.Volume)
 	}
 	return f
 }
