@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // The provisioning record: what says that a volume may exist in the driver without a
@@ -182,7 +184,7 @@ func With(claim *v1.PersistentVolumeClaim, value string) *v1.PersistentVolumeCla
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[AnnProvisioning] = value
-	out.Finalizers, _ = WithFinalizer(out.Finalizers, ProvisioningFinalizer, true)
+	out.Finalizers, _ = request.WithFinalizer(out.Finalizers, ProvisioningFinalizer, true)
 	return out
 }
 
@@ -194,22 +196,10 @@ func Without(claim *v1.PersistentVolumeClaim) (*v1.PersistentVolumeClaim, bool) 
 	}
 	out := claim.DeepCopy()
 	delete(out.Annotations, AnnProvisioning)
-	out.Finalizers, _ = WithFinalizer(out.Finalizers, ProvisioningFinalizer, false)
+	out.Finalizers, _ = request.WithFinalizer(out.Finalizers, ProvisioningFinalizer, false)
 	return out, true
 }
 
 // ErrChanged: the claim changed under a record write in a way that needs a new
 // decision (deleted, another node, another record); the claim is synced again.
 var ErrChanged = errors.New("the claim changed while its provisioning record was written")
-
-// WithFinalizer returns finalizers with f added or removed, and whether that changed them.
-func WithFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
-	has := slices.Contains(finalizers, f)
-	switch {
-	case add && !has:
-		return append(slices.Clone(finalizers), f), true
-	case !add && has:
-		return slices.DeleteFunc(slices.Clone(finalizers), func(x string) bool { return x == f }), true
-	}
-	return finalizers, false
-}

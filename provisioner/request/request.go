@@ -6,6 +6,7 @@ package request
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -165,4 +166,16 @@ func CheckCapabilities(plugin rpc.PluginCapabilitySet, controller rpc.Controller
 		return errors.New("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported")
 	}
 	return nil
+}
+
+// WithFinalizer returns finalizers with f added or removed, and whether that changed them.
+func WithFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
+	has := slices.Contains(finalizers, f)
+	switch {
+	case add && !has:
+		return append(slices.Clone(finalizers), f), true
+	case !add && has:
+		return slices.DeleteFunc(slices.Clone(finalizers), func(x string) bool { return x == f }), true
+	}
+	return finalizers, false
 }

@@ -29,7 +29,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
-	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
@@ -341,7 +340,7 @@ func (g *Guard) setClaimFinalizer(ctx context.Context, ref request.SourceRef, ad
 		}
 		return nil
 	}
-	finalizers, changed := record.WithFinalizer(claim.Finalizers, request.CloneProtectionFinalizer, add)
+	finalizers, changed := request.WithFinalizer(claim.Finalizers, request.CloneProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}
@@ -379,7 +378,7 @@ func (g *Guard) setSnapshotFinalizer(ctx context.Context, ref request.SourceRef,
 	case !ok:
 		return nil
 	}
-	finalizers, changed := record.WithFinalizer(snap.Finalizers, request.SnapshotProtectionFinalizer, add)
+	finalizers, changed := request.WithFinalizer(snap.Finalizers, request.SnapshotProtectionFinalizer, add)
 	if !changed {
 		return nil
 	}
