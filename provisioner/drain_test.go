@@ -17,6 +17,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/draintest"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
@@ -211,12 +212,12 @@ func TestAnUndoTheDrainRefusedRecordsNothing(t *testing.T) {
 	for _, method := range []string{"CreateVolume", "DeleteVolume"} {
 		t.Run(method, func(t *testing.T) {
 			w, d := newDrainingWorld(t, class("fast", nil))
-			rec, err := record.New(drv, "", nil, testRequest("pvc-uid-1"))
+			rec, err := record.New(drv, "", nil, objects.CreateVolumeRequest("pvc-uid-1"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			// A dead leader recorded the volume and made it; the claim is gone since.
-			resp, err := d.ControllerClient.CreateVolume(context.Background(), testRequest("pvc-uid-1"))
+			resp, err := d.ControllerClient.CreateVolume(context.Background(), objects.CreateVolumeRequest("pvc-uid-1"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -23,6 +23,7 @@ import (
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/utils/ptr"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
@@ -408,7 +409,7 @@ func TestAnUndoWithoutItsSecretWaitsWithAnEvent(t *testing.T) {
 		sc.Parameters[request.ProvisionerSecret.NamespaceKey] = "ns"
 	})
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, sc)
-	rec, err := record.New(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-uid-1"))
+	rec, err := record.New(drv, "", &v1.SecretReference{Name: "creds", Namespace: "ns"}, objects.CreateVolumeRequest("pvc-uid-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +438,7 @@ func TestAnEditedRecordIsNotActedOn(t *testing.T) {
 			w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
 			other := w.createVolume("pvc-uid-other")
 			claim := claimFor("data", "uid-1", "fast")
-			req := testRequest("pvc-uid-other")
+			req := objects.CreateVolumeRequest("pvc-uid-other")
 			req.Parameters, req.CapacityRange = nil, nil
 			rec, err := record.New(drv, "", nil, req)
 			if err != nil {
@@ -481,11 +482,11 @@ func TestASourceStaysProtectedUntilTheUndoOfItsCloneOrRestoreIsDone(t *testing.T
 					// whose volume it was making from it.
 					c.snapshotClient = noWatchList{snaps}
 					ctx := context.Background()
-					vol, err := c.csi.CreateVolume(ctx, testRequest("source"))
+					vol, err := c.csi.CreateVolume(ctx, objects.CreateVolumeRequest("source"))
 					if err != nil {
 						t.Fatal(err)
 					}
-					req := testRequest("pvc-uid-dst")
+					req := objects.CreateVolumeRequest("pvc-uid-dst")
 					claim := claimFor("dst", "uid-dst", "fast")
 					switch kind {
 					case "clone":
@@ -571,7 +572,7 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
-			req := testRequest("pvc-uid-1")
+			req := objects.CreateVolumeRequest("pvc-uid-1")
 			req.Secrets = nil
 			if tc.made {
 				if _, err := w.ctrl.csi.CreateVolume(context.Background(), req); err != nil {
@@ -610,7 +611,7 @@ func TestAStuckUndoShowsOnTheClaimUntilTheVolumeIsKnownDeleted(t *testing.T) {
 func TestARecordWaitingForItsClosingEventIsNeverUndone(t *testing.T) {
 	w := newHeldServedWorld(t, testdriver.Config{}, nil, class("fast", nil))
 	claim := claimFor("data", "uid-1", "fast")
-	rec, err := record.New(drv, "", nil, testRequest("pvc-uid-1"))
+	rec, err := record.New(drv, "", nil, objects.CreateVolumeRequest("pvc-uid-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,19 +680,5 @@ func TestANewLeaderActsOnEachRecordOfABatch(t *testing.T) {
 	}
 	if w.pv("pvc-uid-2") != nil {
 		t.Error("the deleted claim got a PersistentVolume")
-	}
-}
-
-// testRequest is a request for a 1 GiB volume of the class "fast" parameters, with a secret.
-func testRequest(name string) *csi.CreateVolumeRequest {
-	return &csi.CreateVolumeRequest{
-		Name:          name,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}},
-		Parameters: map[string]string{"type": "fast"},
-		Secrets:    map[string]string{"token": "secret-value"},
 	}
 }

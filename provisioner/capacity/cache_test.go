@@ -4,34 +4,18 @@ import (
 	"testing"
 
 	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
-
-// managed gives objects the server-side apply bookkeeping an API server keeps on them.
-func managed[T metav1.Object](obj T) T {
-	obj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}})
-	return obj
-}
-
-func hasManagedFields(t *testing.T, obj any) bool {
-	t.Helper()
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(m.GetManagedFields()) > 0
-}
 
 // The informer of the capacity objects, which the tracker runs itself, drops managedFields
 // as the core's shared caches do.
 func TestTheCapacityCacheHoldsObjectsWithoutManagedFields(t *testing.T) {
 	// A wanted object, so that it stays (segment n1 of a late-binding class).
-	obj := managed(&storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "csisc-old", Namespace: capNS, UID: "old",
+	obj := cachetest.Managed(&storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "csisc-old", Namespace: capNS, UID: "old",
 		Labels: map[string]string{capacityDriverLabel: drv, capacityManagedByLabel: capacityManagedBy}},
 		StorageClassName: "fast", NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{testdriver.TopologyKey: "n1"}},
 		Capacity: resource.NewQuantity(1, resource.BinarySI)})
@@ -40,7 +24,7 @@ func TestTheCapacityCacheHoldsObjectsWithoutManagedFields(t *testing.T) {
 		_, exists, _ := cw.tracker.objects.GetByKey(capNS + "/csisc-old")
 		return exists
 	})
-	if cachedObj, _, _ := cw.tracker.objects.GetByKey(capNS + "/csisc-old"); hasManagedFields(t, cachedObj) {
+	if cachedObj, _, _ := cw.tracker.objects.GetByKey(capNS + "/csisc-old"); cachetest.HasManagedFields(t, cachedObj) {
 		t.Errorf("cached capacity object %+v, want it without managedFields", cachedObj)
 	}
 }

@@ -27,22 +27,9 @@ import (
 
 const recordUID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
-func testRequest(name string) *csi.CreateVolumeRequest {
-	return &csi.CreateVolumeRequest{
-		Name:          name,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}},
-		Parameters: map[string]string{"type": "fast"},
-		Secrets:    map[string]string{"token": "secret-value"},
-	}
-}
-
 func testRecord(t *testing.T, node string) *Record {
 	t.Helper()
-	r, err := New(drv, node, &v1.SecretReference{Name: "creds", Namespace: "ns"}, testRequest("pvc-"+recordUID))
+	r, err := New(drv, node, &v1.SecretReference{Name: "creds", Namespace: "ns"}, objects.CreateVolumeRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +66,7 @@ func TestARecordKeepsTheRequestButNeverItsSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := testRequest("pvc-" + recordUID)
+	want := objects.CreateVolumeRequest("pvc-" + recordUID)
 	want.Secrets = nil
 	if !proto.Equal(read.req, want) || read.Node != "n1" || read.Driver != drv || read.Secret.Name != "creds" || !read.SameAs(rec) {
 		t.Errorf("read back %+v with request %v, want the request without secrets %v", read, read.req, want)
@@ -87,7 +74,7 @@ func TestARecordKeepsTheRequestButNeverItsSecrets(t *testing.T) {
 }
 
 func TestARecordOfAHugeTopologyKeepsOnlyThePreferredSegment(t *testing.T) {
-	req := testRequest("pvc-" + recordUID)
+	req := objects.CreateVolumeRequest("pvc-" + recordUID)
 	req.AccessibilityRequirements = &csi.TopologyRequirement{}
 	for i := range 2000 {
 		segment := &csi.Topology{Segments: map[string]string{"topology.example.com/node": fmt.Sprintf("node-%04d-with-a-long-name", i)}}
@@ -181,11 +168,11 @@ func TestTheRecordGoesOnAndOffInOneWriteEach(t *testing.T) {
 // unreadable, do not pass for it.
 func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 	claim := claimFor("data", recordUID, "fast")
-	rec, err := New(drv, "", nil, testRequest("pvc-"+recordUID))
+	rec, err := New(drv, "", nil, objects.CreateVolumeRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := New(drv, "n2", nil, testRequest("pvc-"+recordUID))
+	other, err := New(drv, "n2", nil, objects.CreateVolumeRequest("pvc-"+recordUID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +242,7 @@ func TestAnEventCarriesTheRecordsOfABatchEachClosedOnItsOwn(t *testing.T) {
 	stranger := claimFor("b", "uid-b", "fast")
 	stranger.Namespace = "elsewhere"
 	value := func(c *v1.PersistentVolumeClaim) string {
-		rec, err := New(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		rec, err := New(drv, "", nil, objects.CreateVolumeRequest("pvc-"+string(c.UID)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,7 +305,7 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 	claims := []*v1.PersistentVolumeClaim{claimFor("c0", "uid-0", "fast"), claimFor("c1", "uid-1", "fast"), claimFor("c2", "uid-2", "fast"), claimFor("c3", "uid-3", "fast")}
 	errs := make(chan error, len(claims))
 	write := func(c *v1.PersistentVolumeClaim) {
-		rec, err := New(drv, "", nil, testRequest("pvc-"+string(c.UID)))
+		rec, err := New(drv, "", nil, objects.CreateVolumeRequest("pvc-"+string(c.UID)))
 		if err != nil {
 			errs <- err
 			return

@@ -11,6 +11,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 )
 
 func TestVolumeNameIsPrefixAndClaimUIDTruncatedOnlyWhenAsked(t *testing.T) {
@@ -22,12 +24,12 @@ func TestVolumeNameIsPrefixAndClaimUIDTruncatedOnlyWhenAsked(t *testing.T) {
 		want    string
 		wantErr bool
 	}{
-		{name: "default keeps the UID with dashes", prefix: "pvc", uid: testUID, length: -1, want: "pvc-3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8"},
-		{name: "length drops dashes and truncates", prefix: "pvc", uid: testUID, length: 16, want: "pvc-3f2a1b4c5d6e4f70"},
-		{name: "full length without dashes", prefix: "vol", uid: testUID, length: 32, want: "vol-3f2a1b4c5d6e4f708192a3b4c5d6e7f8"},
-		{name: "length beyond the UID is refused", prefix: "pvc", uid: testUID, length: 33, wantErr: true},
-		{name: "zero length is refused", prefix: "pvc", uid: testUID, length: 0, wantErr: true},
-		{name: "empty prefix is refused", prefix: "", uid: testUID, length: -1, wantErr: true},
+		{name: "default keeps the UID with dashes", prefix: "pvc", uid: objects.UID, length: -1, want: "pvc-3f2a1b4c-5d6e-4f70-8192-a3b4c5d6e7f8"},
+		{name: "length drops dashes and truncates", prefix: "pvc", uid: objects.UID, length: 16, want: "pvc-3f2a1b4c5d6e4f70"},
+		{name: "full length without dashes", prefix: "vol", uid: objects.UID, length: 32, want: "vol-3f2a1b4c5d6e4f708192a3b4c5d6e7f8"},
+		{name: "length beyond the UID is refused", prefix: "pvc", uid: objects.UID, length: 33, wantErr: true},
+		{name: "zero length is refused", prefix: "pvc", uid: objects.UID, length: 0, wantErr: true},
+		{name: "empty prefix is refused", prefix: "", uid: objects.UID, length: -1, wantErr: true},
 		{name: "claim without UID is refused", prefix: "pvc", uid: "", length: -1, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,7 +61,7 @@ func TestCapacityIsTheRequestRoundedUpToWholeBytesAndThePVGetsWhatTheDriverRepor
 		{request: "2Gi", reported: 1 << 30, wantReq: 2 << 30, wantError: true}, // smaller than asked
 	} {
 		t.Run(tc.request, func(t *testing.T) {
-			req := RequestedBytes(claimWith(tc.request))
+			req := RequestedBytes(objects.ClaimWith(tc.request))
 			if req != tc.wantReq {
 				t.Errorf("requested %d bytes, want %d", req, tc.wantReq)
 			}
@@ -107,7 +109,7 @@ func TestVolumeCapabilitiesFollowAccessModesVolumeModeAndFSType(t *testing.T) {
 			AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
 		}
 	}
-	block := claimWith("1Gi", v1.ReadWriteOnce)
+	block := objects.ClaimWith("1Gi", v1.ReadWriteOnce)
 	block.Spec.VolumeMode = ptr.To(v1.PersistentVolumeBlock)
 	for _, tc := range []struct {
 		name    string
@@ -116,9 +118,9 @@ func TestVolumeCapabilitiesFollowAccessModesVolumeModeAndFSType(t *testing.T) {
 		want    []*csi.VolumeCapability
 		wantErr bool
 	}{
-		{name: "RWO mount", claim: claimWith("1Gi", v1.ReadWriteOnce), want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "ext4", "noatime")}},
-		{name: "RWO with single-node-multi-writer", claim: claimWith("1Gi", v1.ReadWriteOnce), snmw: true, want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "ext4", "noatime")}},
-		{name: "one capability per mode", claim: claimWith("1Gi", v1.ReadWriteMany, v1.ReadOnlyMany), want: []*csi.VolumeCapability{
+		{name: "RWO mount", claim: objects.ClaimWith("1Gi", v1.ReadWriteOnce), want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "ext4", "noatime")}},
+		{name: "RWO with single-node-multi-writer", claim: objects.ClaimWith("1Gi", v1.ReadWriteOnce), snmw: true, want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "ext4", "noatime")}},
+		{name: "one capability per mode", claim: objects.ClaimWith("1Gi", v1.ReadWriteMany, v1.ReadOnlyMany), want: []*csi.VolumeCapability{
 			mount(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, "ext4", "noatime"),
 			mount(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, "ext4", "noatime"),
 		}},
@@ -126,9 +128,9 @@ func TestVolumeCapabilitiesFollowAccessModesVolumeModeAndFSType(t *testing.T) {
 			AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		}}},
-		{name: "RWOP maps to single writer without single-node-multi-writer", claim: claimWith("1Gi", v1.ReadWriteOncePod), want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "ext4", "noatime")}},
-		{name: "RWOP with single-node-multi-writer", claim: claimWith("1Gi", v1.ReadWriteOncePod), snmw: true, want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, "ext4", "noatime")}},
-		{name: "unknown access mode is refused", claim: claimWith("1Gi", "ReadSometimes"), wantErr: true},
+		{name: "RWOP maps to single writer without single-node-multi-writer", claim: objects.ClaimWith("1Gi", v1.ReadWriteOncePod), want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "ext4", "noatime")}},
+		{name: "RWOP with single-node-multi-writer", claim: objects.ClaimWith("1Gi", v1.ReadWriteOncePod), snmw: true, want: []*csi.VolumeCapability{mount(csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, "ext4", "noatime")}},
+		{name: "unknown access mode is refused", claim: objects.ClaimWith("1Gi", "ReadSometimes"), wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := VolumeCapabilities(tc.claim, "ext4", []string{"noatime"}, tc.snmw)
@@ -171,7 +173,7 @@ func TestDriverParametersDropTheProvisionersKeysAndRefuseUnknownOnes(t *testing.
 		})
 	}
 	params := map[string]string{"type": "fast"}
-	AddExtraMetadata(params, claimWith("1Gi"), "pvc-x")
+	AddExtraMetadata(params, objects.ClaimWith("1Gi"), "pvc-x")
 	want := map[string]string{"type": "fast", pvcNameKey: "data", pvcNamespaceKey: "ns", pvNameKey: "pvc-x"}
 	if diff := cmp.Diff(want, params); diff != "" {
 		t.Errorf("extra metadata (-want +got):\n%s", diff)

@@ -7,11 +7,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 )
 
 func annotatedClaim() *v1.PersistentVolumeClaim {
 	return &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{
-		Name: "data", Namespace: "team-a", UID: testUID,
+		Name: "data", Namespace: "team-a", UID: objects.UID,
 		Annotations: map[string]string{"example.com/secret": "custom-secret", "evil": "../other"},
 	}}
 }

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 )
 
 func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
@@ -44,7 +46,7 @@ func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
 		}, wantErr: "cross-namespace"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			claim := claimFor("dst", "uid-dst", "fast")
+			claim := objects.ClaimFor(drv, "dst", "uid-dst", "fast")
 			claim.Namespace = "ns"
 			tc.claim(claim)
 			got, err := ClaimSource(claim)
@@ -134,13 +136,13 @@ func TestCloneSourceChecksEverythingUpstreamChecks(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dst := claimFor("dst", "uid-dst", "fast")
+			dst := objects.ClaimFor(drv, "dst", "uid-dst", "fast")
 			dst.Namespace = "ns"
-			src, pv := boundSource()
+			src, pv := objects.BoundSource(drv)
 			if tc.change != nil {
 				src, pv = tc.change(dst, src, pv)
 			}
-			got, err := CloneSource(dst, class("fast", nil), src, pv)
+			got, err := CloneSource(dst, objects.Class(drv, "fast", nil), src, pv)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)
@@ -224,14 +226,14 @@ func TestSnapshotSourceChecksReadinessBindingSizeAndVolumeMode(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dst := claimFor("dst", "uid-dst", "fast")
+			dst := objects.ClaimFor(drv, "dst", "uid-dst", "fast")
 			dst.Namespace = "ns"
 			dst.Spec.VolumeMode = ptr.To(v1.PersistentVolumeFilesystem)
-			snap, content := readySnapshot()
+			snap, content := objects.ReadySnapshot(drv)
 			if tc.change != nil {
 				content = tc.change(dst, snap, content)
 			}
-			got, err := SnapshotSource(dst, class("fast", nil), snap, content, !tc.noPrevent)
+			got, err := SnapshotSource(dst, objects.Class(drv, "fast", nil), snap, content, !tc.noPrevent)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, %v; want error with %q", got, err, tc.wantErr)

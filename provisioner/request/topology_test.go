@@ -9,6 +9,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/objects"
 )
 
 const (
@@ -18,15 +20,15 @@ const (
 )
 
 func TestAccessibilityRequirements(t *testing.T) {
-	n1 := node("n1", map[string]string{zoneKey: "z1"})
-	n2 := node("n2", map[string]string{zoneKey: "z2"})
-	n3 := node("n3", map[string]string{zoneKey: "z3"})
-	nUnlabelled := node("n4", map[string]string{})
-	twoKeys := node("n5", map[string]string{zoneKey: "z2", rackKey: "r1"})
+	n1 := objects.Node("n1", map[string]string{zoneKey: "z1"})
+	n2 := objects.Node("n2", map[string]string{zoneKey: "z2"})
+	n3 := objects.Node("n3", map[string]string{zoneKey: "z3"})
+	nUnlabelled := objects.Node("n4", map[string]string{})
+	twoKeys := objects.Node("n5", map[string]string{zoneKey: "z2", rackKey: "r1"})
 	cluster := TopologyInput{
 		Driver:    drv,
 		ClaimName: "data",
-		CSINodes:  []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3", zoneKey)},
+		CSINodes:  []*storagev1.CSINode{objects.CSINode(drv, "n1", zoneKey), objects.CSINode(drv, "n2", zoneKey), objects.CSINode(drv, "n3", zoneKey)},
 		Nodes:     []*v1.Node{n1, n2, n3, nUnlabelled},
 		Immediate: true,
 	}
@@ -46,44 +48,46 @@ func TestAccessibilityRequirements(t *testing.T) {
 	}{
 		{
 			name: "delayed binding: every zone, selected first",
-			in:   with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2", zoneKey) }),
+			in:   with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, objects.CSINode(drv, "n2", zoneKey) }),
 			want: &csi.TopologyRequirement{
-				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z3")},
-				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z1")},
+				Requisite: []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z3")},
+				Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z3"), objects.Topology(zoneKey, "z1")},
 			},
 		},
 		{
 			name: "delayed binding, strict: only the selected node",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Strict = n2, csiNode("n2", zoneKey), true
+				in.SelectedNode, in.SelectedCSINode, in.Strict = n2, objects.CSINode(drv, "n2", zoneKey), true
 			}),
-			want: &csi.TopologyRequirement{Requisite: []*csi.Topology{topo(zoneKey, "z2")}, Preferred: []*csi.Topology{topo(zoneKey, "z2")}},
+			want: &csi.TopologyRequirement{Requisite: []*csi.Topology{objects.Topology(zoneKey, "z2")}, Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2")}},
 		},
 		{
 			name: "delayed binding, strict: selected node outside allowed topologies",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Strict, in.Allowed = n3, csiNode("n3", zoneKey), true, allowed
+				in.SelectedNode, in.SelectedCSINode, in.Strict, in.Allowed = n3, objects.CSINode(drv, "n3", zoneKey), true, allowed
 			}),
 			wantErr: "is not in allowed topologies",
 		},
 		{
 			name: "delayed binding with allowed topologies",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Allowed = n2, csiNode("n2", zoneKey), allowed
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = n2, objects.CSINode(drv, "n2", zoneKey), allowed
 			}),
 			want: &csi.TopologyRequirement{
-				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
-				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+				Requisite: []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2")},
+				Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z1")},
 			},
 		},
 		{
 			name:    "selected node without the driver's keys",
-			in:      with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2") }),
+			in:      with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = n2, objects.CSINode(drv, "n2") }),
 			wantErr: "no topology key found",
 		},
 		{
-			name:    "selected node without the topology label",
-			in:      with(func(in *TopologyInput) { in.SelectedNode, in.SelectedCSINode = nUnlabelled, csiNode("n4", zoneKey) }),
+			name: "selected node without the topology label",
+			in: with(func(in *TopologyInput) {
+				in.SelectedNode, in.SelectedCSINode = nUnlabelled, objects.CSINode(drv, "n4", zoneKey)
+			}),
 			wantErr: "does not match topology keys",
 		},
 		{
@@ -91,7 +95,7 @@ func TestAccessibilityRequirements(t *testing.T) {
 			in:   cluster,
 			want: func() *csi.TopologyRequirement {
 				h, i := claimNameHash("data")
-				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z3")}
+				req := []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z3")}
 				s := int((h + i) % 3)
 				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
 			}(),
@@ -106,7 +110,7 @@ func TestAccessibilityRequirements(t *testing.T) {
 			in:   with(func(in *TopologyInput) { in.Immediate, in.Allowed, in.ClaimName = false, allowed, "" }),
 			want: func() *csi.TopologyRequirement {
 				h, i := claimNameHash("")
-				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")}
+				req := []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2")}
 				s := int((h + i) % 2)
 				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
 			}(),
@@ -115,38 +119,38 @@ func TestAccessibilityRequirements(t *testing.T) {
 			// Upstream's error, retried: a volume without a requirement could land where
 			// no node of the driver is.
 			name:    "immediate binding, no node registered topology yet: retried",
-			in:      with(func(in *TopologyInput) { in.CSINodes = []*storagev1.CSINode{csiNode("n1")} }),
+			in:      with(func(in *TopologyInput) { in.CSINodes = []*storagev1.CSINode{objects.CSINode(drv, "n1")} }),
 			wantErr: "no available topology found",
 		},
 		{
 			name: "delayed binding, two keys, allowed topologies on one: the term the node satisfies first",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Allowed = twoKeys, csiNode("n5", zoneKey, rackKey), allowed
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = twoKeys, objects.CSINode(drv, "n5", zoneKey, rackKey), allowed
 				in.Nodes = []*v1.Node{twoKeys}
 			}),
 			want: &csi.TopologyRequirement{
-				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
-				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+				Requisite: []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2")},
+				Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z1")},
 			},
 		},
 		{
 			name: "delayed binding, the node satisfies terms of two lengths: the shorter first, as upstream sorts",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Nodes = twoKeys, csiNode("n5", zoneKey, rackKey), []*v1.Node{twoKeys}
+				in.SelectedNode, in.SelectedCSINode, in.Nodes = twoKeys, objects.CSINode(drv, "n5", zoneKey, rackKey), []*v1.Node{twoKeys}
 				in.Allowed = []v1.TopologySelectorTerm{
 					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z2"}}, {Key: rackKey, Values: []string{"r1"}}}},
 					{MatchLabelExpressions: []v1.TopologySelectorLabelRequirement{{Key: zoneKey, Values: []string{"z3", "z2"}}}},
 				}
 			}),
 			want: &csi.TopologyRequirement{
-				Requisite: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z2", rackKey, "r1")},
-				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z3"), topo(zoneKey, "z2", rackKey, "r1")},
+				Requisite: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z3"), objects.Topology(zoneKey, "z2", rackKey, "r1")},
+				Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z3"), objects.Topology(zoneKey, "z2", rackKey, "r1")},
 			},
 		},
 		{
 			name: "delayed binding, allowed topologies the node does not satisfy",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode, in.Allowed = n3, csiNode("n3", zoneKey), allowed
+				in.SelectedNode, in.SelectedCSINode, in.Allowed = n3, objects.CSINode(drv, "n3", zoneKey), allowed
 			}),
 			wantErr: "is not in requisite",
 		},
@@ -156,12 +160,12 @@ func TestAccessibilityRequirements(t *testing.T) {
 			// registration (n6) is left out.
 			name: "immediate binding, nodes registered different key sets: each set, from its own nodes",
 			in: with(func(in *TopologyInput) {
-				in.CSINodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n5", rackKey, zoneKey), csiNode("n6")}
-				in.Nodes = []*v1.Node{n1, n2, twoKeys, node("n6", map[string]string{zoneKey: "z9", rackKey: "r9"})}
+				in.CSINodes = []*storagev1.CSINode{objects.CSINode(drv, "n1", zoneKey), objects.CSINode(drv, "n2", zoneKey), objects.CSINode(drv, "n5", rackKey, zoneKey), objects.CSINode(drv, "n6")}
+				in.Nodes = []*v1.Node{n1, n2, twoKeys, objects.Node("n6", map[string]string{zoneKey: "z9", rackKey: "r9"})}
 			}),
 			want: func() *csi.TopologyRequirement {
 				h, i := claimNameHash("data")
-				req := []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2"), topo(zoneKey, "z2", rackKey, "r1")}
+				req := []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z2", rackKey, "r1")}
 				s := int((h + i) % 3)
 				return &csi.TopologyRequirement{Requisite: req, Preferred: append(append([]*csi.Topology{}, req[s:]...), req[:s]...)}
 			}(),
@@ -169,12 +173,12 @@ func TestAccessibilityRequirements(t *testing.T) {
 		{
 			name: "delayed binding: a node whose driver did not register the keys is left out, labels or not",
 			in: with(func(in *TopologyInput) {
-				in.SelectedNode, in.SelectedCSINode = n2, csiNode("n2", zoneKey)
-				in.CSINodes = []*storagev1.CSINode{csiNode("n1", zoneKey), csiNode("n2", zoneKey), csiNode("n3")}
+				in.SelectedNode, in.SelectedCSINode = n2, objects.CSINode(drv, "n2", zoneKey)
+				in.CSINodes = []*storagev1.CSINode{objects.CSINode(drv, "n1", zoneKey), objects.CSINode(drv, "n2", zoneKey), objects.CSINode(drv, "n3")}
 			}),
 			want: &csi.TopologyRequirement{
-				Requisite: []*csi.Topology{topo(zoneKey, "z1"), topo(zoneKey, "z2")},
-				Preferred: []*csi.Topology{topo(zoneKey, "z2"), topo(zoneKey, "z1")},
+				Requisite: []*csi.Topology{objects.Topology(zoneKey, "z1"), objects.Topology(zoneKey, "z2")},
+				Preferred: []*csi.Topology{objects.Topology(zoneKey, "z2"), objects.Topology(zoneKey, "z1")},
 			},
 		},
 		{
@@ -237,7 +241,7 @@ func TestClaimNameHashKeepsAStatefulSetPodsClaimsTogetherAndSpreadsOrdinals(t *t
 }
 
 func TestNodeAffinityHasOneTermPerAccessibleSegment(t *testing.T) {
-	got := NodeAffinity([]*csi.Topology{topo(zoneKey, "z1", rackKey, "r1"), topo(), topo(zoneKey, "z2")})
+	got := NodeAffinity([]*csi.Topology{objects.Topology(zoneKey, "z1", rackKey, "r1"), objects.Topology(), objects.Topology(zoneKey, "z2")})
 	want := &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{
 		{MatchExpressions: []v1.NodeSelectorRequirement{
 			{Key: rackKey, Operator: v1.NodeSelectorOpIn, Values: []string{"r1"}},

@@ -4,6 +4,10 @@
 package cachetest
 
 import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
@@ -21,4 +25,22 @@ func Transform() cache.TransformFunc {
 		}
 		return transform(obj)
 	}
+}
+
+// Managed gives obj the server-side apply bookkeeping (managedFields) an API server keeps
+// on objects, which the caches drop.
+func Managed[T metav1.Object](obj T) T {
+	obj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}})
+	return obj
+}
+
+// HasManagedFields says whether a cached object still holds managedFields.
+func HasManagedFields(t *testing.T, obj any) bool {
+	t.Helper()
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m.GetManagedFields()) > 0
 }

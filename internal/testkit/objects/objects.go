@@ -96,3 +96,18 @@ func ReadySnapshot(driver string) (*snapshotv1.VolumeSnapshot, *snapshotv1.Volum
 		Status: &snapshotv1.VolumeSnapshotContentStatus{SnapshotHandle: ptr.To("h")}}
 	return snap, content
 }
+
+// CreateVolumeRequest asks for volume name: 1 GiB, mounted ext4, written by one node, with
+// the parameters of Class and a secret.
+func CreateVolumeRequest(name string) *csi.CreateVolumeRequest {
+	return &csi.CreateVolumeRequest{
+		Name:          name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}},
+		Parameters: map[string]string{"type": "fast"},
+		Secrets:    map[string]string{"token": "secret-value"},
+	}
+}
