@@ -109,7 +109,7 @@ func (c *claimController) syncClaim(uid string) error {
 		return nil
 	}
 	// Does the claim want a volume of this driver now?
-	class, err := c.planner.classFor(claim)
+	class, err := classOf(c.classes, claim)
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 	}
 
 	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: cfg.snapshotClient, startingWork: c.startingWork}
-	c.undoer = &undoer{config: &c.config, records: c.records, planner: c.planner, absent: &c.absent, claims: c}
+	c.undoer = &undoer{config: &c.config, records: c.records, classes: c.classes, absent: &c.absent, claims: c}
 	if cfg.topology {
 		if cfg.node != nil {
 			// A node deployment knows its one node; it does not watch the cluster's.

@@ -10,7 +10,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
+	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
@@ -187,4 +189,19 @@ func cutLength(uuidLength int) int {
 		return 8
 	}
 	return uuidLength
+}
+
+// classOf returns the claim's StorageClass from the cache; nil, nil for a claim without
+// one.
+func classOf(classes storagelisters.StorageClassLister, claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
+	name := volumehelpers.GetPersistentVolumeClaimClass(claim)
+	if name == "" {
+		return nil, nil
+	}
+	class, err := classes.Get(name)
+	if err != nil {
+		// It may be created later: retry with backoff.
+		return nil, fmt.Errorf("storageClass %q of claim %s: %w", name, klog.KObj(claim), err)
+	}
+	return class, nil
 }

@@ -19,7 +19,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
-	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
@@ -266,20 +265,6 @@ func (c *planner) snapshotContentSource(ctx context.Context, claim *v1.Persisten
 		}
 	}
 	return request.SnapshotSource(claim, class, snap, content, c.opts.preventVolumeModeConversion)
-}
-
-// classFor returns the claim's StorageClass; nil, nil for a claim without one.
-func (c *planner) classFor(claim *v1.PersistentVolumeClaim) (*storagev1.StorageClass, error) {
-	name := volumehelpers.GetPersistentVolumeClaimClass(claim)
-	if name == "" {
-		return nil, nil
-	}
-	class, err := c.classes.Get(name)
-	if err != nil {
-		// It may be created later: retry with backoff.
-		return nil, fmt.Errorf("storageClass %q of claim %s: %w", name, klog.KObj(claim), err)
-	}
-	return class, nil
 }
 
 // nodeHasCapacity asks the driver whether node has room for the claim's volume, with the

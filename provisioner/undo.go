@@ -15,6 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
 	volumehelpers "k8s.io/component-helpers/storage/volume"
 	"k8s.io/klog/v2"
 
@@ -30,8 +31,8 @@ import (
 type undoer struct {
 	*config
 	records *record.Store
-	// planner gives the claim's class, whose secret an undo of a recorded request uses.
-	planner *planner
+	// classes give the claim's class, whose secret an undo of a recorded request uses.
+	classes storagelisters.StorageClassLister
 	// absent is shared with the claim's way, which knows from CreateVolume's answers too.
 	absent *absentVolumes
 	claims claimWay
@@ -214,7 +215,7 @@ func (u *undoer) undoRequest(ctx context.Context, claim *v1.PersistentVolumeClai
 	ref := rec.Secret
 	if claim != nil {
 		// While the claim is there its templates resolve (gone, the recorded secret it is).
-		if class, err := u.planner.classFor(claim); err == nil && class != nil {
+		if class, err := classOf(u.classes, claim); err == nil && class != nil {
 			if class, _, err := u.names().CSIClass(class); err == nil {
 				if fromClass, err := request.SecretReference(request.ProvisionerSecret, class.Parameters, rec.Volume, claim); err == nil {
 					ref = fromClass
