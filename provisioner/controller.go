@@ -60,10 +60,10 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
-	if c.records, err = record.NewStore(cfg.kube, cfg.driver, cfg.eventSource); err != nil {
+	if c.records, err = record.NewStore(record.StoreConfig{Kube: cfg.kube, Driver: cfg.driver, Source: cfg.eventSource,
+		Claims: own, StartingWork: c.startingWork}); err != nil {
 		return nil, err
 	}
-	c.records.Claims, c.records.StartingWork = own, c.startingWork
 	c.closer = record.NewCloser(queue(record.CloseQueueName), c.records, cfg.ops, func() context.Context { return c.intakeOr(cfg.ops) })
 	if err := c.records.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
 		return nil, err

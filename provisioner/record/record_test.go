@@ -298,7 +298,7 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	s, err := NewStore(kube, drv, v1.EventSource{Component: "test"})
+	s, err := NewStore(StoreConfig{Kube: kube, Driver: drv, Source: v1.EventSource{Component: "test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,14 +365,14 @@ func TestARecordBatchLingersOneTokenOfTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewStore(kube, drv, v1.EventSource{Component: "test"})
+	s, err := NewStore(StoreConfig{Kube: kube, Driver: drv, Source: v1.EventSource{Component: "test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.linger != 200*time.Millisecond {
 		t.Errorf("linger %v at QPS 5, want 200ms", s.linger)
 	}
-	if s, _ := NewStore(fake.NewClientset(), drv, v1.EventSource{}); s.linger != 0 {
+	if s, _ := NewStore(StoreConfig{Kube: fake.NewClientset(), Driver: drv}); s.linger != 0 {
 		t.Errorf("linger %v without a rate limiter, want none", s.linger)
 	}
 }

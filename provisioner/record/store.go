@@ -80,13 +80,9 @@ type Store struct {
 	kube        kubernetes.Interface
 	informer    cache.SharedIndexInformer
 	// own shows the record events this process created before the informer does.
-	own *lifecycle.OwnWrites[*v1.Event]
-	// Claims is the claim cache through this process's own writes, which include the
-	// removal of an earlier version's record from a claim. Set before use.
-	Claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
-	// StartingWork is the context of the writes that open a record: they end with intake
-	// and wait behind the requests that finish work (P14). Set before use.
-	StartingWork func(context.Context) (context.Context, context.CancelFunc)
+	own          *lifecycle.OwnWrites[*v1.Event]
+	claims       *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	startingWork func(context.Context) (context.Context, context.CancelFunc)
 	now          func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
@@ -96,8 +92,24 @@ type Store struct {
 	linger time.Duration
 }
 
-func NewStore(kube kubernetes.Interface, driver string, source v1.EventSource) (*Store, error) {
-	s := &Store{driverLabel: DriverLabel(driver), source: source, kube: kube, now: time.Now}
+// StoreConfig is what the store needs from the provisioner.
+type StoreConfig struct {
+	Kube   kubernetes.Interface
+	Driver string
+	// Source is the event recorder's source, that of the record's events too.
+	Source v1.EventSource
+	// Claims is the claim cache through this process's own writes, which include the
+	// removal of an earlier version's record from a claim.
+	Claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
+	// StartingWork is the context of the writes that open a record: they end with intake
+	// and wait behind the requests that finish work (P14).
+	StartingWork func(context.Context) (context.Context, context.CancelFunc)
+}
+
+// NewStore makes the store of cfg.Driver's records and their informer, which Start runs.
+func NewStore(cfg StoreConfig) (*Store, error) {
+	kube := cfg.Kube
+	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now}
 	selector := Label + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
 		recordClaimIndex:     func(obj any) ([]string, error) { return ClaimKeys(obj), nil },
@@ -476,7 +488,7 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 	case claim.Annotations[volumehelpers.AnnSelectedNode] != rec.Node:
 		return fmt.Errorf("%w: the claim selects another node", ErrChanged)
 	}
-	ctx, cancel := s.StartingWork(ctx)
+	ctx, cancel := s.startingWork(ctx)
 	defer cancel()
 	if err := s.write(ctx, claim, rec); err != nil {
 		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
@@ -504,7 +516,7 @@ func (s *Store) DropLegacy(ctx context.Context, claim *v1.PersistentVolumeClaim)
 	out, err := s.kube.CoreV1().PersistentVolumeClaims(claim.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	switch {
 	case err == nil:
-		s.Claims.Wrote(out)
+		s.claims.Wrote(out)
 	case !apierrors.IsNotFound(err):
 		return fmt.Errorf("removing the provisioning record from claim %s: %w", klog.KObj(claim), err)
 	}
