@@ -194,9 +194,9 @@ func (c *claimController) planFailed(claim *v1.PersistentVolumeClaim, err error)
 
 // recordPlan makes sure the plan's record is open before its CreateVolume. A record of
 // the same request (a retry, or a previous leader's) stays as it is, unless it is old
-// enough for its event to expire soon (recordRefresh). A record of another request stays
+// enough for its event to expire soon (record.RefreshAfter). A record of another request stays
 // open while what it asked for is unknown: the volume it may have made is undone first
-// (errRecordChanged sends the claim back to be decided again).
+// (record.ErrChanged sends the claim back to be decided again).
 func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, existing *record.Record) error {
 	rec, err := record.New(c.driver, p.claim.Annotations[volumehelpers.AnnSelectedNode], p.pv.secrets.Provisioner, p.req)
 	if err != nil {

@@ -114,7 +114,7 @@ func (d *Deleter) enqueueAttached(obj any) {
 // desiredFinalizers returns the PersistentVolume's finalizers as they should be: the
 // provisioner's finalizer on bound volumes with reclaim policy Delete (so the volume is
 // deleted before its PersistentVolume goes), none with Retain or Recycle. changed tells
-// whether they differ from the current ones. Only the driver's volumes (isDriverVolume)
+// whether they differ from the current ones. Only the driver's volumes (request.IsDriverVolume)
 // get here: each can be deleted, so the finalizer always goes again.
 func desiredFinalizers(pv *v1.PersistentVolume) (finalizers []string, changed bool) {
 	has := slices.Contains(pv.Finalizers, volumehelpers.PVDeletionProtectionFinalizer)
@@ -238,7 +238,7 @@ func (e pvRemovalError) Error() string { return e.err.Error() }
 func (e pvRemovalError) Unwrap() error { return e.err }
 
 // deleteWithPV deletes the volume, then the PersistentVolume, then lets it go by removing the
-// finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (csiVolume).
+// finalizer, all on Ops() (P1). pv is the PersistentVolume as CSI sees it (request.CSIVolume).
 // deletedAlready says that DeleteVolume succeeded for it in this process already: only the
 // API writes after it are retried, the driver is not called again. Each step that succeeds is
 // remembered in d.volumes (Took, Gone) until the informer shows the PersistentVolume gone.

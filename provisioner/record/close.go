@@ -22,7 +22,7 @@ const CloseQueueName = "provisioner-records"
 // event recorder, off the provisioning's path; so does this, with its own queue and one
 // worker, at the lowest priority of the budget (lifecycle.Deferrable): under a full budget
 // claims are bound first and the events follow, as upstream's do. Until it is written the
-// record stays open and the PersistentVolume supersedes it (decideRecord: drop); what is
+// record stays open and the PersistentVolume supersedes it (the claim's way drops it); what is
 // left when intake ends the next leader closes.
 
 // closing is a record to close: the claim it is about and its volume.

@@ -60,7 +60,7 @@ type Record struct {
 	// Request is the CreateVolumeRequest without its secrets, in protobuf JSON: an undo
 	// sends it again to learn the volume's ID.
 	Request json.RawMessage `json:"request"`
-	// Source is the key of the claim or snapshot the volume is made from (sourceRef.key),
+	// Source is the key of the claim or snapshot the volume is made from (request.SourceRef.Key),
 	// "" for none: it stays protected while the record is open, claim or no claim.
 	Source string `json:"source,omitempty"`
 

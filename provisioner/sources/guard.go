@@ -33,9 +33,9 @@ import (
 )
 
 // Guard keeps the protection finalizers of data sources: it puts one on before a
-// CreateVolume from the source (protect) and takes it off once no claim of the driver
-// still needs the source (sync). It owns the source queue (keyed by sourceRef.key()), the
-// snapshot watch and its sweep; what "still needs" means is the claim's way's to say
+// CreateVolume from the source (Protect) and takes it off once no claim of the driver
+// still needs the source (Sync). It owns the source queue (keyed by request.SourceRef.Key),
+// the snapshot watch and its sweep; what "still needs" means is the claim's way's to say
 // (Users).
 type Guard struct {
 	Config
