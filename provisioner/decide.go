@@ -63,11 +63,11 @@ func dataSourceKind(claim *v1.PersistentVolumeClaim) string {
 }
 
 // volumeOfClaim tells whether a recorded volume name can be the claim's: <prefix>-<UID>,
-// or <prefix>-<the UID without dashes, cut>, as volumeName makes them under any flags. The
-// claim's owner can edit its annotations; this keeps an edited record from making the
-// provisioner undo, that is delete, the volume of another claim. A cut UID must keep at
-// least minCut characters (the configured length when shorter than 8: its names collide
-// anyway).
+// or <prefix>-<the UID without dashes, cut>, as request.VolumeName makes them under any
+// flags. The claim's owner can edit its annotations; this keeps an edited record from
+// making the provisioner undo, that is delete, the volume of another claim. A cut UID
+// must keep at least minCut characters (the configured length when shorter than 8: its
+// names collide anyway).
 func volumeOfClaim(name string, uid types.UID, minCut int) bool {
 	if uid == "" {
 		return false

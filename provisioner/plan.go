@@ -219,7 +219,7 @@ func (c *planner) requirements(claim *v1.PersistentVolumeClaim, class *storagev1
 	return req, nil
 }
 
-// contentSource reads the claim's source and checks it (cloneSource, snapshotSource).
+// contentSource reads the claim's source and checks it (request.CloneSource, request.SnapshotSource).
 func (c *planner) contentSource(ctx context.Context, claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, ref request.SourceRef) (*csi.VolumeContentSource, error) {
 	var (
 		src *csi.VolumeContentSource
