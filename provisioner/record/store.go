@@ -398,9 +398,7 @@ func (s *Store) flush(ns string) {
 // writeBatch writes one batch's event and answers its records.
 func (s *Store) writeBatch(batch []*waitingRecord) {
 	first := batch[0].rec
-	ev := s.event(first.Claim, v1.EventTypeNormal, ReasonProvisioning,
-		fmt.Sprintf("External provisioner is provisioning volume for claim %q", first.Claim.Namespace+"/"+first.Claim.Name))
-	ev.Annotations = map[string]string{AnnProvisioning: first.Record}
+	ev := s.openingEvent(first.Claim, first.Record)
 	var err error
 	if len(batch) > 1 {
 		also := make([]Carried, 0, len(batch)-1)
@@ -536,15 +534,22 @@ func ClaimRef(claim *v1.PersistentVolumeClaim, rec *Record) v1.ObjectReference {
 }
 
 // OpeningEvent is the event that a store of driver, writing as source, writes to open rec
-// about claim on its own: what a replica that died before closing it leaves behind.
+// about claim on its own (writeBatch's event for a batch of one): what a replica that died
+// before closing it leaves behind, for tests that start from one.
 func OpeningEvent(driver string, source v1.EventSource, claim *v1.PersistentVolumeClaim, rec *Record) (*v1.Event, error) {
 	value, err := rec.Encode()
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{driverLabel: DriverLabel(driver), source: source, now: time.Now}
-	ev := s.event(ClaimReference(claim), v1.EventTypeNormal, ReasonProvisioning,
+	return s.openingEvent(ClaimReference(claim), value), nil
+}
+
+// openingEvent is the event that opens the record value (encoded) of claim: upstream's
+// "Provisioning" event, carrying it.
+func (s *Store) openingEvent(claim v1.ObjectReference, value string) *v1.Event {
+	ev := s.event(claim, v1.EventTypeNormal, ReasonProvisioning,
 		fmt.Sprintf("External provisioner is provisioning volume for claim %q", claim.Namespace+"/"+claim.Name))
 	ev.Annotations = map[string]string{AnnProvisioning: value}
-	return ev, nil
+	return ev
 }
