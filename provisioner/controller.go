@@ -127,9 +127,7 @@ func (c *claimController) run(intake context.Context) {
 	c.intake.Store(&intake)
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
-	synced := []cache.InformerSynced{c.records.HasSynced}
-	synced = append(synced, c.sources.HasSynced)
-	if !cache.WaitForCacheSync(intake.Done(), synced...) {
+	if !cache.WaitForCacheSync(intake.Done(), c.records.HasSynced, c.sources.HasSynced) {
 		c.claimQueue.ShutDown()
 		c.deleter.Queue().ShutDown()
 		c.sources.Queue().ShutDown()

@@ -84,7 +84,7 @@ type Config struct {
 
 // Tracker keeps the driver's CSIStorageCapacity objects as GetCapacity says.
 type Tracker struct {
-	Config
+	cfg Config
 
 	classes  storagelisters.StorageClassLister
 	nodes    corelisters.NodeLister       // nil in a node deployment
@@ -117,7 +117,7 @@ type Tracker struct {
 // New registers the listers and handlers on the shared factory and builds
 // the informer of the managed objects. It must run before the shared factory starts.
 func New(cfg Config, shared informers.SharedInformerFactory, retryStart, retryMax time.Duration) (*Tracker, error) {
-	t := &Tracker{Config: cfg, desired: map[capacityKey]map[string]string{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
+	t := &Tracker{cfg: cfg, desired: map[capacityKey]map[string]string{}, syncing: map[capacityKey]*storagev1.CSIStorageCapacity{}}
 	t.queue = lifecycle.NewQueue[capacityKey](lifecycle.QueueOptions{Name: capacityQueueName, RetryStart: retryStart, RetryMax: retryMax,
 		Metrics: cfg.QueueMetrics, Backlog: cfg.Backlog})
 	recompute := func(any) { t.queue.Add(recomputeCapacities) }
@@ -185,7 +185,7 @@ func New(cfg Config, shared informers.SharedInformerFactory, retryStart, retryMa
 				obj = tomb.Obj
 			}
 			// Our labels may be gone from it: the key is what counts.
-			if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && sc.Namespace == t.Namespace {
+			if sc, ok := obj.(*storagev1.CSIStorageCapacity); ok && sc.Namespace == t.cfg.Namespace {
 				t.queue.Add(keyOfCapacity(sc))
 			}
 		},
@@ -214,7 +214,7 @@ func (t *Tracker) indexByKey(obj any) ([]string, error) {
 // cost a GetCapacity and another write, a stream of them.
 func (t *Tracker) onObject(old, obj any) {
 	sc, ok := obj.(*storagev1.CSIStorageCapacity)
-	if !ok || sc.Namespace != t.Namespace {
+	if !ok || sc.Namespace != t.cfg.Namespace {
 		return
 	}
 	key := keyOfCapacity(sc)
@@ -243,7 +243,7 @@ func (t *Tracker) onObject(old, obj any) {
 		// now tells its own write from this one when it ends (syncDone).
 	case t.own.Echo(sc):
 		// The event of a write of this replica.
-	case changedByOthers(sc, before, t.Owner):
+	case changedByOthers(sc, before, t.cfg.Owner):
 		t.queue.Add(key)
 	}
 }
@@ -314,16 +314,16 @@ func (t *Tracker) Run(intake context.Context) {
 		t.queue.ShutDown()
 		return
 	}
-	logger.Info("Starting storage capacity tracking", "namespace", t.Namespace, "managedBy", t.ManagedBy, "pollInterval", t.PollInterval)
+	logger.Info("Starting storage capacity tracking", "namespace", t.cfg.Namespace, "managedBy", t.cfg.ManagedBy, "pollInterval", t.cfg.PollInterval)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if t.PollInterval <= 0 {
+		if t.cfg.PollInterval <= 0 {
 			t.poll() // once; then only changes refresh capacity
 			return
 		}
-		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.PollInterval)
+		wait.UntilWithContext(intake, func(context.Context) { t.poll() }, t.cfg.PollInterval)
 	})
-	lifecycle.RunWorkers(intake, t.queue, t.Threads, t.sync)
+	lifecycle.RunWorkers(intake, t.queue, t.cfg.Threads, t.sync)
 	wg.Wait()
 	logger.Info("Storage capacity tracking stopped")
 }
@@ -352,8 +352,8 @@ func (t *Tracker) recompute() error {
 	if err != nil {
 		return err
 	}
-	segments := []map[string]string{t.NodeSegment}
-	if t.NodeSegment == nil {
+	segments := []map[string]string{t.cfg.NodeSegment}
+	if t.cfg.NodeSegment == nil {
 		csiNodes, err := t.csiNodes.List(labels.Everything())
 		if err != nil {
 			return err
@@ -362,9 +362,9 @@ func (t *Tracker) recompute() error {
 		if err != nil {
 			return err
 		}
-		segments = driverSegments(t.Driver, csiNodes, nodes)
+		segments = driverSegments(t.cfg.Driver, csiNodes, nodes)
 	}
-	desired := desiredCapacities(t.Driver, t.Immediate, classes, segments)
+	desired := desiredCapacities(t.cfg.Driver, t.cfg.Immediate, classes, segments)
 	t.mu.Lock()
 	old := t.desired
 	t.desired = desired
@@ -396,7 +396,7 @@ func (t *Tracker) recompute() error {
 // is returned, and the key goes back to the queue.
 func (t *Tracker) syncObject(key capacityKey) (err error) {
 	logger := klog.Background().WithValues("storageClass", key.class, "segment", key.segment)
-	ctx := klog.NewContext(t.Ops, logger)
+	ctx := klog.NewContext(t.cfg.Ops, logger)
 	t.mu.Lock()
 	computed := t.computed
 	t.mu.Unlock()
@@ -431,8 +431,8 @@ func (t *Tracker) syncObject(key capacityKey) (err error) {
 	// P1: the call and the write that records it run on Ops(), so a poll in flight when
 	// intake ends still lands. Only the driver call has --timeout: a write waiting for a
 	// token of the budget is not abandoned (and sent again later, spending another).
-	callCtx, cancel := context.WithTimeout(ctx, t.Timeout)
-	resp, err := t.CSI.GetCapacity(callCtx, getCapacityRequest(class, segment))
+	callCtx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	resp, err := t.cfg.CSI.GetCapacity(callCtx, getCapacityRequest(class, segment))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("GetCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
@@ -456,7 +456,7 @@ func (t *Tracker) syncObject(key capacityKey) (err error) {
 		}
 	}
 	if create {
-		saved, err := t.Kube.StorageV1().CSIStorageCapacities(t.Namespace).Create(ctx, answer, metav1.CreateOptions{})
+		saved, err := t.cfg.Kube.StorageV1().CSIStorageCapacities(t.cfg.Namespace).Create(ctx, answer, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating CSIStorageCapacity for StorageClass %s in segment %q: %w", key.class, key.segment, err)
 		}
@@ -480,7 +480,7 @@ func (t *Tracker) syncDone(key capacityKey, want *storagev1.CSIStorageCapacity, 
 	if err != nil || seen == nil || t.own.Echo(seen) {
 		return
 	}
-	if want == nil || changedByOthers(seen, want, t.Owner) {
+	if want == nil || changedByOthers(seen, want, t.cfg.Owner) {
 		t.queue.Add(key)
 	}
 }
@@ -498,7 +498,7 @@ func (t *Tracker) update(ctx context.Context, current, want *storagev1.CSIStorag
 	if len(want.OwnerReferences) > 0 && !slices.ContainsFunc(update.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == want.OwnerReferences[0].UID }) {
 		update.OwnerReferences = append(update.OwnerReferences, want.OwnerReferences[0])
 	}
-	saved, err := t.Kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	saved, err := t.cfg.Kube.StorageV1().CSIStorageCapacities(current.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("updating CSIStorageCapacity %s: %w", klog.KObj(current), err)
 	}
@@ -510,7 +510,7 @@ func (t *Tracker) update(ctx context.Context, current, want *storagev1.CSIStorag
 // deleteObjects deletes objects of a key, on Ops(), and tells OwnWrites they are gone.
 func (t *Tracker) deleteObjects(ctx context.Context, objs []*storagev1.CSIStorageCapacity) error {
 	for _, obj := range objs {
-		err := t.Kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(ctx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
+		err := t.cfg.Kube.StorageV1().CSIStorageCapacities(obj.Namespace).Delete(ctx, obj.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &obj.UID}})
 		// A conflict: the name holds another object, this one is gone.
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting CSIStorageCapacity %s: %w", klog.KObj(obj), err)
@@ -541,7 +541,7 @@ func (t *Tracker) objectsOf(key capacityKey) ([]*storagev1.CSIStorageCapacity, e
 }
 
 func (t *Tracker) manages(sc *storagev1.CSIStorageCapacity) bool {
-	return sc.Namespace == t.Namespace && sc.Labels[capacityDriverLabel] == t.Driver && sc.Labels[capacityManagedByLabel] == t.ManagedBy
+	return sc.Namespace == t.cfg.Namespace && sc.Labels[capacityDriverLabel] == t.cfg.Driver && sc.Labels[capacityManagedByLabel] == t.cfg.ManagedBy
 }
 
 // capacityObject is the object GetCapacity's answer asks for.
@@ -549,8 +549,8 @@ func (t *Tracker) capacityObject(key capacityKey, segment map[string]string, res
 	obj := &storagev1.CSIStorageCapacity{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: capacityGenerateName,
-			Namespace:    t.Namespace,
-			Labels:       map[string]string{capacityDriverLabel: t.Driver, capacityManagedByLabel: t.ManagedBy},
+			Namespace:    t.cfg.Namespace,
+			Labels:       map[string]string{capacityDriverLabel: t.cfg.Driver, capacityManagedByLabel: t.cfg.ManagedBy},
 		},
 		StorageClassName: key.class,
 		NodeTopology:     &metav1.LabelSelector{MatchLabels: maps.Clone(segment)},
@@ -560,8 +560,8 @@ func (t *Tracker) capacityObject(key capacityKey, segment map[string]string, res
 	if m := resp.GetMaximumVolumeSize(); m != nil {
 		obj.MaximumVolumeSize = resource.NewQuantity(m.GetValue(), resource.BinarySI)
 	}
-	if t.Owner != nil {
-		obj.OwnerReferences = []metav1.OwnerReference{*t.Owner}
+	if t.cfg.Owner != nil {
+		obj.OwnerReferences = []metav1.OwnerReference{*t.cfg.Owner}
 	}
 	return obj
 }

@@ -35,7 +35,7 @@ import (
 // the released ones: DeleteVolume, then the PersistentVolume, then its finalizer. It owns
 // the volume queue (keyed by PersistentVolume name); the claim's way never reaches it.
 type Deleter struct {
-	Config
+	cfg   Config
 	queue *lifecycle.Queue[string]
 	// volumes is the PersistentVolume cache through this process's writes: a PersistentVolume
 	// it let go is missing (Gone), and a DeleteVolume that succeeded is remembered as a step
@@ -47,7 +47,7 @@ type Deleter struct {
 	attachments storagelisters.VolumeAttachmentLister
 }
 
-// Config is what the deleter needs from the provisioner.
+// Config is what the deleter needs from the provisioner. Every func but Holds is required.
 type Config struct {
 	// Names are the names the driver's PersistentVolumes may give it.
 	Names request.DriverNames
@@ -79,7 +79,7 @@ const stepDeleteVolume = "DeleteVolume"
 // PersistentVolume of each VolumeAttachment that goes when attachments is not nil.
 func New(cfg Config, queue *lifecycle.Queue[string], volumes *lifecycle.OwnWrites[*v1.PersistentVolume], informer cache.SharedInformer,
 	classes storagelisters.StorageClassLister, attachments storagev1informers.VolumeAttachmentInformer) (*Deleter, error) {
-	d := &Deleter{Config: cfg, queue: queue, volumes: volumes, classes: classes}
+	d := &Deleter{cfg: cfg, queue: queue, volumes: volumes, classes: classes}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    d.enqueue,
 		UpdateFunc: func(_, obj any) { d.enqueue(obj) },
@@ -96,7 +96,7 @@ func New(cfg Config, queue *lifecycle.Queue[string], volumes *lifecycle.OwnWrite
 }
 
 func (d *Deleter) enqueue(obj any) {
-	if pv, ok := obj.(*v1.PersistentVolume); ok && request.IsDriverVolume(pv, d.Names) {
+	if pv, ok := obj.(*v1.PersistentVolume); ok && request.IsDriverVolume(pv, d.cfg.Names) {
 		d.queue.Add(pv.Name)
 	}
 }
@@ -167,11 +167,11 @@ func (d *Deleter) Sync(name string) error {
 	if !exists || err != nil {
 		return err
 	}
-	if !request.IsDriverVolume(pv, d.Names) {
+	if !request.IsDriverVolume(pv, d.cfg.Names) {
 		return nil
 	}
 	logger := klog.Background().WithValues("pv", name)
-	ctx := klog.NewContext(d.Ops, logger)
+	ctx := klog.NewContext(d.cfg.Ops, logger)
 	if finalizers, changed := desiredFinalizers(pv); changed {
 		if pv, err = d.patchFinalizers(ctx, pv, finalizers); err != nil {
 			logger.Error(err, "Cannot set the finalizers of the PersistentVolume, retrying")
@@ -186,10 +186,10 @@ func (d *Deleter) Sync(name string) error {
 	vol, migrated, err := request.CSIVolume(pv)
 	if err != nil {
 		logger.Error(err, "Volume deletion failed, retrying")
-		d.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.cfg.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 		return err
 	}
-	if d.Holds != nil && !d.Holds(vol) {
+	if d.cfg.Holds != nil && !d.cfg.Holds(vol) {
 		// Another node's provisioner deletes it.
 		return nil
 	}
@@ -198,14 +198,14 @@ func (d *Deleter) Sync(name string) error {
 	var pvErr pvRemovalError
 	var attached stillAttachedError
 	if !errors.As(err, &attached) {
-		d.Deleted(pv.Spec.StorageClassName, start, err)
+		d.cfg.Deleted(pv.Spec.StorageClassName, start, err)
 	}
 	switch {
 	case errors.As(err, &attached):
 		// Expected when a workload and its claim are deleted together: postponed, not
 		// failed, as upstream v6.4 (a Normal event, not counted as a failed deletion).
 		logger.V(4).Info("Volume deletion postponed", "reason", err.Error())
-		d.Recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
+		d.cfg.Recorder.Event(pv, v1.EventTypeNormal, "VolumeDelete", err.Error())
 		return err
 	case err == nil:
 	case errors.As(err, &pvErr):
@@ -217,7 +217,7 @@ func (d *Deleter) Sync(name string) error {
 		logger.V(2).Info("DeleteVolume not started; left to the next leader")
 	default:
 		logger.Error(err, "Volume deletion failed, retrying")
-		d.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
+		d.cfg.Recorder.Event(pv, v1.EventTypeWarning, "VolumeFailedDelete", err.Error())
 	}
 	return err
 }
@@ -247,7 +247,7 @@ func (d *Deleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, del
 	if deletedAlready {
 		logger.V(4).Info("Volume deleted already, removing its PersistentVolume", "volumeHandle", pv.Spec.CSI.VolumeHandle)
 	} else {
-		if err := request.CheckCapabilities(d.PluginCaps, d.ControllerCaps, false); err != nil {
+		if err := request.CheckCapabilities(d.cfg.PluginCaps, d.cfg.ControllerCaps, false); err != nil {
 			return err
 		}
 		if node := d.AttachedTo(pv.Name); node != "" {
@@ -255,14 +255,12 @@ func (d *Deleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, del
 			return stillAttachedError{pv: pv.Name, node: node}
 		}
 		secrets := d.secrets(ctx, pv)
-		if err := d.DeleteVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
+		if err := d.cfg.DeleteVolume(ctx, pv.Spec.CSI.VolumeHandle, secrets); err != nil {
 			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
 		}
 		d.volumes.Took(pv, stepDeleteVolume)
 		logger.V(2).Info("Volume deleted", "volumeHandle", pv.Spec.CSI.VolumeHandle)
-		if d.CapacityChanged != nil {
-			d.CapacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
-		}
+		d.cfg.CapacityChanged(pv.Spec.StorageClassName, volumeTopology(pv))
 	}
 	letGo, err := d.removePV(ctx, pv)
 	if err != nil {
@@ -283,7 +281,7 @@ func (d *Deleter) deleteWithPV(ctx context.Context, pv *v1.PersistentVolume, del
 // or the PersistentVolume is gone. A finalizer removal the API server refused as conflicting
 // or invalid is not retried here; a later sync of the PersistentVolume sees what it is.
 func (d *Deleter) removePV(ctx context.Context, pv *v1.PersistentVolume) (letGo bool, err error) {
-	pvs := d.Kube.CoreV1().PersistentVolumes()
+	pvs := d.cfg.Kube.CoreV1().PersistentVolumes()
 	if pv.DeletionTimestamp == nil {
 		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pv.UID}}); apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			// Gone, or another PersistentVolume of the same name: not this one's to touch.
@@ -351,7 +349,7 @@ func (d *Deleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[stri
 			return nil
 		}
 		// An in-tree class is read in its CSI translation, as when the volume was made.
-		if class, _, err = d.Names.CSIClass(class); err != nil {
+		if class, _, err = d.cfg.Names.CSIClass(class); err != nil {
 			logger.Info("Cannot translate the StorageClass, deleting without secrets", "err", err.Error())
 			return nil
 		}
@@ -361,7 +359,7 @@ func (d *Deleter) secrets(ctx context.Context, pv *v1.PersistentVolume) map[stri
 			return nil
 		}
 	}
-	secrets, err := request.ReadSecret(ctx, d.Kube, ref)
+	secrets, err := request.ReadSecret(ctx, d.cfg.Kube, ref)
 	if err != nil {
 		logger.Error(err, "Cannot read the deletion secret, deleting without it")
 	}
@@ -375,7 +373,7 @@ func (d *Deleter) patchFinalizers(ctx context.Context, pv *v1.PersistentVolume, 
 	if err != nil {
 		return pv, err
 	}
-	updated, err := d.Kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	updated, err := d.cfg.Kube.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return pv, fmt.Errorf("setting finalizers %v on PersistentVolume %s: %w", finalizers, pv.Name, err)
 	}

@@ -38,7 +38,7 @@ import (
 // the snapshot watch and its sweep; what "still needs" means is the claim's way's to say
 // (Users).
 type Guard struct {
-	Config
+	cfg   Config
 	queue *lifecycle.Queue[string]
 	users Users
 	// claims is the claim cache through this process's own writes of claims.
@@ -71,7 +71,7 @@ type Users interface {
 // and from the snapshots' when snapshotClient is not nil.
 func New(cfg Config, queue *lifecycle.Queue[string], users Users, claims cache.SharedInformer, own *lifecycle.OwnWrites[*v1.PersistentVolumeClaim],
 	volumes corelisters.PersistentVolumeLister, classes storagelisters.StorageClassLister, snapshotClient snapclientset.Interface) (*Guard, error) {
-	g := &Guard{Config: cfg, queue: queue, users: users, claims: own, volumes: volumes, classes: classes}
+	g := &Guard{cfg: cfg, queue: queue, users: users, claims: own, volumes: volumes, classes: classes}
 	if _, err := claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    g.enqueueClaimSources,
 		UpdateFunc: func(_, obj any) { g.enqueueClaimSources(obj) },
@@ -225,7 +225,7 @@ func (g *Guard) Sync(key string) error {
 		klog.Background().Error(err, "Dropping a malformed source key")
 		return nil
 	}
-	ctx := klog.NewContext(g.Ops, klog.Background().WithValues("source", ref.String()))
+	ctx := klog.NewContext(g.cfg.Ops, klog.Background().WithValues("source", ref.String()))
 	// The finalizer names are shared by every provisioner of the cluster: a source of
 	// another driver is its provisioner's to release, whatever this one's claims say.
 	switch ref.Kind {
@@ -271,7 +271,7 @@ func (g *Guard) isDriverClaim(claim *v1.PersistentVolumeClaim) bool {
 	if name := volumehelpers.GetPersistentVolumeClaimClass(claim); name != "" {
 		class, _ = g.classes.Get(name)
 	}
-	return claimOfDriver(claim, pv, class, g.Names)
+	return claimOfDriver(claim, pv, class, g.cfg.Names)
 }
 
 // claimOfDriver decides isDriverClaim; pv and class are nil when unknown. An in-tree
@@ -300,7 +300,7 @@ func (g *Guard) releasableSnapshot(ctx context.Context, snap *snapshotv1.VolumeS
 	if snap.Status == nil || snap.Status.BoundVolumeSnapshotContentName == nil {
 		return true, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancel()
 	name := *snap.Status.BoundVolumeSnapshotContentName
 	content, err := g.snapshots.client.SnapshotV1().VolumeSnapshotContents().Get(ctx, name, metav1.GetOptions{})
@@ -309,7 +309,7 @@ func (g *Guard) releasableSnapshot(ctx context.Context, snap *snapshotv1.VolumeS
 	} else if err != nil {
 		return false, fmt.Errorf("reading VolumeSnapshotContent %s of snapshot %s: %w", name, klog.KObj(snap), err)
 	}
-	return content.Spec.Driver == g.Names.Driver, nil
+	return content.Spec.Driver == g.cfg.Names.Driver, nil
 }
 
 func parseSourceKey(key string) (request.SourceRef, error) {
@@ -346,7 +346,7 @@ func (g *Guard) setClaimFinalizer(ctx context.Context, ref request.SourceRef, ad
 	}
 	update := claim.DeepCopy()
 	update.Finalizers = finalizers
-	out, err := g.Kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
+	out, err := g.cfg.Kube.CoreV1().PersistentVolumeClaims(ref.Namespace).Update(ctx, update, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsNotFound(err) && !add:
 		return nil
