@@ -14,8 +14,9 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// Every queue is the core's (capacity tracking's: package capacity) (lifecycle.NewQueue): client-go's workqueue metrics under
-// upstream's names where upstream has the queue, and the sidecar's backlog.
+// Every queue of the provisioner is the core's (lifecycle.NewQueue): client-go's workqueue
+// metrics under upstream's names where upstream has the queue, and the sidecar's backlog.
+// Capacity tracking's queue is tested in its package.
 func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.T) {
 	names := &queuenames.Recorder{}
 	backlog := &lifecycle.Backlog{}
