@@ -237,7 +237,7 @@ func (n *localNode) owns(intake context.Context, c *claimController, claim *v1.P
 	default:
 		return false, nil
 	}
-	if isDelayedBinding(class) || !n.immediateBinding {
+	if request.WaitsForFirstConsumer(class) || !n.immediateBinding {
 		return false, nil
 	}
 	// The class as the plan reads it: the CSI translation of an in-tree class.

@@ -38,16 +38,12 @@ func wantsVolume(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass,
 		return false, "claim has no StorageClass"
 	case !names.ClassOfDriver(class):
 		return false, fmt.Sprintf("StorageClass %s names provisioner %s", class.Name, class.Provisioner)
-	case isDelayedBinding(class) && claim.Annotations[volumehelpers.AnnSelectedNode] == "":
+	case request.WaitsForFirstConsumer(class) && claim.Annotations[volumehelpers.AnnSelectedNode] == "":
 		// The scheduler sets the node when a pod uses the claim; the provisioner removes it
 		// again to ask for another node.
 		return false, "waiting for the scheduler to select a node"
 	}
 	return true, ""
-}
-
-func isDelayedBinding(class *storagev1.StorageClass) bool {
-	return class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
 }
 
 // dataSourceKind is the kind of the claim's data source ("" for none), for metrics and the

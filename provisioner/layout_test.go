@@ -20,7 +20,7 @@ func TestThePartsImportOnlyTheCoreAndTheRequest(t *testing.T) {
 	const module = "github.com/csi-sidecars/csi-sidecars/"
 	allowed := map[string][]string{
 		"request":  {"lifecycle"},
-		"capacity": {"lifecycle"},
+		"capacity": {"lifecycle", "provisioner/request"},
 		"record":   {"lifecycle", "provisioner/request"},
 		"sources":  {"lifecycle", "provisioner/request"},
 		"deletion": {"lifecycle", "provisioner/request"},

@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
 )
 
 // Labels of the CSIStorageCapacity objects, with upstream's names and values (P9).
@@ -651,7 +652,7 @@ func driverSegments(driver string, csiNodes []*storagev1.CSINode, nodes []*v1.No
 func desiredCapacities(driver string, immediate bool, classes []*storagev1.StorageClass, segments []map[string]string) map[capacityKey]map[string]string {
 	out := map[capacityKey]map[string]string{}
 	for _, class := range classes {
-		if class.Provisioner != driver || (!immediate && !waitsForFirstConsumer(class)) {
+		if class.Provisioner != driver || (!immediate && !request.WaitsForFirstConsumer(class)) {
 			continue
 		}
 		for _, s := range segments {
@@ -678,10 +679,4 @@ func (t *Tracker) counts() (goal, current, obsolete int) {
 		}
 	}
 	return len(t.desired), len(have), obsolete
-}
-
-// waitsForFirstConsumer says whether the class binds late: the scheduler reads capacity
-// for such classes only.
-func waitsForFirstConsumer(class *storagev1.StorageClass) bool {
-	return class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
 }

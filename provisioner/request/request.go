@@ -13,6 +13,7 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -178,4 +179,11 @@ func WithFinalizer(finalizers []string, f string, add bool) ([]string, bool) {
 		return slices.DeleteFunc(slices.Clone(finalizers), func(x string) bool { return x == f }), true
 	}
 	return finalizers, false
+}
+
+// WaitsForFirstConsumer says whether the class binds late (WaitForFirstConsumer): its
+// claims are provisioned for the node the scheduler selects, and the scheduler reads
+// capacity for them.
+func WaitsForFirstConsumer(class *storagev1.StorageClass) bool {
+	return class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
 }
