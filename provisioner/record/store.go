@@ -55,9 +55,16 @@ const (
 	ReasonSucceeded    = "ProvisioningSucceeded"
 )
 
-// maxRecordBatch is how many records one event carries at most: a few hundred bytes each,
-// far below the API server's limit on an object's annotations (256 KiB).
-const maxRecordBatch = 32
+// maxRecordBatch is how many records one event carries at most, and maxBatchBytes what
+// they may weigh together, counted as the API server counts annotations (keys and values):
+// half its limit on an object's annotations (256 KiB). A record is a few hundred bytes, but
+// that of an immediate-binding claim of a driver with per-node topology lists every node
+// (up to recordBudget of protobuf, more as JSON): in a cluster of 150 nodes about 16 KiB,
+// so such records go about eight to an event.
+const (
+	maxRecordBatch = 32
+	maxBatchBytes  = 128 << 10
+)
 
 // RefreshAfter is how old the newest event of an open record may get before a retry of
 // its CreateVolume writes it again: well inside the API server's default event TTL (1 h).
@@ -304,6 +311,7 @@ func (s *Store) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec 
 		return err
 	}
 	w := &waitingRecord{ctx: ctx, rec: Carried{Claim: ClaimReference(claim), Record: value}, done: make(chan error, 1)}
+	w.weight = weigh(w.rec)
 	if s.batches.add(w) {
 		go s.flush(claim.Namespace)
 	}
@@ -315,6 +323,18 @@ type waitingRecord struct {
 	ctx  context.Context
 	rec  Carried
 	done chan error
+	// weight is what it adds to the event's annotations (weigh).
+	weight int
+}
+
+// weigh is what a record adds to an event's annotations at most: its entry in AnnAlso's
+// list, escaped, which is longer than the record alone under AnnProvisioning.
+func weigh(c Carried) int {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return len(c.Record) * 2
+	}
+	return len(b) + 1
 }
 
 // recordBatches holds, per namespace, the records waiting for their event, and whether
@@ -357,13 +377,15 @@ func (b *recordBatches) next(ns string) []*waitingRecord {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var batch []*waitingRecord
+	weight := len(AnnProvisioning) + len(AnnAlso)
 	rest := b.waiting[ns][:0]
 	for _, w := range b.waiting[ns] {
 		switch {
 		case w.ctx.Err() != nil:
 			w.done <- w.ctx.Err()
-		case len(batch) < maxRecordBatch:
+		case len(batch) == 0 || len(batch) < maxRecordBatch && weight+w.weight <= maxBatchBytes:
 			batch = append(batch, w)
+			weight += w.weight
 		default:
 			rest = append(rest, w)
 		}
@@ -395,8 +417,25 @@ func (s *Store) flush(ns string) {
 	}
 }
 
-// writeBatch writes one batch's event and answers its records.
+// writeBatch writes one batch's event and answers its records. A batch the API server
+// refuses as too large (its limit lower than maxBatchBytes assumes) is written again in
+// halves, down to a record an event.
 func (s *Store) writeBatch(batch []*waitingRecord) {
+	err := s.writeEvent(batch)
+	if len(batch) > 1 && (apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err)) {
+		klog.Background().V(2).Info("An event of provisioning records was refused, writing them in smaller events", "records", len(batch), "err", err.Error())
+		half := len(batch) / 2
+		s.writeBatch(batch[:half])
+		s.writeBatch(batch[half:])
+		return
+	}
+	for _, w := range batch {
+		w.done <- err
+	}
+}
+
+// writeEvent writes the event that carries the batch's records.
+func (s *Store) writeEvent(batch []*waitingRecord) error {
 	first := batch[0].rec
 	ev := s.openingEvent(first.Claim, first.Record)
 	var err error
@@ -410,12 +449,10 @@ func (s *Store) writeBatch(batch []*waitingRecord) {
 			ev.Annotations[AnnAlso] = string(value)
 		}
 	}
-	if err == nil {
-		err = s.create(batch[0].ctx, ev)
+	if err != nil {
+		return err
 	}
-	for _, w := range batch {
-		w.done <- err
-	}
+	return s.create(batch[0].ctx, ev)
 }
 
 // close writes the event that says how the record ended (upstream's event at that point,
