@@ -93,6 +93,13 @@ type Store struct {
 	now          func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
+	// decoded holds the records of the cached events, decoded.
+	decoded *decodedEvents
+	// lost holds the records whose events disappeared while open; onLost is told of each.
+	lost   lostRecords
+	onLost func(uid string)
+	// notKeptFunc is told of each record the API server refused.
+	notKeptFunc func(claim v1.ObjectReference, volume string, err error)
 	// linger is how long a flush lets records gather before it takes the next batch when
 	// more came in while it wrote (the budget is short): one token of the budget (1/QPS),
 	// in which the PersistentVolumes of the last batch are written anyway. 0 for none.
@@ -111,15 +118,22 @@ type StoreConfig struct {
 	// StartingWork is the context of the writes that open a record: they end with intake
 	// and wait behind the requests that finish work (P14).
 	StartingWork func(context.Context) (context.Context, context.CancelFunc)
+	// NotKept is told of each record the API server refused to keep (Refused): the
+	// provisioning goes on without it, as upstream's does (P17). err wraps ErrNotKept.
+	NotKept func(claim v1.ObjectReference, volume string, err error)
+	// Lost is told of each claim whose record's events all disappeared while it was open:
+	// the leader writes it again (Rewrite).
+	Lost func(uid string)
 }
 
 // NewStore makes the store of cfg.Driver's records and their informer, which Start runs.
 func NewStore(cfg StoreConfig) (*Store, error) {
 	kube := cfg.Kube
-	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now}
+	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now,
+		decoded: &decodedEvents{}, notKeptFunc: cfg.NotKept, onLost: cfg.Lost}
 	selector := Label + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
-		recordClaimIndex:     func(obj any) ([]string, error) { return ClaimKeys(obj), nil },
+		recordClaimIndex:     func(obj any) ([]string, error) { return s.ClaimKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
@@ -130,6 +144,9 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
 	s.own = own
+	if err := s.watchLoss(); err != nil {
+		return nil, fmt.Errorf("record events: %w", err)
+	}
 	if rl := kube.CoreV1().RESTClient().GetRateLimiter(); rl != nil && rl.QPS() > 0 {
 		s.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
 	}
@@ -138,21 +155,17 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 
 // ClaimKeys are the UIDs of the claims a record event is about: its label's, and
 // those of the further records it carries.
-func ClaimKeys(obj any) []string {
+func ClaimKeys(obj any) []string { return (*decodedEvents)(nil).claimKeys(obj) }
+
+// ClaimKeys is the package's ClaimKeys, decoding each version of an event once.
+func (s *Store) ClaimKeys(obj any) []string { return s.decoded.claimKeys(obj) }
+
+func (d *decodedEvents) claimKeys(obj any) []string {
 	ev, ok := obj.(*v1.Event)
 	if !ok {
 		return nil
 	}
-	var out []string
-	if uid := ev.Labels[LabelClaim]; uid != "" {
-		out = append(out, uid)
-	}
-	for _, r := range alsoRecorded(ev) {
-		if !slices.Contains(out, string(r.Claim.UID)) {
-			out = append(out, string(r.Claim.UID))
-		}
-	}
-	return out
+	return d.of(ev).claimKeys(ev)
 }
 
 // Carried is one record an event carries: the claim it is about, and the record
@@ -160,29 +173,6 @@ func ClaimKeys(obj any) []string {
 type Carried struct {
 	Claim  v1.ObjectReference `json:"claim"`
 	Record string             `json:"record"`
-}
-
-// recordsIn lists the records an event carries: that of the claim it is about, if it
-// opens one, then the further ones. A further record about a claim of another namespace
-// is no record: only who may write events in a claim's namespace may record for it.
-func recordsIn(ev *v1.Event) []Carried {
-	var out []Carried
-	if value, ok := ev.Annotations[AnnProvisioning]; ok {
-		out = append(out, Carried{Claim: ev.InvolvedObject, Record: value})
-	}
-	return append(out, alsoRecorded(ev)...)
-}
-
-func alsoRecorded(ev *v1.Event) []Carried {
-	value, ok := ev.Annotations[AnnAlso]
-	if !ok {
-		return nil
-	}
-	var also []Carried
-	if err := json.Unmarshal([]byte(value), &also); err != nil {
-		return nil
-	}
-	return slices.DeleteFunc(also, func(r Carried) bool { return r.Claim.Namespace != ev.Namespace || r.Claim.UID == "" })
 }
 
 // Start runs the informer until stop closes (every replica, P7).
@@ -214,11 +204,18 @@ func (s *Store) Open(uid string) (*OpenRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	return OpenAmong(events, uid)
+	if r, err := s.decoded.openAmong(events, uid); r != nil || err != nil {
+		return r, err
+	}
+	return s.lostOpen(uid)
 }
 
 // OpenAmong finds the open record of the claim of uid among the record events about it.
 func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
+	return (*decodedEvents)(nil).openAmong(events, uid)
+}
+
+func (d *decodedEvents) openAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	closed := map[string]bool{}
 	for _, ev := range events {
 		for name := range strings.SplitSeq(ev.Annotations[AnnCloses], ",") {
@@ -227,16 +224,18 @@ func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	}
 	type opened struct {
 		ev  *v1.Event
-		rec Carried
+		dec *decodedEvent
+		i   int
 	}
 	var opening []opened
 	for _, ev := range events {
 		if closed[ev.Name] {
 			continue
 		}
-		for _, r := range recordsIn(ev) {
+		dec := d.of(ev)
+		for i, r := range dec.carried {
 			if string(r.Claim.UID) == uid {
-				opening = append(opening, opened{ev, r})
+				opening = append(opening, opened{ev, dec, i})
 				break
 			}
 		}
@@ -254,11 +253,11 @@ func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	// (RefreshAfter), or, if a leader wrote another before seeing it, one whose volume has
 	// the same name; the undo of the oldest finds that volume by its name and closes all.
 	oldest, newest := opening[0], opening[len(opening)-1]
-	rec, err := Decode(oldest.rec.Record)
+	rec, err := d.record(oldest.dec, oldest.i)
 	if err != nil {
 		return nil, fmt.Errorf("event %s/%s: %w", oldest.ev.Namespace, oldest.ev.Name, err)
 	}
-	rec.Claim = oldest.rec.Claim
+	rec.Claim = oldest.dec.carried[oldest.i].Claim
 	out := &OpenRecord{Record: rec, written: newest.ev.FirstTimestamp.Time}
 	for _, o := range opening {
 		out.events = append(out.events, o.ev.Name)
@@ -282,7 +281,7 @@ func (s *Store) UsesSource(namespace, key string) (string, error) {
 	}
 	seen := map[string]bool{}
 	for _, ev := range events {
-		for _, uid := range ClaimKeys(ev) {
+		for _, uid := range s.ClaimKeys(ev) {
 			if seen[uid] {
 				continue
 			}
@@ -290,6 +289,11 @@ func (s *Store) UsesSource(namespace, key string) (string, error) {
 			if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
 				return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 			}
+		}
+	}
+	for _, uid := range s.lost.of(namespace) {
+		if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
+			return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 		}
 	}
 	return "", nil
@@ -525,10 +529,18 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 	}
 	ctx, cancel := s.startingWork(ctx)
 	defer cancel()
-	if err := s.write(ctx, claim, rec); err != nil {
-		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
+	err := s.write(ctx, claim, rec)
+	switch {
+	case err == nil:
+		return nil
+	case Refused(err):
+		// Upstream provisions where its events are refused; so does this, unprotected,
+		// and says so (P17).
+		value, _ := rec.Encode()
+		s.notKept(Carried{Claim: ClaimReference(claim), Record: value}, err)
+		return nil
 	}
-	return nil
+	return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
 }
 
 // CloseFor ends the claim's record once the volume is known (recorded by a
