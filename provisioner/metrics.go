@@ -65,6 +65,8 @@ func (m *controllerMetrics) deleted(class string, start time.Time, err error) {
 	m.deleteTotal.WithLabelValues(class).Inc()
 }
 
-func (m *controllerMetrics) recordNotKept(reason string) { m.recordsNotKept.WithLabelValues(reason).Inc() }
+func (m *controllerMetrics) recordNotKept(reason string) {
+	m.recordsNotKept.WithLabelValues(reason).Inc()
+}
 
 func (m *controllerMetrics) recordRewritten() { m.recordsRewritten.Inc() }
