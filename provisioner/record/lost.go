@@ -1,6 +1,8 @@
-// Records kept where events are not: the API server refused the event (admission rate
-// limits, quotas), or it disappeared while the record was open (an --event-ttl shorter
-// than the provisioning, a user deleting events).
+// Records kept in memory where events are not: the API server refused the event
+// (admission rate limits, quotas), or it disappeared while the record was open (an
+// --event-ttl shorter than the provisioning, a user deleting events). The leader writes
+// them again, with the claim queue's backoff, until an event keeps them or they are no
+// longer needed.
 
 package record
 
@@ -33,28 +35,49 @@ const RewriteQueueName = "provisioner-record-rewrites"
 // ErrNotKept wraps the refusal of a record the provisioning goes on without.
 var ErrNotKept = errors.New("the provisioning record could not be kept")
 
-// lostRecords are the records whose every opening event disappeared while they were open,
-// by claim UID, until an event opens or closes them again. Every replica notices them
-// (its informer sees the deletion); the leader writes them again (Store.Rewrite).
+// lostRecords are the open records no event keeps, by claim UID: refused by the API server
+// when this process opened them, or whose every opening event disappeared while they were
+// open (every replica notices that: its informer sees the deletion), until an event opens
+// or closes them again. The leader writes them again (Store.Rewrite).
 type lostRecords struct {
 	mu      sync.Mutex
-	byClaim map[string]Carried
+	byClaim map[string]lostRecord
 }
 
-func (l *lostRecords) put(uid string, c Carried) {
+// lostRecord is a record no event keeps; reported tells whether a refusal of it was
+// reported already (once is enough).
+type lostRecord struct {
+	Carried
+	reported bool
+}
+
+func (l *lostRecords) put(uid string, c Carried, reported bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byClaim == nil {
-		l.byClaim = map[string]Carried{}
+		l.byClaim = map[string]lostRecord{}
 	}
-	l.byClaim[uid] = c
+	l.byClaim[uid] = lostRecord{Carried: c, reported: reported}
 }
 
 func (l *lostRecords) get(uid string) (Carried, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c, ok := l.byClaim[uid]
-	return c, ok
+	return c.Carried, ok
+}
+
+// report tells whether a refusal of the claim's lost record is to be reported: the first.
+func (l *lostRecords) report(uid string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.byClaim[uid]
+	if !ok || c.reported {
+		return false
+	}
+	c.reported = true
+	l.byClaim[uid] = c
+	return true
 }
 
 // of lists the claims of the namespace with a lost record.
@@ -113,10 +136,20 @@ func (s *Store) deleted(obj any) {
 		if was, err := s.decoded.openAmong(append(events, ev), uid); was == nil || err != nil {
 			continue
 		}
-		s.lost.put(uid, c)
+		s.lost.put(uid, c, false)
 		if s.onLost != nil {
 			s.onLost(uid)
 		}
+	}
+}
+
+// refused keeps a record the API server refused in memory, reports it, and has the leader
+// write it again.
+func (s *Store) refused(uid string, c Carried, err error) {
+	s.lost.put(uid, c, true)
+	s.notKept(c, err)
+	if s.onLost != nil {
+		s.onLost(uid)
 	}
 }
 
@@ -148,21 +181,46 @@ func (s *Store) LostVolume(uid string) (string, bool) {
 func (s *Store) Forget(uid string) { s.lost.drop(uid) }
 
 // Rewrite writes the claim's lost record again, on ctx (Ops(): it protects a call that may
-// run in the driver). A refusal is reported (StoreConfig.NotKept) and not retried: the
-// record stays in this process's memory, which still finishes or undoes it while it leads.
+// run in the driver), together with the other lost records of its namespace: they share
+// events (recordBatches), so that a rate-limited API server keeps them all in a few writes.
+// The first refusal of each is reported (StoreConfig.NotKept); an error is for the caller's
+// queue to retry with its backoff. Until an event keeps it, a record stays in this
+// process's memory, which still finishes or undoes its volume while it leads.
 func (s *Store) Rewrite(ctx context.Context, uid string) error {
 	c, ok := s.lost.get(uid)
 	if !ok {
 		return nil
 	}
-	err := s.create(ctx, s.openingEvent(c.Claim, c.Record))
-	switch {
-	case err == nil:
+	others := s.lost.of(c.Claim.Namespace)
+	errs := make(chan error, len(others))
+	for _, other := range others {
+		go func() { errs <- s.rewrite(ctx, other) }()
+	}
+	var err error
+	for range others {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	if _, still := s.lost.get(uid); !still {
+		return nil
+	}
+	return err
+}
+
+// rewrite writes one lost record again.
+func (s *Store) rewrite(ctx context.Context, uid string) error {
+	c, ok := s.lost.get(uid)
+	if !ok {
+		return nil
+	}
+	err := s.writeCarried(ctx, c)
+	if err == nil {
 		s.lost.drop(uid)
 		return nil
-	case Refused(err):
+	}
+	if Refused(err) && s.lost.report(uid) {
 		s.notKept(c, err)
-		return nil
 	}
 	return err
 }

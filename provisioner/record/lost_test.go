@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,7 +45,8 @@ func TestARefusedRecordIsReportedAndTheProvisioningGoesOn(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			kube := fake.NewClientset()
-			kube.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, refusal })
+			var accepting atomic.Bool
+			kube.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) { return !accepting.Load(), nil, refusal })
 			var reported notKeptLog
 			s, err := NewStore(StoreConfig{Kube: kube, Driver: drv, Source: v1.EventSource{Component: "test"}, StartingWork: withCancel, NotKept: reported.add})
 			if err != nil {
@@ -57,6 +59,24 @@ func TestARefusedRecordIsReportedAndTheProvisioningGoesOn(t *testing.T) {
 			}
 			if len(reported.volumes) != 1 || reported.volumes[0] != rec.Volume || !errors.Is(reported.errs[0], ErrNotKept) || !Refused(reported.errs[0]) {
 				t.Errorf("reported %q, %v; want volume %s reported once as not kept, with the server's answer", reported.volumes, reported.errs, rec.Volume)
+			}
+			// It stays open in memory, and the leader retries it (with its queue's
+			// backoff) until an event keeps it; the refusal is reported once.
+			if r, err := s.Open(recordUID); r == nil || err != nil || r.Record.Volume != rec.Volume {
+				t.Fatalf("the refused record is not open in memory: %+v, %v", r, err)
+			}
+			if err := s.Rewrite(context.Background(), recordUID); !Refused(err) {
+				t.Errorf("a retry the server refuses again: %v, want its refusal for the queue's backoff", err)
+			}
+			if len(reported.volumes) != 1 {
+				t.Errorf("the refusal reported %d times, want once", len(reported.volumes))
+			}
+			accepting.Store(true)
+			if err := s.Rewrite(context.Background(), recordUID); err != nil {
+				t.Fatal(err)
+			}
+			if events, _ := s.own.ByIndex(recordClaimIndex, recordUID); len(events) != 1 {
+				t.Errorf("%d events keep the record once the server accepts it, want 1", len(events))
 			}
 		})
 	}

@@ -57,13 +57,13 @@ const (
 
 // maxRecordBatch is how many records one event carries at most, and maxBatchBytes what
 // they may weigh together, counted as the API server counts annotations (keys and values):
-// half its limit on an object's annotations (256 KiB). A record is a few hundred bytes, but
-// that of an immediate-binding claim of a driver with per-node topology lists every node
-// (up to recordBudget of protobuf, more as JSON): in a cluster of 150 nodes about 16 KiB,
-// so such records go about eight to an event.
+// three quarters of its limit on an object's annotations (256 KiB). A record is a few
+// hundred bytes, but that of an immediate-binding claim of a driver with per-node topology
+// lists every node (up to recordBudget of protobuf, more as JSON): in a cluster of 150
+// nodes 16 to 40 KiB, so such records go five to ten to an event.
 const (
 	maxRecordBatch = 32
-	maxBatchBytes  = 128 << 10
+	maxBatchBytes  = 192 << 10
 )
 
 // RefreshAfter is how old the newest event of an open record may get before a retry of
@@ -314,10 +314,14 @@ func (s *Store) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec 
 	if err != nil {
 		return err
 	}
-	w := &waitingRecord{ctx: ctx, rec: Carried{Claim: ClaimReference(claim), Record: value}, done: make(chan error, 1)}
-	w.weight = weigh(w.rec)
+	return s.writeCarried(ctx, Carried{Claim: ClaimReference(claim), Record: value})
+}
+
+// writeCarried is write of an encoded record.
+func (s *Store) writeCarried(ctx context.Context, c Carried) error {
+	w := &waitingRecord{ctx: ctx, rec: c, done: make(chan error, 1), weight: weigh(c)}
 	if s.batches.add(w) {
-		go s.flush(claim.Namespace)
+		go s.flush(c.Claim.Namespace)
 	}
 	return <-w.done
 }
@@ -534,10 +538,10 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 	case err == nil:
 		return nil
 	case Refused(err):
-		// Upstream provisions where its events are refused; so does this, unprotected,
-		// and says so (P17).
+		// Upstream provisions where its events are refused; so does this, unprotected
+		// against a crash until a retry keeps the record, and says so (P17).
 		value, _ := rec.Encode()
-		s.notKept(Carried{Claim: ClaimReference(claim), Record: value}, err)
+		s.refused(string(claim.UID), Carried{Claim: ClaimReference(claim), Record: value}, err)
 		return nil
 	}
 	return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
