@@ -106,6 +106,14 @@ func (q *Closer) Sync(uid string) error {
 		// Intake ended: the PersistentVolume supersedes the record; the next leader closes it.
 		done()
 		return nil
+	case Refused(err):
+		// The API server keeps no event now (rate limit, policy): upstream's event would be
+		// dropped too. The PersistentVolume supersedes the record; a leader that finds its
+		// opening event still open closes it then.
+		klog.Background().V(2).Info("The event that closes a provisioning record was refused, leaving it to the PersistentVolume", "claimUID", uid, "err", err.Error())
+		q.records.Forget(uid)
+		done()
+		return nil
 	case err != nil:
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -195,4 +196,32 @@ func TestRecordsThatExpireWhileCreateVolumeRunsAreWrittenAgainAndNothingLeaks(t 
 	}
 	t.Logf("FIGURE --event-ttl=6s, leader SIGKILLed mid-CreateVolume after its records expired: %d of %d volumes undone, 0 leaked; %.0f records written again by the new leader",
 		claims, claims, metric(t, b, "csi_sidecars_provisioner_records_rewritten_total"))
+}
+
+// An API server that refuses every event the provisioner writes (here RBAC without
+// "create" on events; an admission webhook or policy does the same): every record is
+// refused, and every claim is provisioned all the same, as upstream's would be (P17: never
+// a stall), each refusal reported. (A count/events ResourceQuota refuses nothing: the
+// API server's quota admission does not count events.)
+func TestClaimsAreProvisionedWhereTheAPIServerRefusesEveryEvent(t *testing.T) {
+	s := newScenario(t, testdriver.Config{})
+	rules := upstreamClusterRules(snapshotVerbsV62)
+	for i, r := range rules {
+		if slices.Contains(r.Resources, "events") {
+			rules[i].Verbs = []string{"list", "watch"}
+		}
+	}
+	kubeconfig := s.KubeconfigWithRules("csi-provisioner", e2e.Rules{Cluster: rules, Namespace: upstreamNamespaceRules})
+	fast := s.createClass("fast", nil)
+	r := s.startReplica("replica-a", "--kubeconfig="+kubeconfig)
+	s.WaitForHolder(s.leaseName, "replica-a")
+	const claims = 5
+	for i := range claims {
+		s.createClaim(fmt.Sprintf("data-%d", i), fast.Name, "")
+	}
+	s.waitForPVs(claims)
+	s.checkEveryVolumeHasExactlyOnePV()
+	if n := metric(t, r, "csi_sidecars_provisioner_records_not_kept_total"); n < claims {
+		t.Errorf("%.0f records reported not kept, want all %d", n, claims)
+	}
 }
