@@ -100,7 +100,9 @@ type Controller struct {
 	intake context.Context
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
-	// their next sync calls the driver even though their status looks done.
+	// their next sync calls the driver even though their status looks done. A name leaves
+	// at that sync, when the sync finds the VolumeAttachment gone, or at its deletion, so
+	// the map holds no more names than there are VolumeAttachments.
 	mu        sync.Mutex
 	forceSync map[string]bool
 	// vas and pvs are the VolumeAttachment and PV caches read through this controller's
@@ -230,12 +232,16 @@ func (c *Controller) vaUpdated(old, obj any) {
 	}
 }
 
-// vaDeleted lets the PV's finalizer go once no VolumeAttachment needs it.
+// vaDeleted forgets a forced sync of the VolumeAttachment and lets the PV's finalizer go
+// once no VolumeAttachment needs it.
 func (c *Controller) vaDeleted(obj any) {
 	if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = gone.Obj
 	}
 	va, ok := obj.(*storagev1.VolumeAttachment)
+	if ok {
+		c.consumeForceSync(va.Name)
+	}
 	if ok && c.pvQueue != nil && va.Spec.Source.PersistentVolumeName != nil {
 		c.pvQueue.Add(*va.Spec.Source.PersistentVolumeName)
 	}
@@ -265,9 +271,19 @@ func (c *Controller) pvFinalizerMayGo(pv *corev1.PersistentVolume) bool {
 func (c *Controller) syncVA(name string) error {
 	va, err := c.cachedVA(name)
 	if va == nil || err != nil {
-		return err
+		return c.gone(name, err)
 	}
 	return c.sync(va)
+}
+
+// gone ends the sync of name after cachedVA returned no VolumeAttachment: when that is
+// because it is gone (err nil), a sync the reconciler forced is forgotten. The reconciler
+// may flag a VolumeAttachment from its list after the deletion event already went by.
+func (c *Controller) gone(name string, err error) error {
+	if err == nil {
+		c.consumeForceSync(name)
+	}
+	return err
 }
 
 // cachedVA is the VolumeAttachment name as the cache or this controller's last write of it
