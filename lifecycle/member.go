@@ -212,7 +212,7 @@ func (m *member) leaseEventRecorder(ctx context.Context, kube kubernetes.Interfa
 }
 
 // close stops what the member runs besides its sidecar: the Lease watch, both event
-// broadcasters and, last, the budget their writes wait on. The run calls it as it
+// broadcasters, the Lease client's connections and, last, the budget the writes wait on. The run calls it as it
 // returns, once every campaign has ended, so that a process that embeds the core keeps
 // none of their goroutines. Events not yet written are dropped, as at a process's exit.
 func (m *member) close() {
@@ -224,6 +224,9 @@ func (m *member) close() {
 	}
 	if m.leaseEvents != nil {
 		m.leaseEvents.Shutdown()
+	}
+	if m.leaseConns != nil {
+		m.leaseConns.CloseAll() // the Lease client's own dialer: no transport cache keeps them
 	}
 	if m.budget != nil {
 		m.budget.Stop()
