@@ -212,7 +212,6 @@ func (s *Sidecar) config(env *lifecycle.Env) config {
 		maxEntries:            s.opts.maxEntries,
 		reconcileSync:         s.opts.reconcileSync,
 		defaultFSType:         s.opts.defaultFSType,
-		maxGRPCLogLength:      env.MaxGRPCLogLength,
 		trivial:               !publish,
 		publishReadOnly:       caps[csi.ControllerServiceCapability_RPC_PUBLISH_READONLY],
 		singleNodeMultiWriter: caps[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER],

@@ -330,6 +330,47 @@ func TestReconcilerRepairsDisagreement(t *testing.T) {
 	}
 }
 
+// A VolumeAttachment the reconciler flagged and that is deleted before its sync leaves no
+// forced sync behind: its deletion forgets it, and so does a sync that finds it gone (the
+// reconciler may flag it from its list after the deletion went by). Otherwise each such
+// name stays in memory for the life of the process.
+func TestForcedSyncOfDeletedVolumeAttachmentIsForgotten(t *testing.T) {
+	backend, volID := newBackendWithVolume(t)
+	// Attached in its status, but the driver has no publication: the reconciler flags it.
+	f := newFixture(t, defaultConfig(), backend,
+		newPV("pv", volID, withFinalizer), newVA("va", "pv", attachedWith("other/finalizer")), newCSINode(testNode, testNodeID))
+	if err := f.ctrl.reconcileOnce(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.forced(); got != "map[va:true]" {
+		t.Fatalf("forced syncs %s, want va", got)
+	}
+	if err := f.kube.StorageV1().VolumeAttachments().Delete(context.Background(), "va", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deletion to forget the forced sync", func() bool { return f.forced() == "map[]" })
+
+	for name, run := range map[string]func() error{
+		"sync":   func() error { return f.sync("va") },
+		"worker": func() error { return f.ctrl.processVA(context.Background(), attachKind, "va") },
+	} {
+		f.ctrl.setForceSync("va") // flagged from a list read before the deletion
+		if err := run(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := f.forced(); got != "map[]" {
+			t.Errorf("after a %s that found the VolumeAttachment gone, forced syncs %s, want none", name, got)
+		}
+	}
+}
+
+// forced is the controller's forced syncs, printed.
+func (f *fixture) forced() string {
+	f.ctrl.mu.Lock()
+	defer f.ctrl.mu.Unlock()
+	return fmt.Sprint(f.ctrl.forceSync)
+}
+
 func countCalls(calls []testdriver.Call, method string) int {
 	return len(testdriver.CallsOf(calls, method))
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -43,7 +42,6 @@ type config struct {
 	maxEntries         int
 	reconcileSync      time.Duration
 	defaultFSType      string
-	maxGRPCLogLength   int
 
 	// trivial: the driver cannot publish, so every VolumeAttachment is marked attached
 	// at once, with no finalizer and no CSI call.
@@ -100,7 +98,9 @@ type Controller struct {
 	intake context.Context
 
 	// forceSync names VolumeAttachments the reconciler found out of step with the driver:
-	// their next sync calls the driver even though their status looks done.
+	// their next sync calls the driver even though their status looks done. A name leaves
+	// at that sync, when the sync finds the VolumeAttachment gone, or at its deletion, so
+	// the map holds no more names than there are VolumeAttachments.
 	mu        sync.Mutex
 	forceSync map[string]bool
 	// vas and pvs are the VolumeAttachment and PV caches read through this controller's
@@ -230,12 +230,16 @@ func (c *Controller) vaUpdated(old, obj any) {
 	}
 }
 
-// vaDeleted lets the PV's finalizer go once no VolumeAttachment needs it.
+// vaDeleted forgets a forced sync of the VolumeAttachment and lets the PV's finalizer go
+// once no VolumeAttachment needs it.
 func (c *Controller) vaDeleted(obj any) {
 	if gone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = gone.Obj
 	}
 	va, ok := obj.(*storagev1.VolumeAttachment)
+	if ok {
+		c.consumeForceSync(va.Name)
+	}
 	if ok && c.pvQueue != nil && va.Spec.Source.PersistentVolumeName != nil {
 		c.pvQueue.Add(*va.Spec.Source.PersistentVolumeName)
 	}
@@ -265,9 +269,19 @@ func (c *Controller) pvFinalizerMayGo(pv *corev1.PersistentVolume) bool {
 func (c *Controller) syncVA(name string) error {
 	va, err := c.cachedVA(name)
 	if va == nil || err != nil {
-		return err
+		return c.gone(name, err)
 	}
 	return c.sync(va)
+}
+
+// gone ends the sync of name after cachedVA returned no VolumeAttachment: when that is
+// because it is gone (err nil), a sync the reconciler forced is forgotten. The reconciler
+// may flag a VolumeAttachment from its list after the deletion event already went by.
+func (c *Controller) gone(name string, err error) error {
+	if err == nil {
+		c.consumeForceSync(name)
+	}
+	return err
 }
 
 // cachedVA is the VolumeAttachment name as the cache or this controller's last write of it
@@ -380,9 +394,8 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment)
 	}
 	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, vol.migrated), c.timeout)
 	defer cancel()
-	c.logRequest(ctx, "ControllerPublishVolume", req)
+	// csi-lib-utils' interceptor on the connection logs the call at -v=5, as upstream's.
 	rsp, err := c.csi.ControllerPublishVolume(callCtx, req)
-	c.logResponse(ctx, "ControllerPublishVolume", rsp, err)
 	if err != nil {
 		return va, nil, err
 	}
@@ -470,9 +483,7 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment)
 	req := &csi.ControllerUnpublishVolumeRequest{VolumeId: vol.source.VolumeHandle, NodeId: nodeID, Secrets: secrets}
 	callCtx, cancel := context.WithTimeout(lifecycle.MarkMigrated(ctx, vol.migrated), c.timeout)
 	defer cancel()
-	c.logRequest(ctx, "ControllerUnpublishVolume", req)
-	rsp, err := c.csi.ControllerUnpublishVolume(callCtx, req)
-	c.logResponse(ctx, "ControllerUnpublishVolume", rsp, err)
+	_, err = c.csi.ControllerUnpublishVolume(callCtx, req)
 	return err
 }
 
@@ -604,25 +615,4 @@ func (c *Controller) syncPV(name string) error {
 	}
 	klog.FromContext(ctx).V(2).Info("Removed finalizer from PersistentVolume", "PersistentVolume", name)
 	return nil
-}
-
-// logRequest logs a CSI request at -v=5 with its secrets stripped.
-func (c *Controller) logRequest(ctx context.Context, method string, req any) {
-	if logger := klog.FromContext(ctx).V(5); logger.Enabled() {
-		logger.Info("GRPC call", "method", method, "request", c.truncate(protosanitizer.StripSecrets(req).String()))
-	}
-}
-
-// logResponse logs a CSI response at -v=5, cut to --max-grpc-log-length.
-func (c *Controller) logResponse(ctx context.Context, method string, rsp any, err error) {
-	if logger := klog.FromContext(ctx).V(5); logger.Enabled() {
-		logger.Info("GRPC response", "method", method, "response", c.truncate(protosanitizer.StripSecrets(rsp).String()), "err", err)
-	}
-}
-
-func (c *Controller) truncate(s string) string {
-	if c.maxGRPCLogLength > 0 && len(s) > c.maxGRPCLogLength {
-		return s[:c.maxGRPCLogLength] + "..."
-	}
-	return s
 }

@@ -55,7 +55,6 @@ func defaultConfig() config {
 		retryIntervalStart: 10 * time.Millisecond,
 		retryIntervalMax:   100 * time.Millisecond,
 		reconcileSync:      time.Minute,
-		maxGRPCLogLength:   -1,
 		publishReadOnly:    true,
 		reconcile:          true,
 		errorCodes:         true,

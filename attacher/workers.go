@@ -87,7 +87,7 @@ func (c *Controller) processVA(intake context.Context, k kind, name string) erro
 	}()
 	va, err := c.cachedVA(name)
 	if va == nil || err != nil {
-		return err
+		return c.gone(name, err)
 	}
 	if c.kindOf(va) != k {
 		// Queued for the state before: the change to this one queued it on the other
@@ -106,7 +106,7 @@ func (c *Controller) processVA(intake context.Context, k kind, name string) erro
 	defer c.slots.release()
 	// Read again: waiting for a slot can take as long as a CSI call.
 	if va, err = c.cachedVA(name); va == nil || err != nil {
-		return err
+		return c.gone(name, err)
 	}
 	if c.kindOf(va) != k {
 		handOver = true

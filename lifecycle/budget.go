@@ -35,7 +35,9 @@ import (
 //
 // The core builds one budget per hosted sidecar; that sidecar's clients (Env.Kube,
 // Env.RestConfig) wait for its tokens in their transport (restclient.go), where the wait
-// is measured. A nil budget (a negative --kube-api-qps) means no client-side limit.
+// is measured. A nil budget (a negative --kube-api-qps) means no client-side limit. The
+// run that builds a budget stops it as it returns: its dispatcher ends, and a request
+// still waiting for a token, or made later, fails.
 type budget struct {
 	qps     float32
 	limiter *rate.Limiter
@@ -46,6 +48,9 @@ type budget struct {
 	waiting [3][]*budgetWaiter
 	started bool
 	wake    chan struct{}
+	// stopped is closed by Stop.
+	stopped  chan struct{}
+	stopOnce sync.Once
 	// owed counts the writes the sidecar will owe soon: its CSI calls in flight, each of
 	// which records its result. Nil: none.
 	owed func() int
@@ -68,7 +73,7 @@ type classKey struct{}
 var _ flowcontrol.RateLimiter = &budget{}
 
 func newBudget(qps float32, burst int) *budget {
-	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
+	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 // budgetFor is the budget of qps and burst by client-go's rules: 0 is client-go's default
@@ -109,6 +114,9 @@ func withClass(ctx, intake context.Context, class int) (context.Context, context
 	return ctx, func() { stop(); cancel(context.Canceled) }
 }
 
+// errBudgetStopped is what a request gets from a budget whose run has ended.
+var errBudgetStopped = errors.New("the API budget is stopped: its run has ended")
+
 // errIntakeEnded is why a StartingWork context ends with intake.
 var errIntakeEnded = errors.New("intake ended: the work is left to the next leader")
 
@@ -135,6 +143,12 @@ func (b *budget) Wait(ctx context.Context) error {
 	w := &budgetWaiter{ready: make(chan struct{})}
 	class := classOf(ctx)
 	b.mu.Lock()
+	select {
+	case <-b.stopped:
+		b.mu.Unlock()
+		return errBudgetStopped
+	default:
+	}
 	b.waiting[class] = append(b.waiting[class], w)
 	if !b.started {
 		b.started = true
@@ -142,24 +156,28 @@ func (b *budget) Wait(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	b.poke()
+	var err error
 	select {
 	case <-w.ready:
 		return nil
 	case <-ctx.Done():
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if w.granted {
-			return nil
-		}
-		q := b.waiting[class]
-		for i, x := range q {
-			if x == w {
-				b.waiting[class] = append(q[:i:i], q[i+1:]...)
-				break
-			}
-		}
-		return context.Cause(ctx)
+		err = context.Cause(ctx)
+	case <-b.stopped:
+		err = errBudgetStopped
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w.granted {
+		return nil
+	}
+	q := b.waiting[class]
+	for i, x := range q {
+		if x == w {
+			b.waiting[class] = append(q[:i:i], q[i+1:]...)
+			break
+		}
+	}
+	return err
 }
 
 func (b *budget) poke() {
@@ -170,29 +188,30 @@ func (b *budget) poke() {
 }
 
 // dispatch hands out tokens, one at a time, each to the first waiter of the most urgent
-// class at the moment the token is there. It runs for the life of the process, as the
-// clients do.
+// class at the moment the token is there. It runs until Stop.
 func (b *budget) dispatch() {
 	for {
 		if !b.anyWaiting() {
-			<-b.wake
+			select {
+			case <-b.wake:
+			case <-b.stopped:
+				return
+			}
 			continue
 		}
 		if short := b.owedShortfall(); short > 0 {
 			// The next waiter would take a token a recording write needs: wait until the
 			// bucket holds enough, or until someone else comes (a recording write is served
 			// at once).
-			t := time.NewTimer(time.Duration(short / float64(b.qps) * float64(time.Second)))
-			select {
-			case <-b.wake:
-			case <-t.C:
+			if !b.sleep(time.Duration(short/float64(b.qps)*float64(time.Second)), b.wake) {
+				return
 			}
-			t.Stop()
 			continue
 		}
 		r := b.limiter.Reserve()
-		if d := r.Delay(); d > 0 {
-			time.Sleep(d)
+		if d := r.Delay(); d > 0 && !b.sleep(d, nil) {
+			r.Cancel()
+			return
 		}
 		b.mu.Lock()
 		w := b.next()
@@ -205,6 +224,19 @@ func (b *budget) dispatch() {
 		}
 		b.mu.Unlock()
 	}
+}
+
+// sleep waits d, or until wake has a value; false when the budget is stopped first.
+func (b *budget) sleep(d time.Duration, wake <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-b.stopped:
+		return false
+	}
+	return true
 }
 
 // owedShortfall is how many tokens the bucket lacks before the next waiter may be served:
@@ -265,5 +297,7 @@ func (b *budget) Accept() { _ = b.Wait(context.Background()) }
 // QPS is the budget's rate.
 func (b *budget) QPS() float32 { return b.qps }
 
-// Stop does nothing: the budget lives as long as the process.
-func (b *budget) Stop() {}
+// Stop ends the dispatcher and fails every request that waits for a token, or comes later.
+func (b *budget) Stop() {
+	b.stopOnce.Do(func() { close(b.stopped) })
+}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // A budget with no tokens left serves every waiting request that finishes work before any
@@ -170,5 +172,36 @@ func TestBudgetKeepsATokenForEachCallInFlight(t *testing.T) {
 	wg.Wait()
 	if want := []string{"finish", "start"}; !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v: the starting request took the token owed to a call in flight", order, want)
+	}
+}
+
+// A stopped budget leaves no goroutine behind, whether its dispatcher was idle or busy
+// handing out tokens, and a request waiting for a token then, or made later, fails.
+func TestStoppedBudgetLeavesNoGoroutine(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	idle := newBudget(1, 1)
+	if err := idle.Wait(context.Background()); err != nil { // starts its dispatcher
+		t.Fatal(err)
+	}
+	idle.Stop()
+
+	busy := newBudget(0.001, 1) // one token, the next in about 17 minutes
+	if err := busy.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- busy.Wait(context.Background()) }()
+	waitForWaiters(t, busy, 1)
+	busy.Stop()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, errBudgetStopped) {
+			t.Errorf("request waiting at the stop: %v, want %v", err, errBudgetStopped)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a request waiting for a token still waits after the stop")
+	}
+	if err := busy.Wait(context.Background()); !errors.Is(err, errBudgetStopped) {
+		t.Errorf("request after the stop: %v, want %v", err, errBudgetStopped)
 	}
 }

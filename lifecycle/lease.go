@@ -291,14 +291,19 @@ type leaseWatch struct {
 	changed    chan struct{}
 	takenOver  chan struct{}
 	tookOver   bool
+
+	// What start runs, for stop; set by start, read by stop once start returned.
+	cancel  context.CancelFunc
+	factory informers.SharedInformerFactory
+	polls   sync.WaitGroup
 }
 
 func newLeaseWatch(identity string) *leaseWatch {
 	return &leaseWatch{identity: identity, changed: make(chan struct{}, 1), takenOver: make(chan struct{})}
 }
 
-// start runs an informer on the one Lease until run ends and returns once it has synced,
-// or when synced ends first. A draining leader keeps watching, so a takeover during the
+// start runs an informer on the one Lease until stop (or the end of run) and returns once
+// it has synced, or when synced ends first. A draining leader keeps watching, so a takeover during the
 // drain still fences it at once. Where RBAC allows no list and watch on Leases (older
 // upstream roles), it polls the Lease every retry period instead, as client-go does, with
 // one warning: a released Lease is then taken up to a retry period later.
@@ -307,6 +312,7 @@ func newLeaseWatch(identity string) *leaseWatch {
 // and the polls, are bounded by the retry period here: a poll that has not answered by the
 // next one is no use.
 func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string, retryPeriod time.Duration) error {
+	run, w.cancel = context.WithCancel(run)
 	reviewCtx, cancel := context.WithTimeout(synced, retryPeriod)
 	mayWatch := mayListAndWatch(reviewCtx, client, namespace)
 	cancel()
@@ -319,7 +325,7 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 			w.pollOnce(ctx, leases, name)
 		}
 		poll(synced)
-		go wait.UntilWithContext(run, poll, retryPeriod)
+		w.polls.Go(func() { wait.UntilWithContext(run, poll, retryPeriod) })
 		return synced.Err()
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
@@ -337,11 +343,25 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 	if err != nil {
 		return err
 	}
+	w.factory = factory
 	factory.Start(run.Done())
 	if !cache.WaitForCacheSync(synced.Done(), inf.HasSynced) {
 		return synced.Err()
 	}
 	return nil
+}
+
+// stop ends what start started and waits for it: the run that watches the Lease calls it
+// as it ends, so that a process embedding the core keeps no goroutine of it.
+func (w *leaseWatch) stop() {
+	if w.cancel == nil {
+		return // never started
+	}
+	w.cancel()
+	if w.factory != nil {
+		w.factory.Shutdown()
+	}
+	w.polls.Wait()
 }
 
 // mayListAndWatch asks the API server whether this client may list and watch Leases in

@@ -7,8 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
@@ -346,5 +350,26 @@ func TestRenewalTimingRetriesOftenWithinTheDeadline(t *testing.T) {
 		if float64(c.renew) <= leaderelection.JitterFactor*float64(got.tick) {
 			t.Errorf("%v/%v/%v: client-go refuses a tick of %v", c.lease, c.renew, c.retry, got.tick)
 		}
+	}
+}
+
+// Once stopped, the Lease watch leaves no goroutine behind, though the context it was
+// started on lives on: the informer where RBAC allows list and watch, the poll where not.
+func TestStoppedLeaseWatchLeavesNoGoroutine(t *testing.T) {
+	for _, watch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("watch=%v", watch), func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			client := fake.NewClientset()
+			client.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				review := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview).DeepCopy()
+				review.Status.Allowed = watch
+				return true, review, nil
+			})
+			w := newLeaseWatch("me")
+			if err := w.start(context.Background(), context.Background(), client, "ns", "lease", time.Second); err != nil {
+				t.Fatal(err)
+			}
+			w.stop()
+		})
 	}
 }

@@ -134,11 +134,21 @@ type member struct {
 	// request timeout, which would cut the watch every half renew deadline.
 	watchKube kubernetes.Interface
 
+	// budget is the sidecar's API budget (nil: no limit), and leaseEvents records on the
+	// Lease; close stops them.
+	budget      *budget
+	leaseEvents record.EventBroadcaster
+
 	inflightAtDriverLoss atomic.Int64
 }
 
-func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *grpc.ClientConn, cfg *rest.Config) (*member, error) {
+func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *grpc.ClientConn, cfg *rest.Config) (_ *member, err error) {
 	m := &member{sidecar: s}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
 	// Ops() outlives the signal on purpose (P1); only fencing and the drain deadline end it.
 	m.ops, m.cancelOps = context.WithCancel(context.WithoutCancel(ctx))
 	p.metrics.leader.WithLabelValues(s.Name()).Set(0)
@@ -150,11 +160,11 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
 	// that finish work before writes that start it (budget.go, P14).
-	limit := budgetFor(cfg.QPS, cfg.Burst)
-	if limit != nil {
-		limit.owed = func() int { return int(m.csi.InFlight()) }
+	m.budget = budgetFor(cfg.QPS, cfg.Burst)
+	if m.budget != nil {
+		m.budget.owed = func() int { return int(m.csi.InFlight()) }
 	}
-	own := p.rest.client(cfg, s.Name(), limit)
+	own := p.rest.client(cfg, s.Name(), m.budget)
 	own.UserAgent = cfg.UserAgent + "/" + s.Name()
 	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
@@ -181,7 +191,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 		m.lock, err = rl.NewWithLabels(rl.LeasesResourceLock, p.opts.LeaderElectionNamespace, m.leaseName,
 			leKube.CoreV1(), leKube.CoordinationV1(), rl.ResourceLockConfig{
 				Identity:      p.opts.LeaderElectionIdentity,
-				EventRecorder: leaseEventRecorder(ctx, leKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.LeaderElectionIdentity),
+				EventRecorder: m.leaseEventRecorder(ctx, leKube, p.opts.LeaderElectionNamespace, p.opts.LeaderElectionIdentity),
 			}, p.opts.LeaderElectionLabels)
 		if err != nil {
 			return nil, fmt.Errorf("creating the Lease lock %s/%s: %w", p.opts.LeaderElectionNamespace, m.leaseName, err)
@@ -196,8 +206,31 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 }
 
 // leaseEventRecorder records "became leader" / "stopped leading" on the Lease, as upstream.
-func leaseEventRecorder(ctx context.Context, kube kubernetes.Interface, namespace, lease, identity string) record.EventRecorder {
-	return newEventBroadcaster(ctx, kube, namespace).NewRecorder(scheme.Scheme, v1.EventSource{Component: lease + "/" + identity})
+func (m *member) leaseEventRecorder(ctx context.Context, kube kubernetes.Interface, namespace, identity string) record.EventRecorder {
+	m.leaseEvents = newEventBroadcaster(ctx, kube, namespace)
+	return m.leaseEvents.NewRecorder(scheme.Scheme, v1.EventSource{Component: m.leaseName + "/" + identity})
+}
+
+// close stops what the member runs besides its sidecar: the Lease watch, both event
+// broadcasters, the Lease client's connections and, last, the budget the writes wait on. The run calls it as it
+// returns, once every campaign has ended, so that a process that embeds the core keeps
+// none of their goroutines. Events not yet written are dropped, as at a process's exit.
+func (m *member) close() {
+	if m.watch != nil {
+		m.watch.stop()
+	}
+	if m.env != nil {
+		m.env.Events.Shutdown()
+	}
+	if m.leaseEvents != nil {
+		m.leaseEvents.Shutdown()
+	}
+	if m.leaseConns != nil {
+		m.leaseConns.CloseAll() // the Lease client's own dialer: no transport cache keeps them
+	}
+	if m.budget != nil {
+		m.budget.Stop()
+	}
 }
 
 // campaign is the member's whole life after set-up: lead at once without leader election;

@@ -143,7 +143,11 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 	for _, s := range sidecars {
 		names = append(names, s.Name())
 	}
-	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, strings.Join(names, ","), budgetFor(cfg.QPS, cfg.Burst))))
+	sharedBudget := budgetFor(cfg.QPS, cfg.Burst)
+	if sharedBudget != nil {
+		defer sharedBudget.Stop()
+	}
+	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, strings.Join(names, ","), sharedBudget)))
 	if err != nil {
 		logger.Error(err, "Cannot create the Kubernetes client")
 		return ExitError
@@ -204,7 +208,9 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 			return ExitError
 		}
 		members = append(members, m)
-		defer m.env.Events.Shutdown()
+		// What the member started ends with the run, not with ctx (RunWithSignals may be
+		// embedded in a longer-lived process, or in a test).
+		defer m.close()
 	}
 	p.mu.Lock()
 	p.members = members

@@ -15,6 +15,10 @@ import (
 // --retry-interval-max before its next CreateVolume instead of the usual backoff, unless
 // its StorageClass is replaced meanwhile (another UID: the request may differ now). The
 // claim's other work (a provisioning record to finish or undo) does not wait.
+//
+// Not csi-lib-utils' slowset: its Add keeps an entry already there, even expired, until
+// its Run goroutine (a 100 ms ticker) drops it, and it reads the clock itself; here a lapsed
+// or stale entry goes when read, a new infeasible answer replaces it, and no goroutine runs.
 
 // isInfeasible tells whether a CreateVolume error is upstream's infeasible error.
 func isInfeasible(err error) bool {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,8 @@ type inProcess struct {
 	leases     map[string]string // sidecar -> Lease name
 	signals    chan os.Signal
 	exited     chan int
+	// before are the test process's goroutines just before the run started.
+	before goleak.Option
 }
 
 // startInProcess starts the process and waits until it leads both Leases.
@@ -59,6 +62,7 @@ func startInProcess(t *testing.T, latency time.Duration) *inProcess {
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	p.before = goleak.IgnoreCurrent()
 	go func() {
 		p.exited <- lifecycle.RunWithSignals(ctx, opts, p.signals, func(code int) { t.Errorf("exited at once with %d", code) }, sidecars...)
 	}()
@@ -191,4 +195,20 @@ func TestOneFencedSidecarEndsTheProcessAfterTheOthersDrain(t *testing.T) {
 			t.Errorf("the other sidecar's call for %s: code %s, caller gone %v; want OK, not cancelled", c.VolumeName, c.Code, !c.CallerGone.IsZero())
 		}
 	}
+}
+
+// A run embedded in a longer-lived process, here the test, leaves none of its goroutines
+// behind once RunWithSignals has returned, though the context it was given lives on: the
+// Lease watches, the event broadcasters and the API budgets end with the run.
+func TestInProcessRunLeavesNoGoroutineBehind(t *testing.T) {
+	p := startInProcess(t, 0)
+	p.createWork(1)
+	for name := range p.namespaces {
+		p.WaitUntil("the work of "+name+" recorded", func() bool { return p.results(name)[name+"-work-0"] == "ok" })
+	}
+	p.signals <- syscall.SIGTERM
+	if code := p.wait(); code != lifecycle.ExitOK {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	goleak.VerifyNone(t, p.before)
 }
