@@ -42,7 +42,14 @@ plugins:
 
 // hardenedScenario is a scenario on a control plane of its own, started with the
 // kube-apiserver flags args.
-func hardenedScenario(t *testing.T, cfg testdriver.Config, args ...string) *scenario {
+func hardenedScenario(t testing.TB, cfg testdriver.Config, args ...string) *scenario {
+	t.Helper()
+	return scenarioOn(t, hardenedControlPlane(t, args...), cfg)
+}
+
+// hardenedControlPlane is a control plane of the test's own, its kube-apiserver started with
+// args; Stop ends it with the test.
+func hardenedControlPlane(t testing.TB, args ...string) *controlplane.ControlPlane {
 	t.Helper()
 	kube.Get(t) // skips where no control plane can run
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -52,9 +59,26 @@ func hardenedScenario(t *testing.T, cfg testdriver.Config, args ...string) *scen
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cp.Stop() })
-	// The control plane is the test's alone: nothing to clean up in it.
+	return cp
+}
+
+// scenarioOn is a scenario on cp, a control plane of the test's alone: nothing to clean up
+// in it.
+func scenarioOn(t testing.TB, cp *controlplane.ControlPlane, cfg testdriver.Config) *scenario {
+	t.Helper()
 	s := e2e.NewScenario(t, cp, binDir, cfg)
 	return &scenario{Scenario: s, driver: s.Driver.DriverName(), leaseName: e2e.LeaseName("provisioner", s.Driver.DriverName())}
+}
+
+// eventRateLimitArgs are kube-apiserver's flags for the eventRateLimit admission, its
+// configuration written into dir.
+func eventRateLimitArgs(t testing.TB, dir string) []string {
+	t.Helper()
+	admission := filepath.Join(dir, "admission.yaml")
+	if err := os.WriteFile(admission, []byte(eventRateLimit), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--enable-admission-plugins=EventRateLimit", "--admission-control-config-file=" + admission}
 }
 
 // metric is the total of a metric's series on a replica's /metrics (0 when absent).
@@ -116,12 +140,7 @@ func alsoCarried(ev *v1.Event) []types.UID {
 // and they are retried until events keep them: while the driver still works on the calls
 // (held here), every claim's record is kept. Then every claim is provisioned.
 func TestABurstOfClaimsOfA150NodeClusterIsProvisionedUnderEventRateLimit(t *testing.T) {
-	admission := filepath.Join(t.TempDir(), "admission.yaml")
-	if err := os.WriteFile(admission, []byte(eventRateLimit), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := hardenedScenario(t, testdriver.Config{Topology: true},
-		"--enable-admission-plugins=EventRateLimit", "--admission-control-config-file="+admission)
+	s := hardenedScenario(t, testdriver.Config{Topology: true}, eventRateLimitArgs(t, t.TempDir())...)
 	const nodes, claims = 150, 40
 	for i := range nodes {
 		s.createNode(fmt.Sprintf("n%03d", i))
