@@ -134,14 +134,14 @@ func alsoCarried(ev *v1.Event) []types.UID {
 	return out
 }
 
-// A StatefulSet's scale-up of 40 claims, each request carrying 150 nodes' topology,
+// A StatefulSet's scale-up of 20 claims, each request carrying 150 nodes' topology,
 // against an API server with EventRateLimit admission. No event is refused as too large;
 // the records the rate limit refuses are reported, the provisioning goes on without them,
 // and they are retried until events keep them: while the driver still works on the calls
 // (held here), every claim's record is kept. Then every claim is provisioned.
 func TestABurstOfClaimsOfA150NodeClusterIsProvisionedUnderEventRateLimit(t *testing.T) {
 	s := hardenedScenario(t, testdriver.Config{Topology: true}, eventRateLimitArgs(t, t.TempDir())...)
-	const nodes, claims = 150, 40
+	const nodes, claims = 150, 20
 	for i := range nodes {
 		s.createNode(fmt.Sprintf("n%03d", i))
 	}
