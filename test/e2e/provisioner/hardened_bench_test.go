@@ -33,7 +33,7 @@ func BenchmarkProvisioningOnHardenedAPIServers(b *testing.B) {
 		args func() []string
 	}{
 		{"defaults", func() []string { return nil }},
-		{"EventRateLimit", func() []string { return eventRateLimitArgs(b, b.TempDir()) }},
+		{"EventRateLimit", func() []string { return eventRateLimitArgs(b, b.TempDir(), 5) }},
 	} {
 		cp := hardenedControlPlane(b, setting.args()...)
 		for _, impl := range []string{"ours", "upstream"} {

@@ -26,7 +26,7 @@ import (
 // the record (P13) protects wherever it can be kept; what it cannot protect is reported.
 
 // eventRateLimit is the EventRateLimit admission of the CIS benchmark's kind: one event a
-// second per namespace, bursts of five.
+// second per namespace, bursts of %d.
 const eventRateLimit = `apiVersion: apiserver.config.k8s.io/v1
 kind: AdmissionConfiguration
 plugins:
@@ -37,7 +37,7 @@ plugins:
     limits:
     - type: Namespace
       qps: 1
-      burst: 5
+      burst: %d
 `
 
 // hardenedScenario is a scenario on a control plane of its own, started with the
@@ -70,12 +70,12 @@ func scenarioOn(t testing.TB, cp *controlplane.ControlPlane, cfg testdriver.Conf
 	return &scenario{Scenario: s, driver: s.Driver.DriverName(), leaseName: e2e.LeaseName("provisioner", s.Driver.DriverName())}
 }
 
-// eventRateLimitArgs are kube-apiserver's flags for the eventRateLimit admission, its
-// configuration written into dir.
-func eventRateLimitArgs(t testing.TB, dir string) []string {
+// eventRateLimitArgs are kube-apiserver's flags for the eventRateLimit admission with
+// bursts of burst, its configuration written into dir.
+func eventRateLimitArgs(t testing.TB, dir string, burst int) []string {
 	t.Helper()
 	admission := filepath.Join(dir, "admission.yaml")
-	if err := os.WriteFile(admission, []byte(eventRateLimit), 0o600); err != nil {
+	if err := os.WriteFile(admission, []byte(fmt.Sprintf(eventRateLimit, burst)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return []string{"--enable-admission-plugins=EventRateLimit", "--admission-control-config-file=" + admission}
@@ -135,12 +135,13 @@ func alsoCarried(ev *v1.Event) []types.UID {
 }
 
 // A StatefulSet's scale-up of 20 claims, each request carrying 150 nodes' topology,
-// against an API server with EventRateLimit admission. No event is refused as too large;
+// against an API server with EventRateLimit admission (bursts of one, so that the burst
+// certainly meets the limit). No event is refused as too large;
 // the records the rate limit refuses are reported, the provisioning goes on without them,
 // and they are retried until events keep them: while the driver still works on the calls
 // (held here), every claim's record is kept. Then every claim is provisioned.
 func TestABurstOfClaimsOfA150NodeClusterIsProvisionedUnderEventRateLimit(t *testing.T) {
-	s := hardenedScenario(t, testdriver.Config{Topology: true}, eventRateLimitArgs(t, t.TempDir())...)
+	s := hardenedScenario(t, testdriver.Config{Topology: true}, eventRateLimitArgs(t, t.TempDir(), 1)...)
 	const nodes, claims = 150, 20
 	for i := range nodes {
 		s.createNode(fmt.Sprintf("n%03d", i))
@@ -166,7 +167,7 @@ func TestABurstOfClaimsOfA150NodeClusterIsProvisionedUnderEventRateLimit(t *test
 	s.waitForPVs(claims)
 	s.checkEveryVolumeHasExactlyOnePV()
 	notKept := metric(t, r, "csi_sidecars_provisioner_records_not_kept_total")
-	t.Logf("FIGURE %d claims of a %d-node cluster under EventRateLimit (namespace, qps 1, burst 5): %.0f records refused at first and reported, all %d kept in events %v after the claims, all provisioned",
+	t.Logf("FIGURE %d claims of a %d-node cluster under EventRateLimit (namespace, qps 1, burst 1): %.0f records refused at first and reported, all %d kept in events %v after the claims, all provisioned",
 		claims, nodes, notKept, claims, kept.Round(100*time.Millisecond))
 	if notKept == 0 {
 		t.Errorf("no record reported as refused: the rate limit refused none, and the test shows nothing")
