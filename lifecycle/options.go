@@ -47,7 +47,8 @@ type Options struct {
 	DrainTimeout time.Duration
 	Automaxprocs bool
 	EnablePprof  bool
-	// MaxGRPCLogLength caps every CSI request and response logged at -v=5; negative: no cap.
+	// MaxGRPCLogLength caps every CSI response logged at -v=5 (requests are logged whole);
+	// not positive: no cap.
 	MaxGRPCLogLength int
 	// LogBacklogInterval is --log-backlog-interval: how often queues with items waiting
 	// are logged; 0 is off.

@@ -194,7 +194,6 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		Metrics:                drv.metrics,
 		Gates:                  p.opts.Gates,
 		Identity:               p.opts.LeaderElectionIdentity,
-		MaxGRPCLogLength:       p.opts.MaxGRPCLogLength,
 		done:                   stopInformers,
 	}
 	var members []*member

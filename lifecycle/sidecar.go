@@ -85,9 +85,6 @@ type Env struct {
 	// (csi_sidecars_queue_waiting_items, csi_sidecars_queue_oldest_waiting_seconds) and
 	// --log-backlog-interval.
 	Backlog *Backlog
-	// MaxGRPCLogLength is --max-grpc-log-length: a sidecar that logs CSI requests or
-	// responses itself cuts them to this many characters (no cap when not positive).
-	MaxGRPCLogLength int
 
 	ops  context.Context
 	done <-chan struct{}

@@ -7,14 +7,13 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
-	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // driver makes the snapshotter's CSI calls, each bounded by --timeout and on the context it
-// is given (the core's Ops(), so a SIGTERM lets it finish: P1).
+// is given (the core's Ops(), so a SIGTERM lets it finish: P1). It logs none of them:
+// csi-lib-utils' interceptor on the connection logs each at -v=5, as upstream's.
 type driver struct {
 	name    string
 	ctrl    csi.ControllerClient
@@ -23,8 +22,6 @@ type driver struct {
 	// lists tells whether the driver has LIST_SNAPSHOTS; without it a pre-provisioned
 	// snapshot is taken to be ready, as upstream does.
 	lists bool
-	// maxLog is --max-grpc-log-length.
-	maxLog int
 }
 
 func driverFor(env *lifecycle.Env, o options) *driver {
@@ -34,7 +31,6 @@ func driverFor(env *lifecycle.Env, o options) *driver {
 		group:   csi.NewGroupControllerClient(env.CSI),
 		timeout: o.timeout,
 		lists:   env.ControllerCapabilities[csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS],
-		maxLog:  env.MaxGRPCLogLength,
 	}
 }
 
@@ -70,21 +66,10 @@ func infoOf(s *csi.Snapshot) snapshotInfo {
 	return info
 }
 
-func (d *driver) log(ctx context.Context, method string, req any) {
-	if logger := klog.FromContext(ctx).V(5); logger.Enabled() {
-		text := fmt.Sprint(protosanitizer.StripSecrets(req))
-		if d.maxLog > 0 && len(text) > d.maxLog {
-			text = text[:d.maxLog] + "..."
-		}
-		logger.Info("CSI call", "method", method, "request", text)
-	}
-}
-
 func (d *driver) createSnapshot(ctx context.Context, name, volume string, params, secrets map[string]string) (snapshotInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: volume, Parameters: params, Secrets: secrets}
-	d.log(ctx, "CreateSnapshot", req)
 	rsp, err := d.ctrl.CreateSnapshot(ctx, req)
 	if err != nil {
 		return snapshotInfo{}, err
@@ -96,7 +81,6 @@ func (d *driver) deleteSnapshot(ctx context.Context, id string, secrets map[stri
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.DeleteSnapshotRequest{SnapshotId: id, Secrets: secrets}
-	d.log(ctx, "DeleteSnapshot", req)
 	_, err := d.ctrl.DeleteSnapshot(ctx, req)
 	return err
 }
@@ -110,7 +94,6 @@ func (d *driver) snapshotStatus(ctx context.Context, id string, secrets map[stri
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.ListSnapshotsRequest{SnapshotId: id, Secrets: secrets}
-	d.log(ctx, "ListSnapshots", req)
 	rsp, err := d.ctrl.ListSnapshots(ctx, req)
 	if err != nil {
 		return snapshotInfo{}, err

@@ -37,7 +37,6 @@ func (d *driver) createGroupSnapshot(ctx context.Context, name string, volumes [
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.CreateVolumeGroupSnapshotRequest{Name: name, SourceVolumeIds: volumes, Parameters: params, Secrets: secrets}
-	d.log(ctx, "CreateVolumeGroupSnapshot", req)
 	rsp, err := d.group.CreateVolumeGroupSnapshot(ctx, req)
 	if err != nil {
 		return groupInfo{}, err
@@ -49,7 +48,6 @@ func (d *driver) deleteGroupSnapshot(ctx context.Context, id string, snapshotIDs
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: id, SnapshotIds: snapshotIDs, Secrets: secrets}
-	d.log(ctx, "DeleteVolumeGroupSnapshot", req)
 	_, err := d.group.DeleteVolumeGroupSnapshot(ctx, req)
 	return err
 }
@@ -59,7 +57,6 @@ func (d *driver) groupSnapshotStatus(ctx context.Context, id string, snapshotIDs
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	req := &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: id, SnapshotIds: snapshotIDs, Secrets: secrets}
-	d.log(ctx, "GetVolumeGroupSnapshot", req)
 	rsp, err := d.group.GetVolumeGroupSnapshot(ctx, req)
 	if err != nil {
 		return groupInfo{}, err
