@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
@@ -69,8 +71,8 @@ func scaleUp(b *testing.B, cp *controlplane.ControlPlane, impl, path string) (ti
 		r = s.StartUpstream(impl, path)
 	}
 	s.WaitUntil("a leader", func() bool {
-		l := s.Lease(s.leaseName)
-		return l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
+		l, err := s.Client.CoordinationV1().Leases(s.Namespace).Get(s.ctx(), s.leaseName, metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
 	})
 	start := time.Now()
 	var wg sync.WaitGroup
