@@ -46,6 +46,9 @@ type budget struct {
 	waiting [3][]*budgetWaiter
 	started bool
 	wake    chan struct{}
+	// stopped ends the dispatcher (Stop).
+	stopped  chan struct{}
+	stopOnce sync.Once
 	// owed counts the writes the sidecar will owe soon: its CSI calls in flight, each of
 	// which records its result. Nil: none.
 	owed func() int
@@ -68,7 +71,7 @@ type classKey struct{}
 var _ flowcontrol.RateLimiter = &budget{}
 
 func newBudget(qps float32, burst int) *budget {
-	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1)}
+	return &budget{qps: qps, limiter: rate.NewLimiter(rate.Limit(qps), burst), wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 // budgetFor is the budget of qps and burst by client-go's rules: 0 is client-go's default
@@ -171,11 +174,15 @@ func (b *budget) poke() {
 
 // dispatch hands out tokens, one at a time, each to the first waiter of the most urgent
 // class at the moment the token is there. It runs for the life of the process, as the
-// clients do.
+// clients do, or until Stop.
 func (b *budget) dispatch() {
 	for {
 		if !b.anyWaiting() {
-			<-b.wake
+			select {
+			case <-b.wake:
+			case <-b.stopped:
+				return
+			}
 			continue
 		}
 		if short := b.owedShortfall(); short > 0 {
@@ -186,6 +193,9 @@ func (b *budget) dispatch() {
 			select {
 			case <-b.wake:
 			case <-t.C:
+			case <-b.stopped:
+				t.Stop()
+				return
 			}
 			t.Stop()
 			continue
@@ -265,5 +275,7 @@ func (b *budget) Accept() { _ = b.Wait(context.Background()) }
 // QPS is the budget's rate.
 func (b *budget) QPS() float32 { return b.qps }
 
-// Stop does nothing: the budget lives as long as the process.
-func (b *budget) Stop() {}
+// Stop ends the dispatcher: requests that wait then wait until their contexts end. The
+// core never calls it (a budget lives as long as the process); a test does, so that no
+// goroutine of the budget outlives it.
+func (b *budget) Stop() { b.stopOnce.Do(func() { close(b.stopped) }) }

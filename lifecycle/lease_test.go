@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -110,35 +111,43 @@ func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 // P11: Expired closes renew-deadline after the start of the last successful write, and a
 // successful renewal pushes it back.
 func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
-	ctx := context.Background()
-	// Long enough that a loaded machine cannot stall a renewal and its check past it.
-	const deadline = 2 * time.Second
-	lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	var lastStart time.Time
-	for range 3 {
-		lastStart = time.Now()
-		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		const deadline = 10 * time.Second
+		lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-lock.Expired():
-			t.Fatal("expired although the last renewal just succeeded")
-		default:
+		expired := func() bool {
+			synctest.Wait()
+			select {
+			case <-lock.Expired():
+				return true
+			default:
+				return false
+			}
 		}
-	}
-	select {
-	case <-lock.Expired():
-	case <-time.After(time.Minute):
-		t.Fatalf("not expired a minute after the last renewal, with a renew deadline of %v", deadline)
-	}
-	if since := time.Since(lastStart); since < deadline {
-		t.Errorf("expired %v after the last renewal started, want at least %v", since, deadline)
-	}
+		// Renewals less than a deadline apart, for longer than a deadline in all.
+		for i := range 3 {
+			time.Sleep(deadline - time.Second)
+			if expired() {
+				t.Fatalf("expired %v after renewal %d, before the renew deadline", deadline-time.Second, i)
+			}
+			if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(deadline - time.Nanosecond)
+		if expired() {
+			t.Fatalf("expired a nanosecond before the renew deadline %v after the last renewal", deadline)
+		}
+		time.Sleep(time.Nanosecond)
+		if !expired() {
+			t.Fatalf("not expired the renew deadline %v after the last renewal", deadline)
+		}
+	})
 }
 
 // P2: release empties the holder of this term's record, and refuses any other record (a
@@ -204,49 +213,54 @@ func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
 }
 
 // A takeover is one write: client-go's acquire and first renewal, right after the write that
-// took the Lease, write nothing; the renewal after minInterval writes.
+// took the Lease, write nothing, nor does any renewal within minInterval; the renewal at
+// minInterval writes.
 func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
-	ctx := context.Background()
-	client := fake.NewClientset()
-	base, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: "replica-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Long enough that a loaded machine cannot stall the two renewals past it.
-	const interval = 2 * time.Second
-	lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	writes := func() int {
-		n := 0
-		for _, a := range client.Actions() {
-			if a.GetVerb() == "create" || a.GetVerb() == "update" {
-				n++
-			}
-		}
-		return n
-	}
-	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if _, _, err := lock.Get(ctx); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		client := fake.NewClientset()
+		base, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: "replica-a"})
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
-			t.Fatalf("renewing right after taking the Lease: %v", err)
+		const interval = 5 * time.Second
+		lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		writes := func() int {
+			n := 0
+			for _, a := range client.Actions() {
+				if a.GetVerb() == "create" || a.GetVerb() == "update" {
+					n++
+				}
+			}
+			return n
 		}
-	}
-	if n := writes(); n != 1 {
-		t.Errorf("%d writes for a takeover and two renewals within %v, want 1", n, interval)
-	}
-	time.Sleep(interval) // the interval itself is what is tested
-	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	if n := writes(); n != 2 {
-		t.Errorf("%d writes after the interval, want 2", n)
-	}
+		renew := func() {
+			t.Helper()
+			if _, _, err := lock.Get(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+				t.Fatalf("renewing: %v", err)
+			}
+		}
+		if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+			t.Fatal(err)
+		}
+		renew()
+		renew()
+		time.Sleep(interval - time.Nanosecond)
+		renew()
+		if n := writes(); n != 1 {
+			t.Errorf("%d writes for a takeover and three renewals within %v, want 1", n, interval)
+		}
+		time.Sleep(time.Nanosecond)
+		renew()
+		if n := writes(); n != 2 {
+			t.Errorf("%d writes after the interval, want 2", n)
+		}
+	})
 }
 
 // hungLock answers every call with its context's deadline passed, as a request hanging on
