@@ -175,10 +175,10 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*Config)
 	if change != nil {
 		change(&cfg)
 	}
-	// The test driver over its socket, unless the test answers GetCapacity itself (so that
-	// the world has no real I/O and may run in a synctest bubble).
+	// The test driver in memory, unless the test answers GetCapacity itself: no real I/O,
+	// so that a test may run the world in a synctest bubble.
 	if cfg.CSI == nil {
-		cfg.CSI = csi.NewControllerClient(testdriver.Dial(t, b))
+		cfg.CSI = csi.NewControllerClient(testdriver.DialInMemory(t, b))
 	}
 	// Decisions are fed from objects trimmed as the core's caches trim them.
 	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(cachetest.Transform()))
@@ -384,39 +384,41 @@ func TestANodeDeploymentTracksItsOwnSegmentOnly(t *testing.T) {
 }
 
 func TestAGetCapacityInFlightWhenIntakeEndsFinishesAndItsWriteLands(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) { c.Threads = 1 },
-		append(topologyObjects("n1"), lateClass("fast", nil))...)
-	key := "fast@" + testdriver.TopologyKey + "=n1"
-	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+	synctest.Test(t, func(t *testing.T) {
+		w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) { c.Threads = 1 },
+			append(topologyObjects("n1"), lateClass("fast", nil))...)
+		key := "fast@" + testdriver.TopologyKey + "=n1"
+		w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
-	// Long enough that the rules change below lands while the call runs, on a loaded machine too.
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
-	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	inFlight := func(calls []testdriver.Call) bool {
-		for _, c := range calls {
-			if c.Method == testdriver.MethodGetCapacity && !c.Done() {
-				return true
+		// On the fake clock: the rules change below lands while the call runs.
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
+		w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		inFlight := func(calls []testdriver.Call) bool {
+			for _, c := range calls {
+				if c.Method == testdriver.MethodGetCapacity && !c.Done() {
+					return true
+				}
+			}
+			return false
+		}
+		if err := w.driver.WaitFor(ctx, inFlight); err != nil {
+			t.Fatal(err)
+		}
+		// The storage changes while the call runs; then SIGTERM, as the tracker sees it.
+		w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+		w.stop()
+		<-w.done
+		if got := w.capacities()[key]; got != 42 {
+			t.Errorf("capacity %d after run returned, want 42: the answer of the call in flight", got)
+		}
+		for _, c := range w.driver.Journal() {
+			if c.Canceled || !c.CallerGone.IsZero() {
+				t.Errorf("a call was abandoned: %+v", c)
 			}
 		}
-		return false
-	}
-	if err := w.driver.WaitFor(ctx, inFlight); err != nil {
-		t.Fatal(err)
-	}
-	// The storage changes while the call runs; then SIGTERM, as the tracker sees it.
-	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
-	w.stop()
-	<-w.done
-	if got := w.capacities()[key]; got != 42 {
-		t.Errorf("capacity %d after run returned, want 42: the answer of the call in flight", got)
-	}
-	for _, c := range w.driver.Journal() {
-		if c.Canceled || !c.CallerGone.IsZero() {
-			t.Errorf("a call was abandoned: %+v", c)
-		}
-	}
+	})
 }
 
 // partial is an object as the metadata client reads it.
@@ -593,56 +595,58 @@ func TestACapacityChangedBySomeoneElseIsRepaired(t *testing.T) {
 // queue (no GET, no retry loop), and after the backoff the tracker writes from the newer
 // copy: the object holds the driver's answer and keeps the other writer's change.
 func TestAConflictingWriteGoesBackToTheQueueAndTheObjectEndsUpRight(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
-		append(topologyObjects("n1"), lateClass("fast", nil))...)
-	key := "fast@" + testdriver.TopologyKey + "=n1"
-	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+	synctest.Test(t, func(t *testing.T) {
+		w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
+			append(topologyObjects("n1"), lateClass("fast", nil))...)
+		key := "fast@" + testdriver.TopologyKey + "=n1"
+		w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
-	// The sync of the test starts once the tracker is idle (the first poll may sync the
-	// key again), and its GetCapacity is the one started after that.
-	// Long enough that the other write lands while the call runs, on a loaded machine too.
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
-	w.waitFor("the tracker idle", func() bool {
-		w.tracker.mu.Lock()
-		defer w.tracker.mu.Unlock()
-		return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
-	})
-	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
-	armed := time.Now()
-	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
-		return slices.ContainsFunc(calls, func(c testdriver.Call) bool {
-			return c.Method == testdriver.MethodGetCapacity && !c.Done() && !c.Start.Before(armed)
+		// The sync of the test starts once the tracker is idle (the first poll may sync the
+		// key again), and its GetCapacity is the one started after that.
+		// On the fake clock: the other write lands while the call runs.
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
+		w.waitFor("the tracker idle", func() bool {
+			w.tracker.mu.Lock()
+			defer w.tracker.mu.Unlock()
+			return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
 		})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 0)
-	o := w.objects()[key]
-	o.Annotations = map[string]string{"example.com/by": "someone else"}
-	if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	w.waitFor("the driver's answer written", func() bool { return w.capacities()[key] == 42 })
-	if got := w.objects()[key].Annotations["example.com/by"]; got != "someone else" {
-		t.Errorf("the other writer's annotation is %q after the tracker's write, want it kept", got)
-	}
-	// One at least: the tracker's update from the copy it read before the other write
-	// (more while the informer has not shown that write after a backoff).
-	if n := w.conflicts.Load(); n < 1 {
-		t.Errorf("no conflict: the tracker's update did not carry the version it read")
-	}
-	for _, a := range w.kube.Actions() {
-		if a.GetVerb() == "get" && a.GetResource().Resource == "csistoragecapacities" {
-			t.Errorf("the tracker read an object for its write: %v", a)
+		w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+		armed := time.Now()
+		w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
+			return slices.ContainsFunc(calls, func(c testdriver.Call) bool {
+				return c.Method == testdriver.MethodGetCapacity && !c.Done() && !c.Start.Before(armed)
+			})
+		}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if n := len(w.objects()); n != 1 {
-		t.Errorf("%d objects, want 1:\n%s", n, w.describe())
-	}
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 0)
+		o := w.objects()[key]
+		o.Annotations = map[string]string{"example.com/by": "someone else"}
+		if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+
+		w.waitFor("the driver's answer written", func() bool { return w.capacities()[key] == 42 })
+		if got := w.objects()[key].Annotations["example.com/by"]; got != "someone else" {
+			t.Errorf("the other writer's annotation is %q after the tracker's write, want it kept", got)
+		}
+		// One at least: the tracker's update from the copy it read before the other write
+		// (more while the informer has not shown that write after a backoff).
+		if n := w.conflicts.Load(); n < 1 {
+			t.Errorf("no conflict: the tracker's update did not carry the version it read")
+		}
+		for _, a := range w.kube.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "csistoragecapacities" {
+				t.Errorf("the tracker read an object for its write: %v", a)
+			}
+		}
+		if n := len(w.objects()); n != 1 {
+			t.Errorf("%d objects, want 1:\n%s", n, w.describe())
+		}
+	})
 }
 
 // segmentsAsked answers GetCapacity with a fixed value and records the segments asked for.
