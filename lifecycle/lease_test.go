@@ -263,11 +263,12 @@ func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
 	})
 }
 
-// hungLock answers every call with its context's deadline passed, as a request hanging on
-// a dead connection would, and records each call's deadline.
+// hungLock answers every call, after delay, with its context's deadline passed, as a
+// request hanging on a dead connection would, and records each call's deadline.
 type hungLock struct {
 	rl.Interface
 	hung      bool
+	delay     time.Duration
 	calls     []string
 	deadlines []time.Time
 }
@@ -277,6 +278,7 @@ func (h *hungLock) call(ctx context.Context, verb string) error {
 	h.calls = append(h.calls, verb)
 	h.deadlines = append(h.deadlines, d)
 	if h.hung {
+		time.Sleep(h.delay)
 		return fmt.Errorf("%s: %w", verb, context.DeadlineExceeded)
 	}
 	return nil
@@ -295,49 +297,53 @@ func (h *hungLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, e
 // renew deadline, and the connections are dropped so that the next attempt dials anew.
 // The next attempt gets a deadline of its own, and a success moves the fence deadline.
 func TestEachRenewalAttemptHasItsOwnShortDeadline(t *testing.T) {
-	ctx := context.Background()
-	h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true}
-	dropped := 0
-	lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, func() { dropped++ })
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	rec := leaseRecord("replica-a", acquired)
-	// One attempt as client-go makes it: fast-path write, then the slow path.
-	for range 2 {
-		if err := lock.Update(ctx, rec); err == nil {
-			t.Fatal("a hung write succeeded")
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		const attempt = 2 * time.Second
+		// Each failure takes a while: the slow path's read comes later than the write.
+		h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true, delay: 300 * time.Millisecond}
+		dropped := 0
+		lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: attempt}, func() { dropped++ })
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		rec := leaseRecord("replica-a", acquired)
+		// Two attempts as client-go makes them, a tick apart: fast-path write, then the
+		// slow path.
+		var starts []time.Time
+		for range 2 {
+			starts = append(starts, time.Now())
+			if err := lock.Update(ctx, rec); err == nil {
+				t.Fatal("a hung write succeeded")
+			}
+			if _, _, err := lock.Get(ctx); err == nil {
+				t.Fatal("a hung read succeeded")
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		if _, _, err := lock.Get(ctx); err == nil {
-			t.Fatal("a hung read succeeded")
+		if want := []string{"update", "get", "update", "get"}; fmt.Sprint(h.calls) != fmt.Sprint(want) {
+			t.Fatalf("calls %v, want %v", h.calls, want)
 		}
-	}
-	if want := []string{"update", "get", "update", "get"}; fmt.Sprint(h.calls) != fmt.Sprint(want) {
-		t.Fatalf("calls %v, want %v", h.calls, want)
-	}
-	first, second := h.deadlines[0], h.deadlines[2]
-	if first.IsZero() || time.Until(first) > time.Minute {
-		t.Errorf("the attempt's deadline %v is not within the attempt timeout", first)
-	}
-	if !h.deadlines[1].Equal(first) {
-		t.Errorf("the slow path's read has deadline %v, want the attempt's %v", h.deadlines[1], first)
-	}
-	if !second.After(first) || !h.deadlines[3].Equal(second) {
-		t.Errorf("the second attempt's deadlines %v, want one later than the first attempt's %v", h.deadlines[2:], first)
-	}
-	if dropped != 4 {
-		t.Errorf("connections dropped %d times after 4 timed-out calls, want 4", dropped)
-	}
-	h.hung = false
-	before := time.Now()
-	if err := lock.Update(ctx, rec); err != nil {
-		t.Fatalf("renewing once the API server answers: %v", err)
-	}
-	lock.mu.Lock()
-	renewed := lock.renewed
-	lock.mu.Unlock()
-	if renewed.Before(before) {
-		t.Errorf("a successful renewal did not move the fence deadline")
-	}
+		for i, start := range starts {
+			want := start.Add(attempt)
+			if got := h.deadlines[2*i : 2*i+2]; !got[0].Equal(want) || !got[1].Equal(want) {
+				t.Errorf("attempt %d: the write's and the slow path's read's deadlines %v, want both %v (the attempt's)", i, got, want)
+			}
+		}
+		if dropped != 4 {
+			t.Errorf("connections dropped %d times after 4 timed-out calls, want 4", dropped)
+		}
+		h.hung = false
+		before := time.Now()
+		if err := lock.Update(ctx, rec); err != nil {
+			t.Fatalf("renewing once the API server answers: %v", err)
+		}
+		lock.mu.Lock()
+		renewed := lock.renewed
+		lock.mu.Unlock()
+		if !renewed.Equal(before) {
+			t.Errorf("a successful renewal at %v moved the fence deadline's start to %v, want it moved there", before, renewed)
+		}
+	})
 }
 
 // The renewal timing: a failure is retried within half a second at upstream's defaults,
