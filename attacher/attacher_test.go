@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -233,48 +234,46 @@ func TestVolumeError(t *testing.T) {
 // P1: intake ending does not cancel an in-flight publish; Run returns only after the
 // publish finished and its result was recorded, and nothing queued is started after.
 func TestRunFinishesInFlightPublishAfterIntakeEnds(t *testing.T) {
-	backend, err := testdriver.New(testdriver.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := csi.NewControllerClient(serve(t, backend))
-	id1, id2 := createVolume(t, client, "vol-1"), createVolume(t, client, "vol-2")
-	backend.SetMethodLatency(testdriver.MethodControllerPublishVolume, 500*time.Millisecond)
-	cfg := defaultConfig()
-	cfg.workers = 1
-	f := newFixture(t, cfg, backend, newPV("pv-1", id1), newPV("pv-2", id2), newVA("va-1", "pv-1"), newVA("va-2", "pv-2"), newCSINode(testNode, testNodeID))
+	synctest.Test(t, func(t *testing.T) {
+		backend, err := testdriver.New(testdriver.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := csi.NewControllerClient(serve(t, backend))
+		id1, id2 := createVolume(t, client, "vol-1"), createVolume(t, client, "vol-2")
+		backend.SetMethodLatency(testdriver.MethodControllerPublishVolume, 500*time.Millisecond)
+		cfg := defaultConfig()
+		cfg.workers = 1
+		f := newFixture(t, cfg, backend, newPV("pv-1", id1), newPV("pv-2", id2), newVA("va-1", "pv-1"), newVA("va-2", "pv-2"), newCSINode(testNode, testNodeID))
 
-	intake, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.ctrl.run(intake); close(done) }()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := backend.WaitFor(ctx, func(c []testdriver.Call) bool {
-		return countCalls(c, testdriver.MethodControllerPublishVolume) == 1
-	}); err != nil {
-		t.Fatal(err)
-	}
-	stop()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("run did not return after intake ended")
-	}
-	var attached int
-	for _, name := range []string{"va-1", "va-2"} {
-		if f.va(name).Status.Attached {
-			attached++
+		intake, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { f.ctrl.run(intake); close(done) }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := backend.WaitFor(ctx, func(c []testdriver.Call) bool {
+			return countCalls(c, testdriver.MethodControllerPublishVolume) == 1
+		}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	calls := backend.Journal()
-	if n := countCalls(calls, testdriver.MethodControllerPublishVolume); n != 1 || attached != 1 {
-		t.Errorf("%d publishes, %d attached; want the one in flight finished and recorded, the other not started", n, attached)
-	}
-	for _, c := range calls {
-		if c.Method == testdriver.MethodControllerPublishVolume && (c.Canceled || !c.CallerGone.IsZero() || c.Code != "OK") {
-			t.Errorf("in-flight publish: %+v", c)
+		stop()
+		<-done
+		var attached int
+		for _, name := range []string{"va-1", "va-2"} {
+			if f.va(name).Status.Attached {
+				attached++
+			}
 		}
-	}
+		calls := backend.Journal()
+		if n := countCalls(calls, testdriver.MethodControllerPublishVolume); n != 1 || attached != 1 {
+			t.Errorf("%d publishes, %d attached; want the one in flight finished and recorded, the other not started", n, attached)
+		}
+		for _, c := range calls {
+			if c.Method == testdriver.MethodControllerPublishVolume && (c.Canceled || !c.CallerGone.IsZero() || c.Code != "OK") {
+				t.Errorf("in-flight publish: %+v", c)
+			}
+		}
+	})
 }
 
 // The reconciler forces a sync of VolumeAttachments the driver disagrees with, paging

@@ -89,9 +89,10 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 	return &fixture{t: t, kube: kube, ctrl: ctrl, backend: backend, csi: rec, vaStore: vaStore}
 }
 
-// serve serves backend on a new UNIX socket and returns a connection to it.
+// serve serves backend in memory and returns a connection to it: no real I/O, so that a
+// test may run in a synctest bubble.
 func serve(t *testing.T, backend *testdriver.Backend) *grpc.ClientConn {
-	return testdriver.Dial(t, backend)
+	return testdriver.DialInMemory(t, backend)
 }
 
 // newBackendWithVolume is a test driver with one volume; it returns the volume's ID.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -114,35 +115,43 @@ func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 // P11: Expired closes renew-deadline after the start of the last successful write, and a
 // successful renewal pushes it back.
 func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
-	ctx := context.Background()
-	// Long enough that a loaded machine cannot stall a renewal and its check past it.
-	const deadline = 2 * time.Second
-	lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	var lastStart time.Time
-	for range 3 {
-		lastStart = time.Now()
-		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		const deadline = 10 * time.Second
+		lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-lock.Expired():
-			t.Fatal("expired although the last renewal just succeeded")
-		default:
+		expired := func() bool {
+			synctest.Wait()
+			select {
+			case <-lock.Expired():
+				return true
+			default:
+				return false
+			}
 		}
-	}
-	select {
-	case <-lock.Expired():
-	case <-time.After(time.Minute):
-		t.Fatalf("not expired a minute after the last renewal, with a renew deadline of %v", deadline)
-	}
-	if since := time.Since(lastStart); since < deadline {
-		t.Errorf("expired %v after the last renewal started, want at least %v", since, deadline)
-	}
+		// Renewals less than a deadline apart, for longer than a deadline in all.
+		for i := range 3 {
+			time.Sleep(deadline - time.Second)
+			if expired() {
+				t.Fatalf("expired %v after renewal %d, before the renew deadline", deadline-time.Second, i)
+			}
+			if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(deadline - time.Nanosecond)
+		if expired() {
+			t.Fatalf("expired a nanosecond before the renew deadline %v after the last renewal", deadline)
+		}
+		time.Sleep(time.Nanosecond)
+		if !expired() {
+			t.Fatalf("not expired the renew deadline %v after the last renewal", deadline)
+		}
+	})
 }
 
 // P2: release empties the holder of this term's record, and refuses any other record (a
@@ -208,56 +217,62 @@ func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
 }
 
 // A takeover is one write: client-go's acquire and first renewal, right after the write that
-// took the Lease, write nothing; the renewal after minInterval writes.
+// took the Lease, write nothing, nor does any renewal within minInterval; the renewal at
+// minInterval writes.
 func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
-	ctx := context.Background()
-	client := fake.NewClientset()
-	base, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: "replica-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Long enough that a loaded machine cannot stall the two renewals past it.
-	const interval = 2 * time.Second
-	lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	writes := func() int {
-		n := 0
-		for _, a := range client.Actions() {
-			if a.GetVerb() == "create" || a.GetVerb() == "update" {
-				n++
-			}
-		}
-		return n
-	}
-	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if _, _, err := lock.Get(ctx); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		client := fake.NewClientset()
+		base, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: "replica-a"})
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
-			t.Fatalf("renewing right after taking the Lease: %v", err)
+		const interval = 5 * time.Second
+		lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		writes := func() int {
+			n := 0
+			for _, a := range client.Actions() {
+				if a.GetVerb() == "create" || a.GetVerb() == "update" {
+					n++
+				}
+			}
+			return n
 		}
-	}
-	if n := writes(); n != 1 {
-		t.Errorf("%d writes for a takeover and two renewals within %v, want 1", n, interval)
-	}
-	time.Sleep(interval) // the interval itself is what is tested
-	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
-	}
-	if n := writes(); n != 2 {
-		t.Errorf("%d writes after the interval, want 2", n)
-	}
+		renew := func() {
+			t.Helper()
+			if _, _, err := lock.Get(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
+				t.Fatalf("renewing: %v", err)
+			}
+		}
+		if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
+			t.Fatal(err)
+		}
+		renew()
+		renew()
+		time.Sleep(interval - time.Nanosecond)
+		renew()
+		if n := writes(); n != 1 {
+			t.Errorf("%d writes for a takeover and three renewals within %v, want 1", n, interval)
+		}
+		time.Sleep(time.Nanosecond)
+		renew()
+		if n := writes(); n != 2 {
+			t.Errorf("%d writes after the interval, want 2", n)
+		}
+	})
 }
 
-// hungLock answers every call with its context's deadline passed, as a request hanging on
-// a dead connection would, and records each call's deadline.
+// hungLock answers every call, after delay, with its context's deadline passed, as a
+// request hanging on a dead connection would, and records each call's deadline.
 type hungLock struct {
 	rl.Interface
 	hung      bool
+	delay     time.Duration
 	calls     []string
 	deadlines []time.Time
 }
@@ -267,6 +282,7 @@ func (h *hungLock) call(ctx context.Context, verb string) error {
 	h.calls = append(h.calls, verb)
 	h.deadlines = append(h.deadlines, d)
 	if h.hung {
+		time.Sleep(h.delay)
 		return fmt.Errorf("%s: %w", verb, context.DeadlineExceeded)
 	}
 	return nil
@@ -285,49 +301,53 @@ func (h *hungLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, e
 // renew deadline, and the connections are dropped so that the next attempt dials anew.
 // The next attempt gets a deadline of its own, and a success moves the fence deadline.
 func TestEachRenewalAttemptHasItsOwnShortDeadline(t *testing.T) {
-	ctx := context.Background()
-	h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true}
-	dropped := 0
-	lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, func() { dropped++ })
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	rec := leaseRecord("replica-a", acquired)
-	// One attempt as client-go makes it: fast-path write, then the slow path.
-	for range 2 {
-		if err := lock.Update(ctx, rec); err == nil {
-			t.Fatal("a hung write succeeded")
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		const attempt = 2 * time.Second
+		// Each failure takes a while: the slow path's read comes later than the write.
+		h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true, delay: 300 * time.Millisecond}
+		dropped := 0
+		lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: attempt}, func() { dropped++ })
+		acquired := time.Now().Truncate(time.Microsecond)
+		lock.begin(acquired)
+		rec := leaseRecord("replica-a", acquired)
+		// Two attempts as client-go makes them, a tick apart: fast-path write, then the
+		// slow path.
+		var starts []time.Time
+		for range 2 {
+			starts = append(starts, time.Now())
+			if err := lock.Update(ctx, rec); err == nil {
+				t.Fatal("a hung write succeeded")
+			}
+			if _, _, err := lock.Get(ctx); err == nil {
+				t.Fatal("a hung read succeeded")
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		if _, _, err := lock.Get(ctx); err == nil {
-			t.Fatal("a hung read succeeded")
+		if want := []string{"update", "get", "update", "get"}; fmt.Sprint(h.calls) != fmt.Sprint(want) {
+			t.Fatalf("calls %v, want %v", h.calls, want)
 		}
-	}
-	if want := []string{"update", "get", "update", "get"}; fmt.Sprint(h.calls) != fmt.Sprint(want) {
-		t.Fatalf("calls %v, want %v", h.calls, want)
-	}
-	first, second := h.deadlines[0], h.deadlines[2]
-	if first.IsZero() || time.Until(first) > time.Minute {
-		t.Errorf("the attempt's deadline %v is not within the attempt timeout", first)
-	}
-	if !h.deadlines[1].Equal(first) {
-		t.Errorf("the slow path's read has deadline %v, want the attempt's %v", h.deadlines[1], first)
-	}
-	if !second.After(first) || !h.deadlines[3].Equal(second) {
-		t.Errorf("the second attempt's deadlines %v, want one later than the first attempt's %v", h.deadlines[2:], first)
-	}
-	if dropped != 4 {
-		t.Errorf("connections dropped %d times after 4 timed-out calls, want 4", dropped)
-	}
-	h.hung = false
-	before := time.Now()
-	if err := lock.Update(ctx, rec); err != nil {
-		t.Fatalf("renewing once the API server answers: %v", err)
-	}
-	lock.mu.Lock()
-	renewed := lock.renewed
-	lock.mu.Unlock()
-	if renewed.Before(before) {
-		t.Errorf("a successful renewal did not move the fence deadline")
-	}
+		for i, start := range starts {
+			want := start.Add(attempt)
+			if got := h.deadlines[2*i : 2*i+2]; !got[0].Equal(want) || !got[1].Equal(want) {
+				t.Errorf("attempt %d: the write's and the slow path's read's deadlines %v, want both %v (the attempt's)", i, got, want)
+			}
+		}
+		if dropped != 4 {
+			t.Errorf("connections dropped %d times after 4 timed-out calls, want 4", dropped)
+		}
+		h.hung = false
+		before := time.Now()
+		if err := lock.Update(ctx, rec); err != nil {
+			t.Fatalf("renewing once the API server answers: %v", err)
+		}
+		lock.mu.Lock()
+		renewed := lock.renewed
+		lock.mu.Unlock()
+		if !renewed.Equal(before) {
+			t.Errorf("a successful renewal at %v moved the fence deadline's start to %v, want it moved there", before, renewed)
+		}
+	})
 }
 
 // The renewal timing: a failure is retried within half a second at upstream's defaults,

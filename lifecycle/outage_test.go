@@ -5,7 +5,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -33,12 +37,10 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 	}
 	srv := serve(l)
 	c := newCaches()
-	// P7 promises a retry every 500 ms (client-go's reflector backs off up to about a
-	// minute); the end-to-end outage test's bound cannot tell 500 ms from tens of seconds.
-	if c.retry != 500*time.Millisecond {
-		t.Errorf("the caches retry an unreachable API server every %v, want 500ms", c.retry)
-	}
-	c.retry = 20 * time.Millisecond // the test's own, to run fast
+	// The retry's period is checked on the fake clock
+	// (TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheReturn); this
+	// test checks the errors of a real socket, on the real clock.
+	c.retry = 20 * time.Millisecond
 	client := &http.Client{Transport: &outageTransport{next: &http.Transport{}, caches: c}}
 	get := func(ctx context.Context, query string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/pods?"+query, nil)
@@ -107,36 +109,190 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 	}
 }
 
+// P7 on the clock: while the API server cannot be reached a list retries every 500 ms (not
+// client-go's backoff of up to a minute) and does not return, however long the outage;
+// once the server is back it answers within one retry; a plain read is never held. The
+// server is in memory, so that the outage's time is the fake clock's.
+func TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheReturn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &memoryServer{up: true}
+		c := newCaches()
+		client := &http.Client{Transport: &outageTransport{next: srv, caches: c}}
+		// Ends a list still held when the test fails, so that the bubble ends.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		get := func(query string) (*http.Response, error) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://apiserver/api/v1/pods?"+query, nil)
+			return client.Do(req)
+		}
+		watch, err := get("watch=true&resourceVersion=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, watch.Body)
+		srv.setUp(false)
+
+		const list = "resourceVersion=0&limit=500"
+		listed := make(chan error, 1)
+		go func() {
+			resp, err := get(list)
+			if err == nil {
+				resp.Body.Close()
+			}
+			listed <- err
+		}()
+		// P7 promises a retry every 500 ms; the end-to-end outage test's bound cannot tell
+		// 500 ms from tens of seconds.
+		const outage, retry = time.Minute, 500 * time.Millisecond
+		time.Sleep(outage)
+		synctest.Wait()
+		select {
+		case err := <-listed:
+			t.Fatalf("the list returned (%v) while the server was away", err)
+		default:
+		}
+		if got, want := srv.count(list), int(outage/retry)+1; got != want {
+			t.Errorf("the list tried %d times in an outage of %v, want %d (every %v)", got, outage, want, retry)
+		}
+		if stale := c.current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
+			t.Errorf("stale %v during the outage, want /api/v1/pods", stale)
+		}
+		began := time.Now()
+		if _, err := get(""); err == nil || time.Since(began) != 0 {
+			t.Errorf("a GET by name with no server: %v after %v, want an error at once", err, time.Since(began))
+		}
+
+		srv.setUp(true)
+		time.Sleep(retry)
+		synctest.Wait()
+		select {
+		case err := <-listed:
+			if err != nil {
+				t.Fatalf("the list failed instead of waiting for the server: %v", err)
+			}
+		default:
+			t.Fatalf("the list has not answered %v after the server came back", retry)
+		}
+		watch, err = get("watch=true&resourceVersion=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stale := c.current(context.Background(), 0); len(stale) != 0 {
+			t.Errorf("stale %v once the watch opened again", stale)
+		}
+		watch.Body.Close()
+	})
+}
+
+// memoryServer is an API server in memory for the outage transport: while down, every
+// request finds the connection refused and every open watch ends; while up, it answers 200,
+// a watch with a stream that stays open.
+type memoryServer struct {
+	mu       sync.Mutex
+	up       bool
+	requests []string // the query of each request that tried to reach it
+	watches  []*io.PipeWriter
+}
+
+func (s *memoryServer) RoundTrip(req *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = append(s.requests, req.URL.RawQuery)
+	if !s.up {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	body := io.NopCloser(strings.NewReader("{}"))
+	if isWatch(req) {
+		r, w := io.Pipe()
+		s.watches = append(s.watches, w)
+		body = r
+	}
+	return &http.Response{StatusCode: http.StatusOK, Body: body, Request: req}, nil
+}
+
+func (s *memoryServer) setUp(up bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.up = up
+	if !up {
+		for _, w := range s.watches {
+			w.CloseWithError(io.ErrUnexpectedEOF)
+		}
+		s.watches = nil
+	}
+}
+
+func (s *memoryServer) count(query string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.requests {
+		if q == query {
+			n++
+		}
+	}
+	return n
+}
+
 // P7, P11: a term that starts after an outage waits for its caches, but never past a lost
 // Lease: an expiry while it waits fences the term before the sidecar runs; once every
-// watch has opened again, the term leads.
+// watch has opened again, the term leads; a watch that never opens again holds it one
+// lease duration at most.
 func TestANewTermWaitsForItsCachesButNotPastALostLease(t *testing.T) {
-	c := newCaches()
-	opened := time.Now()
-	c.watchOpened("/api/v1/pods", opened)
-	c.sawUnreachable(opened.Add(time.Millisecond))
-	p := &process{opts: &Options{LeaseDuration: time.Hour, RenewDeadline: 10 * time.Second}, caches: c}
-	m := &member{}
+	synctest.Test(t, func(t *testing.T) {
+		const leaseDuration = 15 * time.Second
+		c := newCaches()
+		opened := time.Now()
+		c.watchOpened("/api/v1/pods", opened)
+		c.sawUnreachable(opened.Add(time.Millisecond))
+		p := &process{opts: &Options{LeaseDuration: leaseDuration, RenewDeadline: 10 * time.Second}, caches: c}
+		m := &member{}
+		returned := func(ch <-chan string) (string, bool) {
+			synctest.Wait()
+			select {
+			case why := <-ch:
+				return why, true
+			default:
+				return "", false
+			}
+		}
 
-	expired := make(chan struct{})
-	lost := make(chan string, 1)
-	go func() {
-		lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired})
-	}()
-	close(expired)
-	if why := <-lost; why == "" {
-		t.Fatal("a term whose Lease expired while it waited for its caches went on to lead")
-	}
+		expired := make(chan struct{})
+		lost := make(chan string, 1)
+		go func() {
+			lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired})
+		}()
+		time.Sleep(time.Second)
+		if why, ok := returned(lost); ok {
+			t.Fatalf("the term went on (%q) with a watch not yet open again", why)
+		}
+		close(expired)
+		if why, ok := returned(lost); !ok || why == "" {
+			t.Fatalf("a term whose Lease expired while it waited for its caches: returned %v, why %q; want fenced at once", ok, why)
+		}
 
-	led := make(chan string, 1)
-	go func() { led <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
-	select {
-	case why := <-led:
-		t.Fatalf("the term went on (%q) with a watch not yet open again", why)
-	default:
-	}
-	c.watchOpened("/api/v1/pods", opened.Add(time.Second))
-	if why := <-led; why != "" {
-		t.Fatalf("the term was fenced (%s) once its caches were current", why)
-	}
+		led := make(chan string, 1)
+		go func() { led <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
+		time.Sleep(leaseDuration / 2)
+		if why, ok := returned(led); ok {
+			t.Fatalf("the term went on (%q) with a watch not yet open again", why)
+		}
+		c.watchOpened("/api/v1/pods", time.Now())
+		if why, ok := returned(led); !ok || why != "" {
+			t.Fatalf("once its caches were current the term returned %v, why %q; want it to lead at once", ok, why)
+		}
+
+		// A watch that does not open again: the term leads one lease duration after it began.
+		c.sawUnreachable(time.Now())
+		bounded := make(chan string, 1)
+		go func() { bounded <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
+		time.Sleep(leaseDuration - time.Nanosecond)
+		if why, ok := returned(bounded); ok {
+			t.Fatalf("the term went on (%q) before a lease duration with a watch not yet open again", why)
+		}
+		time.Sleep(time.Nanosecond)
+		if why, ok := returned(bounded); !ok || why != "" {
+			t.Fatalf("a lease duration after it began the term returned %v, why %q; want it to lead", ok, why)
+		}
+	})
 }

@@ -76,7 +76,8 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := testdriver.Dial(t, b)
+	// In memory, so that a test may run the world in a synctest bubble.
+	conn := testdriver.DialInMemory(t, b)
 	plugin, err := rpc.GetPluginCapabilities(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -223,54 +224,58 @@ func TestUnderUpstreamRBACAReleasedVolumeIsDeletedOnceAndItsPersistentVolumeLetG
 		}, wantFinalizers: []string{other}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var server *apiServer
-			var patched sync.Once
-			w := newWorld(t, testdriver.Config{}, func(c *config) {
-				server = &apiServer{tracker: c.kube.(*fake.Clientset).Tracker(), grants: upstreamRBAC}
-				client := server.kubeClient()
-				if tc.firstPatch != nil {
-					client.PrependReactor("patch", "persistentvolumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
-						obj, err := server.tracker.Get(a.GetResource(), "", a.(k8stesting.PatchAction).GetName())
-						if err != nil || obj.(*v1.PersistentVolume).DeletionTimestamp == nil {
-							return false, nil, nil
-						}
-						var injected error
-						patched.Do(func() { injected = tc.firstPatch(server) })
-						return injected != nil, nil, injected
-					})
-				}
-				c.kube = client
-			}, class("fast", nil), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}})
-			id := w.createVolume("pvc-del")
-			w.create(releasedPV("pvc-del", id, v1.PersistentVolumeReclaimDelete, fin))
+			synctest.Test(t, func(t *testing.T) {
+				var server *apiServer
+				var patched sync.Once
+				w := newWorld(t, testdriver.Config{}, func(c *config) {
+					server = &apiServer{tracker: c.kube.(*fake.Clientset).Tracker(), grants: upstreamRBAC}
+					client := server.kubeClient()
+					if tc.firstPatch != nil {
+						client.PrependReactor("patch", "persistentvolumes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+							obj, err := server.tracker.Get(a.GetResource(), "", a.(k8stesting.PatchAction).GetName())
+							if err != nil || obj.(*v1.PersistentVolume).DeletionTimestamp == nil {
+								return false, nil, nil
+							}
+							var injected error
+							patched.Do(func() { injected = tc.firstPatch(server) })
+							return injected != nil, nil, injected
+						})
+					}
+					c.kube = client
+				}, class("fast", nil), &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "del-creds", Namespace: "ns"}})
+				id := w.createVolume("pvc-del")
+				w.create(releasedPV("pvc-del", id, v1.PersistentVolumeReclaimDelete, fin))
 
-			if tc.wantFinalizers == nil {
-				w.waitFor("the PersistentVolume gone", func() bool { return w.pv("pvc-del") == nil })
-			} else {
-				w.waitFor("our finalizer removed", func() bool {
-					pv := w.pv("pvc-del")
-					return pv != nil && !slices.Contains(pv.Finalizers, fin)
-				})
-				if pv := w.pv("pvc-del"); pv.DeletionTimestamp == nil || !slices.Equal(pv.Finalizers, tc.wantFinalizers) {
-					t.Errorf("PersistentVolume deleting %v with finalizers %v, want deleting with %v", pv.DeletionTimestamp != nil, pv.Finalizers, tc.wantFinalizers)
+				if tc.wantFinalizers == nil {
+					w.waitFor("the PersistentVolume gone", func() bool { return w.pv("pvc-del") == nil })
+				} else {
+					w.waitFor("our finalizer removed", func() bool {
+						pv := w.pv("pvc-del")
+						return pv != nil && !slices.Contains(pv.Finalizers, fin)
+					})
+					if pv := w.pv("pvc-del"); pv.DeletionTimestamp == nil || !slices.Equal(pv.Finalizers, tc.wantFinalizers) {
+						t.Errorf("PersistentVolume deleting %v with finalizers %v, want deleting with %v", pv.DeletionTimestamp != nil, pv.Finalizers, tc.wantFinalizers)
+					}
 				}
-			}
-			if _, ok := w.driver.Volume(id); ok {
-				t.Error("the volume is still in the driver")
-			}
-			// Let any retry in the queue happen before counting.
-			time.Sleep(100 * time.Millisecond)
-			if calls := w.calls(testdriver.MethodDeleteVolume); len(calls) != 1 || calls[0].VolumeID != id {
-				t.Errorf("DeleteVolume calls %+v, want exactly one for %s", calls, id)
-			}
-			if r := server.refusals(); len(r) != 0 {
-				t.Errorf("requests upstream's RBAC refuses: %v", r)
-			}
-			for _, e := range w.events() {
-				if strings.Contains(e, "VolumeFailedDelete") {
-					t.Errorf("event %q about a volume that was deleted", e)
+				if _, ok := w.driver.Volume(id); ok {
+					t.Error("the volume is still in the driver")
 				}
-			}
+				// Let any retry in the queue happen before counting: a retry backs off 200ms at
+				// most here, and the fake clock moves a minute.
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if calls := w.calls(testdriver.MethodDeleteVolume); len(calls) != 1 || calls[0].VolumeID != id {
+					t.Errorf("DeleteVolume calls %+v, want exactly one for %s", calls, id)
+				}
+				if r := server.refusals(); len(r) != 0 {
+					t.Errorf("requests upstream's RBAC refuses: %v", r)
+				}
+				for _, e := range w.events() {
+					if strings.Contains(e, "VolumeFailedDelete") {
+						t.Errorf("event %q about a volume that was deleted", e)
+					}
+				}
+			})
 		})
 	}
 }
@@ -394,23 +399,27 @@ func TestARestoreWorksWhenTheSnapshotUpdateIsForbidden(t *testing.T) {
 // retried with backoff like a failure: only the informer's next look (a relist, the sweep)
 // tries again.
 func TestAForbiddenSnapshotFinalizerRemovalIsNotRetriedInALoop(t *testing.T) {
-	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
-	orphan, content := snapshotOf("orphan", drv, request.SnapshotProtectionFinalizer)
-	snaps := snapfake.NewSimpleClientset(orphan, content)
-	snapServer := &apiServer{tracker: snaps.Tracker(), grants: upstreamRBACBeforeV62}
-	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
-		c.snapshotClient = snapServer.snapshotClient()
+	synctest.Test(t, func(t *testing.T) {
+		caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+		orphan, content := snapshotOf("orphan", drv, request.SnapshotProtectionFinalizer)
+		snaps := snapfake.NewSimpleClientset(orphan, content)
+		snapServer := &apiServer{tracker: snaps.Tracker(), grants: upstreamRBACBeforeV62}
+		w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+			c.snapshotClient = snapServer.snapshotClient()
+		})
+		w.waitFor("the removal refused", func() bool { return count(snapServer.refusals(), "update volumesnapshots") > 0 })
+		// Retries with backoff (20ms doubling to 200ms here) would try about 300 times in a
+		// minute of the fake clock.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		// What may wake the snapshot: each list of the snapshots (the first, and a relist
+		// after a refused watch), and the orphan sweep's first pass, at start.
+		wakes := count(snapServer.requestsMade(), "list volumesnapshots") + 1
+		if n := count(snapServer.refusals(), "update volumesnapshots"); n > wakes {
+			t.Errorf("%d refused removals for %d wakes of the snapshot: retried in a loop", n, wakes)
+		}
+		if !w.ctrl.sources.WarnedOfMissingSnapshotUpdate() {
+			t.Error("no warning about the missing update permission")
+		}
 	})
-	w.waitFor("the removal refused", func() bool { return count(snapServer.refusals(), "update volumesnapshots") > 0 })
-	// Retries with backoff (20ms doubling to 200ms here) would try 5 or 6 times.
-	time.Sleep(400 * time.Millisecond)
-	// What may wake the snapshot: each list of the snapshots (the first, and a relist
-	// after a refused watch), and the orphan sweep's first pass, at start.
-	wakes := count(snapServer.requestsMade(), "list volumesnapshots") + 1
-	if n := count(snapServer.refusals(), "update volumesnapshots"); n > wakes {
-		t.Errorf("%d refused removals for %d wakes of the snapshot: retried in a loop", n, wakes)
-	}
-	if !w.ctrl.sources.WarnedOfMissingSnapshotUpdate() {
-		t.Error("no warning about the missing update permission")
-	}
 }

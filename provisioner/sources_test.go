@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -278,42 +279,46 @@ func TestTheCloningFinalizerStaysWhileTheFirstCreateVolumeRunsEvenIfTheClaimIsDe
 }
 
 func TestASnapshotWithoutContentLosesItsFinalizerAndOneInUseIsCheckedFromTheCaches(t *testing.T) {
-	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
-	// Its content deleted: nothing can restore from it.
-	gone, _ := snapshotOf("gone", drv, request.SnapshotProtectionFinalizer)
-	gone.DeletionTimestamp = ptr.To(metav1.Now())
-	// Never bound to a content.
-	unbound, _ := snapshotOf("unbound", drv, request.SnapshotProtectionFinalizer)
-	unbound.Status = nil
-	// In use by a claim of the driver (waiting for its class): kept, from the caches.
-	needed, neededContent := snapshotOf("needed", drv, request.SnapshotProtectionFinalizer)
-	waiting := claimFor("waiting", "uid-waiting", "missing")
-	waiting.Namespace = "ns"
-	waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "needed"}
-	snaps := snapfake.NewSimpleClientset(gone, unbound, needed, neededContent)
-	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
-		c.snapshotClient = noWatchList{snaps}
-		c.opts.snapshotOrphanSweepInterval = 20 * time.Millisecond
-	}, waiting)
-	finalizers := func(name string) []string {
-		s, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+		// Its content deleted: nothing can restore from it.
+		gone, _ := snapshotOf("gone", drv, request.SnapshotProtectionFinalizer)
+		gone.DeletionTimestamp = ptr.To(metav1.Now())
+		// Never bound to a content.
+		unbound, _ := snapshotOf("unbound", drv, request.SnapshotProtectionFinalizer)
+		unbound.Status = nil
+		// In use by a claim of the driver (waiting for its class): kept, from the caches.
+		needed, neededContent := snapshotOf("needed", drv, request.SnapshotProtectionFinalizer)
+		waiting := claimFor("waiting", "uid-waiting", "missing")
+		waiting.Namespace = "ns"
+		waiting.Spec.DataSource = &v1.TypedLocalObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "needed"}
+		snaps := snapfake.NewSimpleClientset(gone, unbound, needed, neededContent)
+		w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+			c.snapshotClient = noWatchList{snaps}
+			c.opts.snapshotOrphanSweepInterval = 20 * time.Millisecond
+		}, waiting)
+		finalizers := func(name string) []string {
+			s, err := snaps.SnapshotV1().VolumeSnapshots("ns").Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.Finalizers
 		}
-		return s.Finalizers
-	}
-	w.waitFor("the finalizers of the snapshots without content removed", func() bool {
-		return !slices.Contains(finalizers("gone"), request.SnapshotProtectionFinalizer) && !slices.Contains(finalizers("unbound"), request.SnapshotProtectionFinalizer)
+		w.waitFor("the finalizers of the snapshots without content removed", func() bool {
+			return !slices.Contains(finalizers("gone"), request.SnapshotProtectionFinalizer) && !slices.Contains(finalizers("unbound"), request.SnapshotProtectionFinalizer)
+		})
+		// The sweep runs every 20ms and the snapshot in use is retried with backoff: no
+		// condition marks "checked and kept", so give it a window of many passes, on the fake
+		// clock.
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if !slices.Contains(finalizers("needed"), request.SnapshotProtectionFinalizer) {
+			t.Errorf("the finalizer of a snapshot in use was removed")
+		}
+		for _, a := range snaps.Actions() {
+			if g, ok := a.(k8stesting.GetAction); ok && a.GetVerb() == "get" && a.GetResource().Resource == "volumesnapshotcontents" && g.GetName() == "content-needed" {
+				t.Errorf("content %s read from the API server: the snapshot in use must be kept from the caches alone", g.GetName())
+			}
+		}
 	})
-	// The sweep runs every 20ms and the snapshot in use is retried with backoff: no
-	// condition marks "checked and kept", so give it a window of several passes.
-	time.Sleep(200 * time.Millisecond)
-	if !slices.Contains(finalizers("needed"), request.SnapshotProtectionFinalizer) {
-		t.Errorf("the finalizer of a snapshot in use was removed")
-	}
-	for _, a := range snaps.Actions() {
-		if g, ok := a.(k8stesting.GetAction); ok && a.GetVerb() == "get" && a.GetResource().Resource == "volumesnapshotcontents" && g.GetName() == "content-needed" {
-			t.Errorf("content %s read from the API server: the snapshot in use must be kept from the caches alone", g.GetName())
-		}
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -127,7 +128,6 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := testdriver.Dial(t, b)
 	w := &capacityWorld{t: t, kube: fake.NewClientset(objects...), driver: b, registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
 	// The fake API server neither generates names nor UIDs.
 	var n atomic.Int64
@@ -170,10 +170,15 @@ func newCapacityWorld(t *testing.T, dcfg testdriver.Config, change func(*Config)
 	cfg := Config{
 		Driver: drv, Namespace: capNS, ManagedBy: capacityManagedBy,
 		PollInterval: time.Hour, Timeout: 5 * time.Second, Threads: 2,
-		CSI: csi.NewControllerClient(conn), Kube: w.kube, Ops: context.Background(),
+		Kube: w.kube, Ops: context.Background(),
 	}
 	if change != nil {
 		change(&cfg)
+	}
+	// The test driver in memory, unless the test answers GetCapacity itself: no real I/O,
+	// so that a test may run the world in a synctest bubble.
+	if cfg.CSI == nil {
+		cfg.CSI = csi.NewControllerClient(testdriver.DialInMemory(t, b))
 	}
 	// Decisions are fed from objects trimmed as the core's caches trim them.
 	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithTransform(cachetest.Transform()))
@@ -379,39 +384,41 @@ func TestANodeDeploymentTracksItsOwnSegmentOnly(t *testing.T) {
 }
 
 func TestAGetCapacityInFlightWhenIntakeEndsFinishesAndItsWriteLands(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) { c.Threads = 1 },
-		append(topologyObjects("n1"), lateClass("fast", nil))...)
-	key := "fast@" + testdriver.TopologyKey + "=n1"
-	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+	synctest.Test(t, func(t *testing.T) {
+		w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, func(c *Config) { c.Threads = 1 },
+			append(topologyObjects("n1"), lateClass("fast", nil))...)
+		key := "fast@" + testdriver.TopologyKey + "=n1"
+		w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
-	// Long enough that the rules change below lands while the call runs, on a loaded machine too.
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
-	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	inFlight := func(calls []testdriver.Call) bool {
-		for _, c := range calls {
-			if c.Method == testdriver.MethodGetCapacity && !c.Done() {
-				return true
+		// On the fake clock: the rules change below lands while the call runs.
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
+		w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		inFlight := func(calls []testdriver.Call) bool {
+			for _, c := range calls {
+				if c.Method == testdriver.MethodGetCapacity && !c.Done() {
+					return true
+				}
+			}
+			return false
+		}
+		if err := w.driver.WaitFor(ctx, inFlight); err != nil {
+			t.Fatal(err)
+		}
+		// The storage changes while the call runs; then SIGTERM, as the tracker sees it.
+		w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+		w.stop()
+		<-w.done
+		if got := w.capacities()[key]; got != 42 {
+			t.Errorf("capacity %d after run returned, want 42: the answer of the call in flight", got)
+		}
+		for _, c := range w.driver.Journal() {
+			if c.Canceled || !c.CallerGone.IsZero() {
+				t.Errorf("a call was abandoned: %+v", c)
 			}
 		}
-		return false
-	}
-	if err := w.driver.WaitFor(ctx, inFlight); err != nil {
-		t.Fatal(err)
-	}
-	// The storage changes while the call runs; then SIGTERM, as the tracker sees it.
-	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
-	w.stop()
-	<-w.done
-	if got := w.capacities()[key]; got != 42 {
-		t.Errorf("capacity %d after run returned, want 42: the answer of the call in flight", got)
-	}
-	for _, c := range w.driver.Journal() {
-		if c.Canceled || !c.CallerGone.IsZero() {
-			t.Errorf("a call was abandoned: %+v", c)
-		}
-	}
+	})
 }
 
 // partial is an object as the metadata client reads it.
@@ -532,34 +539,42 @@ func TestManagedByNamesTheNodeAsUpstreamDoes(t *testing.T) {
 	}
 }
 
-// driftingCapacity answers GetCapacity with a value that changes on every call, as a busy
-// backend's free space does, and counts the calls.
-type driftingCapacity struct{ calls atomic.Int64 }
+// driftingCapacity answers GetCapacity after latency with a value that changes on every
+// call, as a busy backend's free space does, and counts the calls.
+type driftingCapacity struct {
+	latency time.Duration
+	calls   atomic.Int64
+}
 
 func (d *driftingCapacity) GetCapacity(context.Context, *csi.GetCapacityRequest, ...grpc.CallOption) (*csi.GetCapacityResponse, error) {
+	time.Sleep(d.latency)
 	return &csi.GetCapacityResponse{AvailableCapacity: 1000 + d.calls.Add(1)}, nil
 }
 
 func TestTheEventsOfItsOwnWritesDoNotMakeTheTrackerPollAgain(t *testing.T) {
-	drift := &driftingCapacity{}
-	w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *Config) { c.CSI = drift },
-		append(topologyObjects("n1", "n2"), lateClass("fast", nil))...)
-	w.waitFor("both objects", func() bool { return len(w.capacities()) == 2 })
-	// No condition marks "nothing more happens": a window in which a write stream (each
-	// event of a write asking for another GetCapacity) would show is all there is.
-	time.Sleep(time.Second)
-	calls := drift.calls.Load()
-	updates := 0
-	for _, a := range w.kube.Actions() {
-		if a.GetVerb() == "update" && a.GetResource().Resource == "csistoragecapacities" {
-			updates++
+	synctest.Test(t, func(t *testing.T) {
+		drift := &driftingCapacity{latency: time.Millisecond}
+		w := newCapacityWorld(t, testdriver.Config{Topology: true}, func(c *Config) { c.CSI = drift },
+			append(topologyObjects("n1", "n2"), lateClass("fast", nil))...)
+		w.waitFor("both objects", func() bool { return len(w.capacities()) == 2 })
+		// A write stream (each event of a write asking for another GetCapacity) would make
+		// a call every millisecond of the fake clock; the poll interval is an hour.
+		const window = time.Second
+		time.Sleep(window)
+		synctest.Wait()
+		calls := drift.calls.Load()
+		updates := 0
+		for _, a := range w.kube.Actions() {
+			if a.GetVerb() == "update" && a.GetResource().Resource == "csistoragecapacities" {
+				updates++
+			}
 		}
-	}
-	t.Logf("FIGURE 2 objects, poll interval 1h, 1s after creation: %d GetCapacity, %d updates", calls, updates)
-	// One call per object, and a few more at most (the first recompute races the events).
-	if calls > 4 || updates > 2 {
-		t.Errorf("%d GetCapacity and %d updates for 2 objects in a second with a 1h poll interval: want about one call per object", calls, updates)
-	}
+		t.Logf("FIGURE 2 objects, poll interval 1h, %v after creation: %d GetCapacity, %d updates", window, calls, updates)
+		// One call per object, and a few more at most (the first recompute races the events).
+		if calls > 4 || updates > 2 {
+			t.Errorf("%d GetCapacity and %d updates for 2 objects in %v with a 1h poll interval: want about one call per object", calls, updates, window)
+		}
+	})
 }
 
 func TestACapacityChangedBySomeoneElseIsRepaired(t *testing.T) {
@@ -580,56 +595,58 @@ func TestACapacityChangedBySomeoneElseIsRepaired(t *testing.T) {
 // queue (no GET, no retry loop), and after the backoff the tracker writes from the newer
 // copy: the object holds the driver's answer and keeps the other writer's change.
 func TestAConflictingWriteGoesBackToTheQueueAndTheObjectEndsUpRight(t *testing.T) {
-	w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
-		append(topologyObjects("n1"), lateClass("fast", nil))...)
-	key := "fast@" + testdriver.TopologyKey + "=n1"
-	w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
+	synctest.Test(t, func(t *testing.T) {
+		w := newCapacityWorld(t, testdriver.Config{Topology: true, TotalCapacity: 5000}, nil,
+			append(topologyObjects("n1"), lateClass("fast", nil))...)
+		key := "fast@" + testdriver.TopologyKey + "=n1"
+		w.waitFor("the object", func() bool { return w.capacities()[key] == 5000 })
 
-	// The sync of the test starts once the tracker is idle (the first poll may sync the
-	// key again), and its GetCapacity is the one started after that.
-	// Long enough that the other write lands while the call runs, on a loaded machine too.
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
-	w.waitFor("the tracker idle", func() bool {
-		w.tracker.mu.Lock()
-		defer w.tracker.mu.Unlock()
-		return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
-	})
-	w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
-	armed := time.Now()
-	w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
-		return slices.ContainsFunc(calls, func(c testdriver.Call) bool {
-			return c.Method == testdriver.MethodGetCapacity && !c.Done() && !c.Start.Before(armed)
+		// The sync of the test starts once the tracker is idle (the first poll may sync the
+		// key again), and its GetCapacity is the one started after that.
+		// On the fake clock: the other write lands while the call runs.
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 3*time.Second)
+		w.waitFor("the tracker idle", func() bool {
+			w.tracker.mu.Lock()
+			defer w.tracker.mu.Unlock()
+			return w.tracker.queue.Len() == 0 && len(w.tracker.syncing) == 0
 		})
-	}); err != nil {
-		t.Fatal(err)
-	}
-	w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 0)
-	o := w.objects()[key]
-	o.Annotations = map[string]string{"example.com/by": "someone else"}
-	if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	w.waitFor("the driver's answer written", func() bool { return w.capacities()[key] == 42 })
-	if got := w.objects()[key].Annotations["example.com/by"]; got != "someone else" {
-		t.Errorf("the other writer's annotation is %q after the tracker's write, want it kept", got)
-	}
-	// One at least: the tracker's update from the copy it read before the other write
-	// (more while the informer has not shown that write after a backoff).
-	if n := w.conflicts.Load(); n < 1 {
-		t.Errorf("no conflict: the tracker's update did not carry the version it read")
-	}
-	for _, a := range w.kube.Actions() {
-		if a.GetVerb() == "get" && a.GetResource().Resource == "csistoragecapacities" {
-			t.Errorf("the tracker read an object for its write: %v", a)
+		w.driver.SetCapacityRules([]testdriver.CapacityRule{{AvailableCapacity: 42}})
+		armed := time.Now()
+		w.tracker.queue.Add(capacityKey{class: "fast", segment: testdriver.TopologyKey + "=n1"})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.driver.WaitFor(ctx, func(calls []testdriver.Call) bool {
+			return slices.ContainsFunc(calls, func(c testdriver.Call) bool {
+				return c.Method == testdriver.MethodGetCapacity && !c.Done() && !c.Start.Before(armed)
+			})
+		}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if n := len(w.objects()); n != 1 {
-		t.Errorf("%d objects, want 1:\n%s", n, w.describe())
-	}
+		w.driver.SetMethodLatency(testdriver.MethodGetCapacity, 0)
+		o := w.objects()[key]
+		o.Annotations = map[string]string{"example.com/by": "someone else"}
+		if _, err := w.kube.StorageV1().CSIStorageCapacities(capNS).Update(context.Background(), &o, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+
+		w.waitFor("the driver's answer written", func() bool { return w.capacities()[key] == 42 })
+		if got := w.objects()[key].Annotations["example.com/by"]; got != "someone else" {
+			t.Errorf("the other writer's annotation is %q after the tracker's write, want it kept", got)
+		}
+		// One at least: the tracker's update from the copy it read before the other write
+		// (more while the informer has not shown that write after a backoff).
+		if n := w.conflicts.Load(); n < 1 {
+			t.Errorf("no conflict: the tracker's update did not carry the version it read")
+		}
+		for _, a := range w.kube.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "csistoragecapacities" {
+				t.Errorf("the tracker read an object for its write: %v", a)
+			}
+		}
+		if n := len(w.objects()); n != 1 {
+			t.Errorf("%d objects, want 1:\n%s", n, w.describe())
+		}
+	})
 }
 
 // segmentsAsked answers GetCapacity with a fixed value and records the segments asked for.

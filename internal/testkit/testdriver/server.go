@@ -39,14 +39,9 @@ func (b *Backend) Serve(socketPath string) (*Server, error) {
 
 	s := &Server{
 		socket: socketPath,
-		grpc:   grpc.NewServer(grpc.UnaryInterceptor(logCalls(socketPath))),
+		grpc:   b.grpcServer(socketPath),
 		served: make(chan struct{}),
 	}
-	ep := &endpoint{b: b, socket: socketPath}
-	csi.RegisterIdentityServer(s.grpc, &identityServer{endpoint: ep})
-	csi.RegisterControllerServer(s.grpc, &controllerServer{endpoint: ep})
-	csi.RegisterGroupControllerServer(s.grpc, &groupControllerServer{endpoint: ep})
-	csi.RegisterNodeServer(s.grpc, &nodeServer{endpoint: ep})
 
 	go func() {
 		defer close(s.served)
@@ -56,6 +51,18 @@ func (b *Backend) Serve(socketPath string) (*Server, error) {
 	}()
 	klog.V(2).InfoS("Serving CSI", "socket", socketPath, "driver", b.cfg.DriverName)
 	return s, nil
+}
+
+// grpcServer is a gRPC server of the Identity, Controller, GroupController and Node
+// services of b; socket names it in the journal and the logs.
+func (b *Backend) grpcServer(socket string) *grpc.Server {
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(socket)))
+	ep := &endpoint{b: b, socket: socket}
+	csi.RegisterIdentityServer(srv, &identityServer{endpoint: ep})
+	csi.RegisterControllerServer(srv, &controllerServer{endpoint: ep})
+	csi.RegisterGroupControllerServer(srv, &groupControllerServer{endpoint: ep})
+	csi.RegisterNodeServer(srv, &nodeServer{endpoint: ep})
+	return srv
 }
 
 // Socket is the path of the server's UNIX socket.
