@@ -1,6 +1,6 @@
 // The decision (Allows) and the Watch that feeds it from the API server.
 
-package grants
+package refgrant
 
 import (
 	"context"

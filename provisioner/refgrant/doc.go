@@ -1,4 +1,4 @@
-// Package grants is the provisioner's reading of Gateway API ReferenceGrants
+// Package refgrant is the provisioner's reading of Gateway API ReferenceGrants
 // (gateway.networking.k8s.io/v1beta1), which let a claim take its data source from another
 // namespace (the CrossNamespaceVolumeDataSource gate, KEP-3294): a VolumeSnapshot or a
 // PersistentVolumeClaim in namespace N may be the source of a claim of namespace M only
@@ -12,4 +12,4 @@
 // cross-namespace claim it refuses, and it tells the provisioner at once of every grant
 // that appears, changes or goes, so the claims waiting on one do not wait for their
 // backoff. It writes nothing.
-package grants
+package refgrant
