@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapfake "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned/fake"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -187,4 +189,49 @@ func TestAnUngrantedClaimOfAnotherNamespaceDoesNotKeepTheSourcesFinalizer(t *tes
 		c, err := w.kube.CoreV1().PersistentVolumeClaims("src").Get(context.Background(), "src", metav1.GetOptions{})
 		return err == nil && !slices.Contains(c.Finalizers, request.CloneProtectionFinalizer)
 	})
+}
+
+// A restore from a VolumeSnapshot of another namespace that a grant allows: the volume is
+// made from the snapshot, which carries the source-protection finalizer meanwhile.
+func TestARestoreFromAGrantedSnapshotOfAnotherNamespaceProtectsIt(t *testing.T) {
+	caps := append(testdriver.DefaultControllerCapabilities(), csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT)
+	snaps := snapfake.NewSimpleClientset()
+	grant := &gatewayv1beta1.ReferenceGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "restores"},
+		Spec: gatewayv1beta1.ReferenceGrantSpec{
+			From: []gatewayv1beta1.ReferenceGrantFrom{{Kind: "PersistentVolumeClaim", Namespace: "dst"}},
+			To:   []gatewayv1beta1.ReferenceGrantTo{{Group: request.SnapshotAPIGroup, Kind: request.SnapshotKind}},
+		},
+	}
+	w := newWorld(t, testdriver.Config{ControllerCapabilities: caps}, func(c *config) {
+		c.snapshotClient = noWatchList{snaps}
+		c.grantClient = gatewayfake.NewClientset(grant)
+	}, class("fast", nil))
+	snap, content := w.readySnapshot("snap") // in namespace ns
+	for _, o := range []runtime.Object{snap, content} {
+		if err := snaps.Tracker().Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := claimFor("dst", "uid-dst", "fast")
+	dst.Namespace = "dst"
+	dst.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To(request.SnapshotAPIGroup), Kind: request.SnapshotKind, Name: "snap", Namespace: ptr.To("ns")}
+	w.create(dst)
+
+	w.waitFor("the restored PersistentVolume", func() bool { return w.pv("pvc-uid-dst") != nil })
+	vol, _ := w.driver.Volume(w.pv("pvc-uid-dst").Spec.CSI.VolumeHandle)
+	if got := vol.ContentSource.GetSnapshot().GetSnapshotId(); got != *content.Status.SnapshotHandle {
+		t.Errorf("volume made from %v, want snapshot %s", vol.ContentSource, *content.Status.SnapshotHandle)
+	}
+	added := false
+	for _, a := range snaps.Actions() {
+		if u, ok := a.(k8stesting.UpdateAction); ok && a.GetNamespace() == "ns" {
+			if s, ok := u.GetObject().(*snapshotv1.VolumeSnapshot); ok && s.Name == "snap" && slices.Contains(s.Finalizers, request.SnapshotProtectionFinalizer) {
+				added = true
+			}
+		}
+	}
+	if !added {
+		t.Errorf("the snapshot in the other namespace never carried %s while the volume was restored", request.SnapshotProtectionFinalizer)
+	}
 }
