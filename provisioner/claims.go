@@ -34,7 +34,7 @@ func (c *claimController) enqueueClaim(obj any) {
 // finishes or undoes it, whether the claim is still there or not.
 func (c *claimController) enqueueRecorded(obj any) {
 	if ev, ok := obj.(*v1.Event); ok {
-		for _, uid := range record.ClaimKeys(ev) {
+		for _, uid := range c.records.ClaimKeys(ev) {
 			if c.records.IsOpen(uid) {
 				c.claimQueue.Add(uid)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/informers"
 	storagev1informers "k8s.io/client-go/informers/storage/v1"
@@ -61,8 +62,10 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
+	c.rewrites = queue(record.RewriteQueueName)
 	if c.records, err = record.NewStore(record.StoreConfig{Kube: cfg.kube, Driver: cfg.driver, Source: cfg.eventSource,
-		Claims: own, StartingWork: c.startingWork}); err != nil {
+		Claims: own, StartingWork: c.startingWork, NotKept: c.recordNotKept,
+		Lost: func(uid string) { c.rewrites.Add(uid) }}); err != nil {
 		return nil, err
 	}
 	c.closer = record.NewCloser(queue(record.CloseQueueName), c.records, cfg.ops, func() context.Context { return c.intakeOr(cfg.ops) })
@@ -141,6 +144,7 @@ func (c *claimController) run(intake context.Context) {
 	grantsAnswered := func() bool { return c.access.grants == nil || c.access.grants.Answered() }
 	if !cache.WaitForCacheSync(intake.Done(), c.records.HasSynced, c.sources.HasSynced, grantsAnswered) {
 		c.claimQueue.ShutDown()
+		c.rewrites.ShutDown()
 		c.deleter.Queue().ShutDown()
 		c.sources.Queue().ShutDown()
 		c.closer.Queue().ShutDown()
@@ -154,7 +158,44 @@ func (c *claimController) run(intake context.Context) {
 		lifecycle.RunWorkers(intake, c.sources.Queue(), int(c.opts.cloningProtectionThreads), c.sources.Sync)
 	})
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.Queue(), 1, c.closer.Sync) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.rewrites, 1, c.rewriteRecord) })
 	wg.Go(func() { c.sources.Sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
 }
+
+// rewriteRecord writes again the record of a claim whose events all disappeared while it
+// was open (an --event-ttl shorter than the provisioning, events deleted by hand), on
+// Ops(): it protects a volume that may be in the driver. A record whose volume has its
+// PersistentVolume now needs no event.
+func (c *claimController) rewriteRecord(uid string) error {
+	volume, ok := c.records.LostVolume(uid)
+	if !ok {
+		return nil
+	}
+	if c.closer.Pending(uid) || c.pvExists(volume) {
+		c.records.Forget(uid)
+		return nil
+	}
+	if err := c.records.Rewrite(c.ops, uid); err != nil {
+		return fmt.Errorf("writing again the provisioning record of volume %s: %w", volume, err)
+	}
+	c.metrics.recordRewritten()
+	klog.Background().V(2).Info("Provisioning record written again: its events had disappeared", "claimUID", uid, "volume", volume)
+	return nil
+}
+
+// recordNotKept reports a provisioning record the API server refused: the provisioning
+// goes on without it, as upstream's does, unprotected against a crash (P17).
+func (c *claimController) recordNotKept(claim v1.ObjectReference, volume string, err error) {
+	reason := string(apierrors.ReasonForError(err))
+	c.metrics.recordNotKept(reason)
+	klog.Background().Info("Warning: provisioning without a durable record, a crash before its PersistentVolume is saved may leak the volume",
+		"claim", klog.KRef(claim.Namespace, claim.Name), "volume", volume, "err", err.Error())
+	c.recorder.Eventf(&claim, v1.EventTypeWarning, ReasonRecordNotKept,
+		"The API server refused the event that records volume %s before its creation (%s): provisioning goes on without it", volume, reason)
+}
+
+// ReasonRecordNotKept is the event about a claim whose provisioning record the API server
+// refused.
+const ReasonRecordNotKept = "ProvisioningRecordNotKept"

@@ -15,6 +15,9 @@ type controllerMetrics struct {
 	deleteTotal       *metrics.CounterVec
 	deleteFailed      *metrics.CounterVec
 	deleteDuration    *metrics.HistogramVec
+	// Ours: the provisioning records the API server refused, and those written again.
+	recordsNotKept   *metrics.CounterVec
+	recordsRewritten *metrics.Counter
 }
 
 func newControllerMetrics(reg metrics.KubeRegistry) (*controllerMetrics, error) {
@@ -31,8 +34,12 @@ func newControllerMetrics(reg metrics.KubeRegistry) (*controllerMetrics, error) 
 		deleteTotal:       counter("persistentvolume_delete_total", "Total number of persistent volumes deleted successfully. Broken down by storage class name.", "class"),
 		deleteFailed:      counter("persistentvolume_delete_failed_total", "Total number of persistent volume delete failed attempts. Broken down by storage class name.", "class"),
 		deleteDuration:    histogram("persistentvolume_delete_duration_seconds", "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.", "class"),
+		recordsNotKept: metrics.NewCounterVec(&metrics.CounterOpts{Namespace: "csi_sidecars", Subsystem: "provisioner", Name: "records_not_kept_total",
+			Help: "Provisioning records the API server refused to keep (by the reason of its answer, e.g. TooManyRequests, Forbidden): those provisionings went on without protection against a crash.", StabilityLevel: metrics.ALPHA}, []string{"reason"}),
+		recordsRewritten: metrics.NewCounter(&metrics.CounterOpts{Namespace: "csi_sidecars", Subsystem: "provisioner", Name: "records_rewritten_total",
+			Help: "Open provisioning records written again because their events disappeared (an --event-ttl shorter than the provisioning, deleted events).", StabilityLevel: metrics.ALPHA}),
 	}
-	for _, c := range []metrics.Registerable{m.provisionTotal, m.provisionFailed, m.provisionDuration, m.deleteTotal, m.deleteFailed, m.deleteDuration} {
+	for _, c := range []metrics.Registerable{m.provisionTotal, m.provisionFailed, m.provisionDuration, m.deleteTotal, m.deleteFailed, m.deleteDuration, m.recordsNotKept, m.recordsRewritten} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -57,3 +64,9 @@ func (m *controllerMetrics) deleted(class string, start time.Time, err error) {
 	m.deleteDuration.WithLabelValues(class).Observe(time.Since(start).Seconds())
 	m.deleteTotal.WithLabelValues(class).Inc()
 }
+
+func (m *controllerMetrics) recordNotKept(reason string) {
+	m.recordsNotKept.WithLabelValues(reason).Inc()
+}
+
+func (m *controllerMetrics) recordRewritten() { m.recordsRewritten.Inc() }

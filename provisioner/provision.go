@@ -43,6 +43,8 @@ type claimController struct {
 	volumes corelisters.PersistentVolumeLister
 
 	claimQueue *lifecycle.Queue[string]
+	// rewrites holds the claims whose open record's events disappeared, to write again.
+	rewrites *lifecycle.Queue[string]
 	// planner makes each claim's plan.
 	planner *planner
 	// undoer deletes the volumes that claims no longer want and closes their records.

@@ -41,7 +41,7 @@ func TestEveryQueueReportsItsMetricsUnderUpstreamsNamesAndItsBacklog(t *testing.
 	for _, q := range backlog.Now(time.Now()) {
 		waiting[q.Queue] = q.Waiting
 	}
-	if diff := cmp.Diff(map[string]int{"claims": 1, "volumes": 0, "provisioner-sources": 1, "provisioner-records": 0}, waiting); diff != "" {
+	if diff := cmp.Diff(map[string]int{"claims": 1, "volumes": 0, "provisioner-sources": 1, "provisioner-records": 0, "provisioner-record-rewrites": 0}, waiting); diff != "" {
 		t.Errorf("backlog (-want +got):\n%s", diff)
 	}
 }

@@ -58,9 +58,16 @@ const (
 	ReasonSucceeded    = "ProvisioningSucceeded"
 )
 
-// maxRecordBatch is how many records one event carries at most: a few hundred bytes each,
-// far below the API server's limit on an object's annotations (256 KiB).
-const maxRecordBatch = 32
+// maxRecordBatch is how many records one event carries at most, and maxBatchBytes what
+// they may weigh together, counted as the API server counts annotations (keys and values):
+// half its limit on an object's annotations (256 KiB). A record is a few hundred bytes, but
+// that of an immediate-binding claim of a driver with per-node topology lists every node
+// (up to recordBudget of protobuf, more as JSON): in a cluster of 150 nodes about 16 KiB,
+// so such records go about eight to an event.
+const (
+	maxRecordBatch = 32
+	maxBatchBytes  = 128 << 10
+)
 
 // RefreshAfter is how old the newest event of an open record may get before a retry of
 // its CreateVolume writes it again: well inside the API server's default event TTL (1 h).
@@ -89,6 +96,13 @@ type Store struct {
 	now          func() time.Time
 	// batches holds the records waiting for their event.
 	batches recordBatches
+	// decoded holds the records of the cached events, decoded.
+	decoded *decodedEvents
+	// lost holds the records whose events disappeared while open; onLost is told of each.
+	lost   lostRecords
+	onLost func(uid string)
+	// notKeptFunc is told of each record the API server refused.
+	notKeptFunc func(claim v1.ObjectReference, volume string, err error)
 	// linger is how long a flush lets records gather before it takes the next batch when
 	// more came in while it wrote (the budget is short): one token of the budget (1/QPS),
 	// in which the PersistentVolumes of the last batch are written anyway. 0 for none.
@@ -107,16 +121,23 @@ type StoreConfig struct {
 	// StartingWork is the context of the writes that open a record: they end with intake
 	// and wait behind the requests that finish work (P14).
 	StartingWork func(context.Context) (context.Context, context.CancelFunc)
+	// NotKept is told of each record the API server refused to keep (Refused): the
+	// provisioning goes on without it, as upstream's does (P17). err wraps ErrNotKept.
+	NotKept func(claim v1.ObjectReference, volume string, err error)
+	// Lost is told of each claim whose record's events all disappeared while it was open:
+	// the leader writes it again (Rewrite).
+	Lost func(uid string)
 }
 
 // NewStore makes the store of cfg.Driver's records and their informer, which Start runs.
 func NewStore(cfg StoreConfig) (*Store, error) {
 	kube := cfg.Kube
-	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now}
+	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now,
+		decoded: &decodedEvents{}, notKeptFunc: cfg.NotKept, onLost: cfg.Lost}
 	selector := Label + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
-		recordClaimIndex:     func(obj any) ([]string, error) { return ClaimKeys(obj), nil },
-		recordSourceIndex:    func(obj any) ([]string, error) { return sourceKeys(obj), nil },
+		recordClaimIndex:     func(obj any) ([]string, error) { return s.ClaimKeys(obj), nil },
+		recordSourceIndex:    func(obj any) ([]string, error) { return s.sourceKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
@@ -127,6 +148,9 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
 	s.own = own
+	if err := s.watchLoss(); err != nil {
+		return nil, fmt.Errorf("record events: %w", err)
+	}
 	if rl := kube.CoreV1().RESTClient().GetRateLimiter(); rl != nil && rl.QPS() > 0 {
 		s.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
 	}
@@ -135,32 +159,29 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 
 // ClaimKeys are the UIDs of the claims a record event is about: its label's, and
 // those of the further records it carries.
-func ClaimKeys(obj any) []string {
+func ClaimKeys(obj any) []string { return (*decodedEvents)(nil).claimKeys(obj) }
+
+// ClaimKeys is the package's ClaimKeys, decoding each version of an event once.
+func (s *Store) ClaimKeys(obj any) []string { return s.decoded.claimKeys(obj) }
+
+func (d *decodedEvents) claimKeys(obj any) []string {
 	ev, ok := obj.(*v1.Event)
 	if !ok {
 		return nil
 	}
-	var out []string
-	if uid := ev.Labels[LabelClaim]; uid != "" {
-		out = append(out, uid)
-	}
-	for _, r := range alsoRecorded(ev) {
-		if !slices.Contains(out, string(r.Claim.UID)) {
-			out = append(out, string(r.Claim.UID))
-		}
-	}
-	return out
+	return d.of(ev).claimKeys(ev)
 }
 
 // sourceKeys are the data sources the records an event carries name.
-func sourceKeys(obj any) []string {
+func (s *Store) sourceKeys(obj any) []string {
 	ev, ok := obj.(*v1.Event)
 	if !ok {
 		return nil
 	}
+	dec := s.decoded.of(ev)
 	var out []string
-	for _, r := range recordsIn(ev) {
-		if rec, err := Decode(r.Record); err == nil && rec.Source != "" && !slices.Contains(out, rec.Source) {
+	for i := range dec.carried {
+		if rec, err := s.decoded.record(dec, i); err == nil && rec.Source != "" && !slices.Contains(out, rec.Source) {
 			out = append(out, rec.Source)
 		}
 	}
@@ -172,29 +193,6 @@ func sourceKeys(obj any) []string {
 type Carried struct {
 	Claim  v1.ObjectReference `json:"claim"`
 	Record string             `json:"record"`
-}
-
-// recordsIn lists the records an event carries: that of the claim it is about, if it
-// opens one, then the further ones. A further record about a claim of another namespace
-// is no record: only who may write events in a claim's namespace may record for it.
-func recordsIn(ev *v1.Event) []Carried {
-	var out []Carried
-	if value, ok := ev.Annotations[AnnProvisioning]; ok {
-		out = append(out, Carried{Claim: ev.InvolvedObject, Record: value})
-	}
-	return append(out, alsoRecorded(ev)...)
-}
-
-func alsoRecorded(ev *v1.Event) []Carried {
-	value, ok := ev.Annotations[AnnAlso]
-	if !ok {
-		return nil
-	}
-	var also []Carried
-	if err := json.Unmarshal([]byte(value), &also); err != nil {
-		return nil
-	}
-	return slices.DeleteFunc(also, func(r Carried) bool { return r.Claim.Namespace != ev.Namespace || r.Claim.UID == "" })
 }
 
 // Start runs the informer until stop closes (every replica, P7).
@@ -226,11 +224,18 @@ func (s *Store) Open(uid string) (*OpenRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	return OpenAmong(events, uid)
+	if r, err := s.decoded.openAmong(events, uid); r != nil || err != nil {
+		return r, err
+	}
+	return s.lostOpen(uid)
 }
 
 // OpenAmong finds the open record of the claim of uid among the record events about it.
 func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
+	return (*decodedEvents)(nil).openAmong(events, uid)
+}
+
+func (d *decodedEvents) openAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	closed := map[string]bool{}
 	for _, ev := range events {
 		for name := range strings.SplitSeq(ev.Annotations[AnnCloses], ",") {
@@ -239,16 +244,18 @@ func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	}
 	type opened struct {
 		ev  *v1.Event
-		rec Carried
+		dec *decodedEvent
+		i   int
 	}
 	var opening []opened
 	for _, ev := range events {
 		if closed[ev.Name] {
 			continue
 		}
-		for _, r := range recordsIn(ev) {
+		dec := d.of(ev)
+		for i, r := range dec.carried {
 			if string(r.Claim.UID) == uid {
-				opening = append(opening, opened{ev, r})
+				opening = append(opening, opened{ev, dec, i})
 				break
 			}
 		}
@@ -266,11 +273,11 @@ func OpenAmong(events []*v1.Event, uid string) (*OpenRecord, error) {
 	// (RefreshAfter), or, if a leader wrote another before seeing it, one whose volume has
 	// the same name; the undo of the oldest finds that volume by its name and closes all.
 	oldest, newest := opening[0], opening[len(opening)-1]
-	rec, err := Decode(oldest.rec.Record)
+	rec, err := d.record(oldest.dec, oldest.i)
 	if err != nil {
 		return nil, fmt.Errorf("event %s/%s: %w", oldest.ev.Namespace, oldest.ev.Name, err)
 	}
-	rec.Claim = oldest.rec.Claim
+	rec.Claim = oldest.dec.carried[oldest.i].Claim
 	out := &OpenRecord{Record: rec, written: newest.ev.FirstTimestamp.Time}
 	for _, o := range opening {
 		out.events = append(out.events, o.ev.Name)
@@ -295,7 +302,7 @@ func (s *Store) UsesSource(key string) (string, error) {
 	}
 	seen := map[string]bool{}
 	for _, ev := range events {
-		for _, uid := range ClaimKeys(ev) {
+		for _, uid := range s.ClaimKeys(ev) {
 			if seen[uid] {
 				continue
 			}
@@ -303,6 +310,11 @@ func (s *Store) UsesSource(key string) (string, error) {
 			if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
 				return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 			}
+		}
+	}
+	for _, uid := range s.lost.claims() {
+		if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
+			return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 		}
 	}
 	return "", nil
@@ -324,6 +336,7 @@ func (s *Store) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec 
 		return err
 	}
 	w := &waitingRecord{ctx: ctx, rec: Carried{Claim: ClaimReference(claim), Record: value}, done: make(chan error, 1)}
+	w.weight = weigh(w.rec)
 	if s.batches.add(w) {
 		go s.flush(claim.Namespace)
 	}
@@ -335,6 +348,18 @@ type waitingRecord struct {
 	ctx  context.Context
 	rec  Carried
 	done chan error
+	// weight is what it adds to the event's annotations (weigh).
+	weight int
+}
+
+// weigh is what a record adds to an event's annotations at most: its entry in AnnAlso's
+// list, escaped, which is longer than the record alone under AnnProvisioning.
+func weigh(c Carried) int {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return len(c.Record) * 2
+	}
+	return len(b) + 1
 }
 
 // recordBatches holds, per namespace, the records waiting for their event, and whether
@@ -377,13 +402,15 @@ func (b *recordBatches) next(ns string) []*waitingRecord {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var batch []*waitingRecord
+	weight := len(AnnProvisioning) + len(AnnAlso)
 	rest := b.waiting[ns][:0]
 	for _, w := range b.waiting[ns] {
 		switch {
 		case w.ctx.Err() != nil:
 			w.done <- w.ctx.Err()
-		case len(batch) < maxRecordBatch:
+		case len(batch) == 0 || len(batch) < maxRecordBatch && weight+w.weight <= maxBatchBytes:
 			batch = append(batch, w)
+			weight += w.weight
 		default:
 			rest = append(rest, w)
 		}
@@ -415,8 +442,25 @@ func (s *Store) flush(ns string) {
 	}
 }
 
-// writeBatch writes one batch's event and answers its records.
+// writeBatch writes one batch's event and answers its records. A batch the API server
+// refuses as too large (its limit lower than maxBatchBytes assumes) is written again in
+// halves, down to a record an event.
 func (s *Store) writeBatch(batch []*waitingRecord) {
+	err := s.writeEvent(batch)
+	if len(batch) > 1 && (apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err)) {
+		klog.Background().V(2).Info("An event of provisioning records was refused, writing them in smaller events", "records", len(batch), "err", err.Error())
+		half := len(batch) / 2
+		s.writeBatch(batch[:half])
+		s.writeBatch(batch[half:])
+		return
+	}
+	for _, w := range batch {
+		w.done <- err
+	}
+}
+
+// writeEvent writes the event that carries the batch's records.
+func (s *Store) writeEvent(batch []*waitingRecord) error {
 	first := batch[0].rec
 	ev := s.openingEvent(first.Claim, first.Record)
 	var err error
@@ -430,12 +474,10 @@ func (s *Store) writeBatch(batch []*waitingRecord) {
 			ev.Annotations[AnnAlso] = string(value)
 		}
 	}
-	if err == nil {
-		err = s.create(batch[0].ctx, ev)
+	if err != nil {
+		return err
 	}
-	for _, w := range batch {
-		w.done <- err
-	}
+	return s.create(batch[0].ctx, ev)
 }
 
 // close writes the event that says how the record ended (upstream's event at that point,
@@ -508,10 +550,18 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 	}
 	ctx, cancel := s.startingWork(ctx)
 	defer cancel()
-	if err := s.write(ctx, claim, rec); err != nil {
-		return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
+	err := s.write(ctx, claim, rec)
+	switch {
+	case err == nil:
+		return nil
+	case Refused(err):
+		// Upstream provisions where its events are refused; so does this, unprotected,
+		// and says so (P17).
+		value, _ := rec.Encode()
+		s.notKept(Carried{Claim: ClaimReference(claim), Record: value}, err)
+		return nil
 	}
-	return nil
+	return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
 }
 
 // CloseFor ends the claim's record once the volume is known (recorded by a
