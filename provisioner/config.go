@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	eventrecord "k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	gatewayclientset "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/request"
@@ -41,6 +42,8 @@ type config struct {
 	// snapshotClient is set when the driver restores snapshots and the cluster serves
 	// the VolumeSnapshot API.
 	snapshotClient snapclientset.Interface
+	// grantClient reads ReferenceGrants; set with the CrossNamespaceVolumeDataSource gate.
+	grantClient gatewayclientset.Interface
 	// queueMetrics is where the queues report; nil is client-go's process-wide provider.
 	queueMetrics workqueue.MetricsProvider
 	// backlog is where the queues report what waits for a worker (Env.Backlog); nil: nowhere.

@@ -20,6 +20,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/deletion"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/record"
+	"github.com/csi-sidecars/csi-sidecars/provisioner/refgrant"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/sources"
 )
 
@@ -52,8 +53,8 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 			return nil, err
 		}
 		return []string{string(m.GetUID())}, nil
-	}}); err != nil {
-		return nil, fmt.Errorf("indexing claims by UID: %w", err)
+	}, claimSourceNamespaceIndex: claimSourceNamespace}); err != nil {
+		return nil, fmt.Errorf("indexing claims: %w", err)
 	}
 	c.claims = claims.GetIndexer()
 	own, err := lifecycle.NewOwnWrites[*v1.PersistentVolumeClaim](klog.Background(), claims)
@@ -103,7 +104,12 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, err
 	}
 
-	c.planner = &planner{config: &c.config, classes: c.classes, volumes: c.volumes, claims: own, snapshots: cfg.snapshotClient, startingWork: c.startingWork}
+	if cfg.grantClient != nil {
+		if c.access.grants, err = refgrant.New(cfg.grantClient, lifecycle.TrimForCache, c.grantChanged); err != nil {
+			return nil, err
+		}
+	}
+	c.planner = &planner{config: &c.config, access: c.access, classes: c.classes, volumes: c.volumes, claims: own, snapshots: cfg.snapshotClient, startingWork: c.startingWork}
 	c.undoer = &undoer{config: &c.config, records: c.records, classes: c.classes, absent: &c.absent, claims: c}
 	if cfg.topology {
 		if cfg.node != nil {
@@ -117,11 +123,14 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 	return c, nil
 }
 
-// startInformers starts the informers that are not on the core's factory, the records'
-// and the snapshots', until stop closes (every replica, P7).
+// startInformers starts the informers that are not on the core's factory, the records',
+// the snapshots' and the ReferenceGrants', until stop closes (every replica, P7).
 func (c *claimController) startInformers(stop <-chan struct{}) {
 	c.records.Start(stop)
 	c.sources.Start(stop)
+	if c.access.grants != nil {
+		c.access.grants.Start(stop)
+	}
 }
 
 // run works both queues until intake ends, then returns when every worker has finished
@@ -130,7 +139,10 @@ func (c *claimController) run(intake context.Context) {
 	c.intake.Store(&intake)
 	logger := klog.FromContext(intake)
 	logger.Info("Starting provisioning", "driver", c.driver, "workers", c.opts.workerThreads)
-	if !cache.WaitForCacheSync(intake.Done(), c.records.HasSynced, c.sources.HasSynced) {
+	// The grants are waited for only until the API server answers: a cluster without their
+	// CRD, or an RBAC without them, holds back no claim of a source of its own namespace.
+	grantsAnswered := func() bool { return c.access.grants == nil || c.access.grants.Answered() }
+	if !cache.WaitForCacheSync(intake.Done(), c.records.HasSynced, c.sources.HasSynced, grantsAnswered) {
 		c.claimQueue.ShutDown()
 		c.rewrites.ShutDown()
 		c.deleter.Queue().ShutDown()

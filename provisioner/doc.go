@@ -31,7 +31,9 @@
 //   - record: the durable provisioning record, its store of events and its closer;
 //   - sources: the data sources' protection, with its own queue, snapshot watch and sweep;
 //   - deletion: the deletion of released volumes, with its own queue;
-//   - capacity: storage capacity tracking (--enable-capacity), with its own queue.
+//   - capacity: storage capacity tracking (--enable-capacity), with its own queue;
+//   - refgrant: the ReferenceGrants that let a claim use a data source of another
+//     namespace (CrossNamespaceVolumeDataSource), with their own informer.
 //
 // This package holds the claim's way, which uses them all and which none of them uses.
 // From the top down, each file uses only files listed after it:
@@ -45,6 +47,8 @@
 //     and what its answer means, the PersistentVolume, the record closed;
 //   - undo.go: the undoer, which deletes a volume no claim wants and closes its record;
 //   - create.go: the plans in flight and what a CreateVolume error means;
+//   - crossns.go: which claims may use a data source of another namespace, and the
+//     claims a grant's change wakes;
 //   - plan.go: the planner, which reads what CreateVolume needs and writes nothing;
 //     config.go: what every file here needs from the outside world;
 //   - save.go (the PersistentVolume built from CreateVolume's answer), decide.go (does a
@@ -127,8 +131,12 @@
 // the finalizer goes on, so a claim deleted while its CreateVolume runs does not free the
 // source mid-copy. A snapshot without a content (never bound, or the content gone) loses
 // the finalizer once no claim of the driver uses it: nothing can restore from it. Other kinds are left to their
-// populators. Cross-namespace sources are not implemented: enabling the gate is a usage
-// error.
+// populators. A source in another namespace (dataSourceRef.namespace, with the
+// CrossNamespaceVolumeDataSource gate) is used only while a ReferenceGrant there allows
+// it (package refgrant); its protection works as in the claim's own namespace, the users
+// of a source being found by its namespace and key wherever they are. The grants never
+// hold back a claim of its own namespace's source: a cluster without their CRD, or an RBAC
+// without them, refuses only cross-namespace claims, saying what is missing.
 //
 // Storage capacity tracking (--enable-capacity, package capacity): one CSIStorageCapacity per
 // (topology segment of the driver, StorageClass of the driver) from GetCapacity, in the
@@ -151,6 +159,7 @@
 //	volumesnapshots         update                 (v6.2 on; v6.0 and v6.1 grant get, list only)
 //	csistoragecapacities    create, update, patch, delete
 //	events                  create, update, patch  (and list, watch: a leader reads the records back)
+//	referencegrants         get, list, watch       (only with CrossNamespaceVolumeDataSource; upstream's file has the rule commented out)
 //
 // What upstream's RBAC of some v6 release does not grant degrades the feature it serves,
 // with one warning in the log, as upstream does, and never fails the work: without update
@@ -162,6 +171,4 @@
 // over, with the class translated, and records each volume as an in-tree
 // PersistentVolume provisioned by the plugin, as upstream; it deletes such volumes with the
 // translated handle.
-//
-// Not implemented: cross-namespace data sources.
 package provisioner

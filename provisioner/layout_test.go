@@ -24,6 +24,7 @@ func TestThePartsImportOnlyTheCoreAndTheRequest(t *testing.T) {
 		"record":   {"lifecycle", "provisioner/request"},
 		"sources":  {"lifecycle", "provisioner/request"},
 		"deletion": {"lifecycle", "provisioner/request"},
+		"refgrant": {},
 	}
 	entries, err := os.ReadDir(".")
 	if err != nil {

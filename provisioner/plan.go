@@ -65,6 +65,8 @@ type planner struct {
 	claims *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	// snapshots is nil without snapshot support (a restore's source).
 	snapshots snapclientset.Interface
+	// access says whether a claim may use a source of another namespace.
+	access sourceAccess
 	// startingWork is the context of the plan's reads: they end with intake and wait
 	// behind the requests that finish work (P14).
 	startingWork func(context.Context) (context.Context, context.CancelFunc)
@@ -76,6 +78,9 @@ type planner struct {
 func (c *planner) plan(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass) (_ *plan, err error) {
 	source, err := request.ClaimSource(claim)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.access.check(claim, source); err != nil {
 		return nil, err
 	}
 	if err := request.CheckSourceCapability(c.controllerCaps, source.Kind); err != nil {

@@ -57,6 +57,8 @@ type claimController struct {
 	closer *record.Closer
 	// records keeps the provisioning records (events on the claims).
 	records *record.Store
+	// access says which claims may use a data source of another namespace.
+	access sourceAccess
 
 	// intake is Run's: set before the workers start, it ends waits that start no work.
 	intake atomic.Pointer[context.Context]
@@ -262,20 +264,21 @@ func (c *claimController) reschedule(ctx context.Context, claim *v1.PersistentVo
 
 // SourceUser names a claim of the driver whose volume is still being made from ref: an
 // operation in flight, a claim carrying a provisioning record, or a claim that names it,
-// is not deleted and has no PersistentVolume yet; "" for none.
+// may use it (its own namespace's, or one a ReferenceGrant lets it use), is not deleted
+// and has no PersistentVolume yet; "" for none. The claim may be of any namespace.
 func (c *claimController) SourceUser(ref request.SourceRef) string {
 	if who := c.inFlight.using(ref); who != "" {
 		return who
 	}
 	// A claim whose record is open (a crash, a deleted claim whose volume is being undone)
 	// may have a volume in creation from the source, whatever else it says.
-	if who, err := c.records.UsesSource(ref.Namespace, ref.Key()); err != nil || who != "" {
+	if who, err := c.records.UsesSource(ref.Key()); err != nil || who != "" {
 		if err != nil {
 			return "(records unreadable: " + err.Error() + ")"
 		}
 		return who
 	}
-	objs, err := c.claims.ByIndex(cache.NamespaceIndex, ref.Namespace)
+	objs, err := c.claims.ByIndex(claimSourceNamespaceIndex, ref.Namespace)
 	if err != nil {
 		// Keep the finalizer rather than guess.
 		return "(claims unreadable: " + err.Error() + ")"
@@ -286,6 +289,12 @@ func (c *claimController) SourceUser(ref request.SourceRef) string {
 			continue
 		}
 		if src, err := request.ClaimSource(claim); err != nil || src != ref {
+			continue
+		}
+		// A claim of another namespace that names the source without a grant must not
+		// keep a finalizer on it: that would let any namespace block the deletion of
+		// another's snapshots and claims.
+		if c.access.check(claim, ref) != nil {
 			continue
 		}
 		// The same for a record of an earlier version, on the claim.

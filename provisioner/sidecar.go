@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
+	gatewayclientset "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner/capacity"
@@ -111,11 +112,15 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 		// Upstream starts anyway and reports it on every claim; so do we.
 		logger.Error(err, "The driver cannot provision volumes; claims will get events saying so")
 	}
-	if env.Gates.Enabled(CrossNamespaceVolumeDataSource) {
-		return lifecycle.UsageError{Err: fmt.Errorf("--feature-gates=%s=true is not supported by csi-sidecars: cross-namespace data sources are not implemented", CrossNamespaceVolumeDataSource)}
-	}
 	if cfg.snapshotClient, err = snapshotClientFor(env); err != nil {
 		return err
+	}
+	if env.Gates.Enabled(CrossNamespaceVolumeDataSource) {
+		// Whether the cluster serves ReferenceGrants, and lets us read them, is the
+		// grants' watch's to find out and to log; nothing waits for it.
+		if cfg.grantClient, err = gatewayclientset.NewForConfig(env.RestConfig); err != nil {
+			return fmt.Errorf("creating the ReferenceGrant client: %w", err)
+		}
 	}
 	if s.ctrl, err = newController(cfg, env.Informers); err != nil {
 		return err

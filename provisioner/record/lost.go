@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -80,17 +82,12 @@ func (l *lostRecords) report(uid string) bool {
 	return true
 }
 
-// of lists the claims of the namespace with a lost record.
-func (l *lostRecords) of(namespace string) []string {
+// claims lists the claims with a lost record, of every namespace: a claim's source may
+// be in another namespace (CrossNamespaceVolumeDataSource).
+func (l *lostRecords) claims() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []string
-	for uid, c := range l.byClaim {
-		if c.Claim.Namespace == namespace {
-			out = append(out, uid)
-		}
-	}
-	return out
+	return slices.Collect(maps.Keys(l.byClaim))
 }
 
 func (l *lostRecords) drop(uid string) {

@@ -382,3 +382,29 @@ const drv = "drv.example.com"
 func claimFor(name, uid, className string) *v1.PersistentVolumeClaim {
 	return objects.ClaimFor(drv, name, uid, className)
 }
+
+// An open record holds its data source wherever the claim is: a claim may restore a
+// snapshot of another namespace (CrossNamespaceVolumeDataSource), and its record is an
+// event of the claim's namespace.
+func TestAnOpenRecordHoldsASourceOfAnotherNamespace(t *testing.T) {
+	s, err := NewStore(StoreConfig{Kube: fake.NewClientset(), Driver: drv, Source: v1.EventSource{Component: "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := claimFor("restore", "uid-restore", "fast")
+	restore.Namespace = "dst"
+	rec, err := New(drv, "", nil, objects.CreateVolumeRequest("pvc-uid-restore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Source = "snapshot/src/snap"
+	if err := s.write(context.Background(), restore, rec); err != nil {
+		t.Fatal(err)
+	}
+	if who, err := s.UsesSource("snapshot/src/snap"); err != nil || who != "dst/restore" {
+		t.Errorf("UsesSource of the other namespace's snapshot = %q, %v; want dst/restore", who, err)
+	}
+	if who, err := s.UsesSource("snapshot/dst/snap"); err != nil || who != "" {
+		t.Errorf("UsesSource of a snapshot of the claim's own namespace = %q, %v; want none", who, err)
+	}
+}

@@ -50,6 +50,9 @@ const (
 	// recordClaimIndex indexes the record events by the claims they are about
 	// (ClaimKeys).
 	recordClaimIndex = "csi-sidecars-provisioner-record-claim"
+	// recordSourceIndex indexes the record events by the data sources their records
+	// name (Record.Source): a source's users may be claims of any namespace.
+	recordSourceIndex = "csi-sidecars-provisioner-record-source"
 
 	ReasonProvisioning = "Provisioning"
 	ReasonSucceeded    = "ProvisioningSucceeded"
@@ -134,6 +137,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 	selector := Label + "=" + s.driverLabel
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
 		recordClaimIndex:     func(obj any) ([]string, error) { return s.ClaimKeys(obj), nil },
+		recordSourceIndex:    func(obj any) ([]string, error) { return s.sourceKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
 	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
@@ -166,6 +170,22 @@ func (d *decodedEvents) claimKeys(obj any) []string {
 		return nil
 	}
 	return d.of(ev).claimKeys(ev)
+}
+
+// sourceKeys are the data sources the records an event carries name.
+func (s *Store) sourceKeys(obj any) []string {
+	ev, ok := obj.(*v1.Event)
+	if !ok {
+		return nil
+	}
+	dec := s.decoded.of(ev)
+	var out []string
+	for i := range dec.carried {
+		if rec, err := s.decoded.record(dec, i); err == nil && rec.Source != "" && !slices.Contains(out, rec.Source) {
+			out = append(out, rec.Source)
+		}
+	}
+	return out
 }
 
 // Carried is one record an event carries: the claim it is about, and the record
@@ -271,11 +291,12 @@ func (s *Store) IsOpen(uid string) bool {
 	return r != nil || err != nil
 }
 
-// UsesSource tells whether an open record of a claim of the namespace names the source
-// of key (the source protection's key), and which claim's: a claim gone while its volume
-// is undone still holds its source.
-func (s *Store) UsesSource(namespace, key string) (string, error) {
-	events, err := s.own.ByIndex(cache.NamespaceIndex, namespace)
+// UsesSource tells whether an open record names the source of key (the source
+// protection's key), and which claim's: a claim gone while its volume is undone still
+// holds its source. The claim may be of another namespace than the source
+// (CrossNamespaceVolumeDataSource).
+func (s *Store) UsesSource(key string) (string, error) {
+	events, err := s.own.ByIndex(recordSourceIndex, key)
 	if err != nil {
 		return "", err
 	}
@@ -291,7 +312,7 @@ func (s *Store) UsesSource(namespace, key string) (string, error) {
 			}
 		}
 	}
-	for _, uid := range s.lost.of(namespace) {
+	for _, uid := range s.lost.claims() {
 		if r, err := s.Open(uid); err == nil && r != nil && r.Record.Source == key {
 			return r.Record.Claim.Namespace + "/" + r.Record.Claim.Name, nil
 		}

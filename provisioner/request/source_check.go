@@ -64,7 +64,9 @@ func (r SourceRef) String() string { return r.Key() }
 
 // ClaimSource reads the claim's data source (dataSourceRef, else dataSource) as upstream
 // does: a PersistentVolumeClaim is cloned, a VolumeSnapshot restored; anything else
-// (populators) is errExternalPopulator. Cross-namespace sources are not supported.
+// (populators) is errExternalPopulator. The source is in the namespace dataSourceRef
+// names, else in the claim's: whether the claim may use a source of another namespace
+// (CrossNamespaceVolumeDataSource) is not decided here.
 func ClaimSource(claim *v1.PersistentVolumeClaim) (SourceRef, error) {
 	var group, kind, name, namespace string
 	switch {
@@ -87,6 +89,9 @@ func ClaimSource(claim *v1.PersistentVolumeClaim) (SourceRef, error) {
 		return SourceRef{}, nil
 	}
 	ref := SourceRef{Namespace: claim.Namespace, Name: name}
+	if namespace != "" {
+		ref.Namespace = namespace
+	}
 	switch {
 	case kind == PVCKind && group == "":
 		ref.Kind = SourceClone
@@ -100,9 +105,6 @@ func ClaimSource(claim *v1.PersistentVolumeClaim) (SourceRef, error) {
 	}
 	if name == "" {
 		return SourceRef{}, fmt.Errorf("the PVC source not found for PVC %s", claim.Name)
-	}
-	if namespace != "" && namespace != claim.Namespace {
-		return SourceRef{}, fmt.Errorf("data source %s %s/%s is in another namespace than the claim: cross-namespace data sources (CrossNamespaceVolumeDataSource) are not supported by csi-sidecars", kind, namespace, name)
 	}
 	return ref, nil
 }
@@ -120,13 +122,14 @@ func CheckSourceCapability(controller rpc.ControllerCapabilitySet, kind SourceKi
 }
 
 // CloneSource checks that the source claim can be cloned into claim and returns the
-// content source: same namespace, both with a class, bound to a volume of the class's
+// content source: both with a class, bound to a volume of the class's
 // driver, not smaller than the source's request, same volume mode. The classes may differ
 // (upstream dropped that check): the driver decides whether it can clone across its
 // classes. sourcePV is nil when the source's PersistentVolume is not found.
 func CloneSource(claim *v1.PersistentVolumeClaim, class *storagev1.StorageClass, source *v1.PersistentVolumeClaim, sourcePV *v1.PersistentVolume) (*csi.VolumeContentSource, error) {
 	if source == nil {
-		return nil, fmt.Errorf("the PVC DataSource %s/%s does not exist", claim.Namespace, dataSourceName(claim))
+		ref, _ := ClaimSource(claim)
+		return nil, fmt.Errorf("the PVC DataSource %s/%s does not exist", ref.Namespace, ref.Name)
 	}
 	switch {
 	case source.Status.Phase != v1.ClaimBound:
@@ -166,16 +169,6 @@ func volumeMode(m *v1.PersistentVolumeMode) v1.PersistentVolumeMode {
 		return v1.PersistentVolumeFilesystem
 	}
 	return *m
-}
-
-func dataSourceName(claim *v1.PersistentVolumeClaim) string {
-	if claim.Spec.DataSourceRef != nil {
-		return claim.Spec.DataSourceRef.Name
-	}
-	if claim.Spec.DataSource != nil {
-		return claim.Spec.DataSource.Name
-	}
-	return ""
 }
 
 // SnapshotSource checks that the snapshot can be restored into claim and returns the

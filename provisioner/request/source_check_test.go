@@ -41,9 +41,15 @@ func TestClaimSourceSaysWhatTheProvisionerDoesWithADataSource(t *testing.T) {
 		{name: "claim kind of another group is a populator", claim: func(c *v1.PersistentVolumeClaim) {
 			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To("example.com"), Kind: PVCKind, Name: "x"}
 		}, popul: true},
-		{name: "cross-namespace", claim: func(c *v1.PersistentVolumeClaim) {
+		{name: "clone of another namespace", claim: func(c *v1.PersistentVolumeClaim) {
 			c.Spec.DataSourceRef = &v1.TypedObjectReference{Kind: PVCKind, Name: "src", Namespace: ptr.To("other")}
-		}, wantErr: "cross-namespace"},
+		}, want: SourceRef{Kind: SourceClone, Namespace: "other", Name: "src"}},
+		{name: "snapshot of another namespace", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{APIGroup: ptr.To(SnapshotAPIGroup), Kind: SnapshotKind, Name: "snap", Namespace: ptr.To("other")}
+		}, want: SourceRef{Kind: SourceSnapshot, Namespace: "other", Name: "snap"}},
+		{name: "dataSourceRef naming the claim's own namespace", claim: func(c *v1.PersistentVolumeClaim) {
+			c.Spec.DataSourceRef = &v1.TypedObjectReference{Kind: PVCKind, Name: "src", Namespace: ptr.To("ns")}
+		}, want: SourceRef{Kind: SourceClone, Namespace: "ns", Name: "src"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := objects.ClaimFor(drv, "dst", "uid-dst", "fast")

@@ -35,7 +35,13 @@ var (
 	binDir string
 )
 
-func TestMain(m *testing.M) { os.Exit(e2e.Main(m, "../../..", &kube, &binDir)) }
+// The API server keeps a claim's dataSourceRef.namespace only with its own
+// CrossNamespaceVolumeDataSource gate on (crossns_test.go); no other test names one.
+func TestMain(m *testing.M) {
+	os.Exit(e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{
+		APIServerArgs: []string{"--feature-gates=CrossNamespaceVolumeDataSource=true"},
+	}))
+}
 
 // scenario is one test's world with the provisioner's Lease name.
 type scenario struct {
