@@ -90,6 +90,19 @@ func (l *lostRecords) claims() []string {
 	return slices.Collect(maps.Keys(l.byClaim))
 }
 
+// of lists the claims of the namespace with a lost record.
+func (l *lostRecords) of(namespace string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for uid, c := range l.byClaim {
+		if c.Claim.Namespace == namespace {
+			out = append(out, uid)
+		}
+	}
+	return out
+}
+
 func (l *lostRecords) drop(uid string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
