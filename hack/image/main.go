@@ -84,6 +84,14 @@ func main() {
 
 // run builds the index, writes it to the layout directory and pushes it if asked.
 func run(ctx context.Context, o options) error {
+	var ref name.Reference
+	if o.push != "" {
+		var err error
+		// Before the build, which takes a while: a typo fails at once.
+		if ref, err = name.ParseReference(o.push); err != nil {
+			return fmt.Errorf("--push: %w", err)
+		}
+	}
 	if o.version == "" {
 		o.version = describe(ctx, o.source)
 	}
@@ -102,12 +110,8 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("digest of the index: %w", err)
 	}
 	fmt.Printf("csi-sidecars %s: %s in %s\n", o.version, digest, o.output)
-	if o.push == "" {
+	if ref == nil {
 		return nil
-	}
-	ref, err := name.ParseReference(o.push)
-	if err != nil {
-		return fmt.Errorf("--push: %w", err)
 	}
 	if err := push(ctx, ref, idx); err != nil {
 		return err
