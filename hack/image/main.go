@@ -1,6 +1,6 @@
 // Command image builds the csi-sidecars container image without a container engine
 // (`make image`): it cross-compiles the static binary for each platform, puts it on an empty
-// base as /csi-sidecars, and writes a multi-arch OCI image index to an OCI layout directory,
+// base as /csi-sidecars, and writes a multi-arch OCI image index to an OCI layout directory, named by the version,
 // optionally pushing it to a registry too.
 //
 // The image holds one file: no shell, no /etc/passwd, no CA bundle, as nothing in the binary
@@ -46,6 +46,8 @@ const (
 	binaryPath = "/csi-sidecars"
 	// user is distroless' nonroot user and group, as the manifests' securityContext names them.
 	user = "65532:65532"
+	// refName is the annotation of an OCI layout's index.json that names an entry.
+	refName = "org.opencontainers.image.ref.name"
 )
 
 // epoch is every timestamp of the image: the layer's file and the config's creation time.
@@ -102,7 +104,13 @@ func run(ctx context.Context, o options) error {
 	if err := os.RemoveAll(o.output); err != nil {
 		return fmt.Errorf("removing the old layout: %w", err)
 	}
-	if _, err := layout.Write(o.output, idx); err != nil {
+	// The layout's index.json names the image index by the version, as tools that copy one
+	// image out of a layout (skopeo's oci:DIR:NAME) look it up.
+	l, err := layout.Write(o.output, empty.Index)
+	if err == nil {
+		err = l.AppendIndex(idx, layout.WithAnnotations(map[string]string{refName: o.version}))
+	}
+	if err != nil {
 		return fmt.Errorf("writing the OCI layout %s: %w", o.output, err)
 	}
 	digest, err := idx.Digest()

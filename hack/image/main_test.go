@@ -21,6 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"sigs.k8s.io/yaml"
 )
@@ -51,10 +52,7 @@ func TestImage(t *testing.T) {
 	if err := run(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	idx, err := layout.ImageIndexFromPath(o.output)
-	if err != nil {
-		t.Fatal(err)
-	}
+	idx := layoutIndex(t, o.output)
 	if err := validate.Index(idx); err != nil {
 		t.Fatalf("the layout's index does not hold together: %v", err)
 	}
@@ -130,11 +128,7 @@ func TestImage(t *testing.T) {
 		if err != nil {
 			t.Fatalf("csi-sidecars version: %v", err)
 		}
-		described, err := exec.CommandContext(ctx, "git", "-C", repo, "describe", "--tags", "--always", "--dirty").Output()
-		if err != nil {
-			t.Fatalf("git describe: %v", err)
-		}
-		if got, want := strings.TrimSpace(string(out)), strings.TrimSpace(string(described)); got != want {
+		if got, want := strings.TrimSpace(string(out)), gitDescribe(t); got != want {
 			t.Errorf("csi-sidecars version printed %q, want %q (git describe)", got, want)
 		}
 	})
@@ -165,6 +159,41 @@ func TestImage(t *testing.T) {
 			}
 		}
 	})
+}
+
+// layoutIndex is the one image index the OCI layout at dir holds, named by the version git
+// describe gives.
+func layoutIndex(t *testing.T, dir string) v1.ImageIndex {
+	t.Helper()
+	top, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := top.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Manifests) != 1 || m.Manifests[0].MediaType != types.OCIImageIndex {
+		t.Fatalf("the layout's index.json has %+v, want one image index", m.Manifests)
+	}
+	if got, want := m.Manifests[0].Annotations[refName], gitDescribe(t); got != want {
+		t.Errorf("the layout names the image index %q, want %q (git describe)", got, want)
+	}
+	idx, err := top.ImageIndex(m.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idx
+}
+
+// gitDescribe is the version the Makefile gives the build.
+func gitDescribe(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", repo, "describe", "--tags", "--always", "--dirty").Output()
+	if err != nil {
+		t.Fatalf("git describe: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // imagesByArch are the images of idx by architecture; an index entry without a platform, or
