@@ -1,7 +1,7 @@
 // Command image builds the csi-sidecars container image without a container engine
 // (`make image`): it cross-compiles the static binary for each platform, puts it on an empty
-// base as /csi-sidecars, and writes a multi-arch OCI image index to an OCI layout directory, named by the version,
-// optionally pushing it to a registry too.
+// base as /csi-sidecars, and writes a multi-arch OCI image index, named by the version, to an
+// OCI layout directory, optionally pushing it to a registry too.
 //
 // The image holds one file: no shell, no /etc/passwd, no CA bundle, as nothing in the binary
 // reads them (the API server's CA comes from the service account or the kubeconfig). It runs
