@@ -59,8 +59,10 @@ test-race: ## the race detector over the unit tests and the tests that host side
 	$(GO) test -race -count=1 -run 'OneProcess|OneFenced' ./test/e2e/
 
 # Its own module's (hack/image); it needs no control plane and starts once a stage above ends.
+# About 30 s with the build cache warm; cold, the two cross builds of every dependency take
+# minutes (over ten on a loaded 2-core machine), hence the timeout.
 test-image: ## build the image once as `make image` does, push it to a registry on loopback, and read it back: platforms, static binaries, user, entrypoint, version
-	$(GO) -C hack/image test -count=1 ./...
+	$(GO) -C hack/image test -count=1 -timeout 30m ./...
 
 test-unit: ## fast tests only (no control plane)
 	$(GO) test -count=1 -short ./...
