@@ -145,7 +145,9 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	shared.CSI = m.csi
-	shared.Backlog = &Backlog{sidecar: s.Name()}
+	// Its queues hold what its handlers add until it leads: a standby's queue metrics
+	// stay at zero, and a leader's waits count from its takeover.
+	shared.Backlog = &Backlog{sidecar: s.Name(), standby: true}
 	// Each sidecar writes through clients of its own, with its own --kube-api-qps and
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
@@ -356,6 +358,7 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	}
 	done := make(chan error, 1)
 	logger.Info("Leading: starting work")
+	m.env.Backlog.lead()
 	go func() { done <- m.sidecar.Run(intake, m.env) }()
 
 	select {
