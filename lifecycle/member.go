@@ -468,15 +468,30 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	if end == endDrained && stopping {
 		logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
 	}
+	release := false
 	switch {
 	case lock == nil:
 		outcome = "no_lease"
 	case rule.lease != leaseReleased:
+	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
+		outcome = "kept"
+	default:
+		outcome, release = "released", true
+	}
+	// The drain is over: its figure is recorded before the Lease is written, so that
+	// /metrics serves it while the release waits for the API server (the process exits
+	// right after), and logged with how the Lease ended, whatever a scrape sees.
+	drained := end != endStoppedEarly && stopping
+	if drained {
+		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
+	}
+	switch {
+	case lock == nil:
+	case rule.lease != leaseReleased:
 		lock.close()
 		logger.Info("Leaving the Lease to expire: calls of this term may still run in the driver, or the Lease is no longer ours", "lease", m.leaseName)
-	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
+	case !release:
 		lock.close()
-		outcome = "kept"
 		logger.Info("Leaving the Lease to expire (ReleaseLeaderElectionOnExit is off)", "lease", m.leaseName)
 	default:
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RenewDeadline)
@@ -486,12 +501,11 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 			outcome = "release_failed"
 			logger.Error(err, "Could not release the Lease; it expires on its own", "lease", m.leaseName)
 		} else {
-			outcome = "released"
 			logger.Info("Released the Lease", "lease", m.leaseName)
 		}
 	}
-	if end != endStoppedEarly && stopping {
-		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
+	if drained {
+		logger.Info("Drain ended", "outcome", outcome, "drainDuration", elapsed.Round(time.Millisecond).String(), "exitCode", rule.code)
 	}
 	return rule.code
 }

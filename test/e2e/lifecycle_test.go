@@ -65,6 +65,33 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 	t.Logf("FIGURE drain: %d calls in flight at SIGTERM, exit 0 after %v", len(calls), drain.Round(time.Millisecond))
 }
 
+// csi_sidecars_drain_duration_seconds is recorded when the drain ends, before the Lease is
+// written, so a scrape can read it before the process exits: here the leader's connection to
+// the API server hangs, so its release waits, and /metrics must show the drain meanwhile.
+func TestDrainDurationIsServedWhileTheLeaseIsReleased(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, testdriver.Config{})
+	proxy := e2e.NewFaultProxy(t, strings.TrimPrefix(s.CP.URL(), "https://"))
+	a := s.startReplica("replica-a", "--kubeconfig="+s.KubeconfigVia(proxy))
+	s.waitForHolder("replica-a")
+	a.WaitReady(t)
+
+	proxy.Freeze()
+	a.Signal(t, syscall.SIGTERM)
+	s.WaitUntil("the drain on replica-a's /metrics while it releases the Lease", func() bool {
+		_, body := a.Get("/metrics")
+		n, _, err := e2e.MetricTotal(body, "csi_sidecars_drain_duration_seconds", map[string]string{"sidecar": "test", "outcome": "released"})
+		return err == nil && n == 1
+	})
+	proxy.Thaw()
+	if code := a.Wait(t, 30*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	if h := e2e.Holder(s.lease()); h != "" {
+		t.Errorf("Lease holder after exit is %q, want empty (released)", h)
+	}
+}
+
 // P7 (with P1, P2): a warm standby takes the released Lease at once, without waiting for
 // lease-duration or retry-period, and never overlaps the old leader on a volume.
 func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
