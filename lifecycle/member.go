@@ -164,7 +164,8 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	}
 	shared.Kube = kube
 	shared.RestConfig = own
-	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's.
+	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's,
+	// behind the writes that record results (P14).
 	shared.Events = newEventBroadcaster(ctx, kube, "")
 	m.env = shared.WithOps(m.ops)
 
