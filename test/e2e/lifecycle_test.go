@@ -74,7 +74,11 @@ func TestDrainDurationIsServedWhileTheLeaseIsReleased(t *testing.T) {
 	proxy := e2e.NewFaultProxy(t, strings.TrimPrefix(s.CP.URL(), "https://"))
 	a := s.startReplica("replica-a", "--kubeconfig="+s.KubeconfigVia(proxy))
 	s.waitForHolder("replica-a")
-	a.WaitReady(t)
+	// Leading, not only holding: a replica stopped before it leads has no drain to record.
+	s.WaitUntil("replica-a leading", func() bool {
+		_, body := a.Get("/metrics")
+		return strings.Contains(body, `csi_sidecars_leader{sidecar="test"} 1`)
+	})
 
 	proxy.Freeze()
 	a.Signal(t, syscall.SIGTERM)
