@@ -21,11 +21,14 @@ import (
 //     finalizer) get a token only when no other request of the sidecar waits for one. Work
 //     already in the driver is recorded first; new work waits, instead of every operation
 //     taking longer and more of them timing out half-done.
+//   - The event recorder's writes (Env.Events) are informational: they wait behind every
+//     request that finishes work, so a burst of events never delays a result's write, and
+//     ahead of requests that start it, so new work cannot starve them.
 //   - Requests nothing waits for (Deferrable: an event that closes a provisioning record
 //     a PersistentVolume already supersedes) get a token only when no other request waits.
-//   - Neither kind takes a token the sidecar owes: while CSI calls are in flight, each will
-//     want a write that records its result, and a request that starts work (or is
-//     deferrable) is served only once the bucket holds a token for it and one for each of
+//   - None of these takes a token the sidecar owes: while CSI calls are in flight, each will
+//     want a write that records its result, and an event, a request that starts work or a
+//     deferrable one is served only once the bucket holds a token for it and one for each of
 //     those (up to the burst). So a drain waits for its calls and one round trip, not for
 //     tokens new work took a moment before (P1, P14).
 //   - A request waits for its token as long as its context lives. The sidecars put no
@@ -44,8 +47,9 @@ type budget struct {
 
 	mu sync.Mutex
 	// waiting holds the requests waiting for a token, by class: finishing (and every
-	// other request) first, starting second, deferrable last; each in arrival order.
-	waiting [3][]*budgetWaiter
+	// other request) first, events second, starting third, deferrable last; each in
+	// arrival order.
+	waiting [4][]*budgetWaiter
 	started bool
 	wake    chan struct{}
 	// stopped is closed by Stop.
@@ -63,6 +67,7 @@ type budgetWaiter struct {
 
 const (
 	classFinishing = iota
+	classEvents
 	classStarting
 	classDeferrable
 )
@@ -128,6 +133,11 @@ func IfNotStarted(ctx context.Context, err error) error {
 		return err
 	}
 	return notStartedError{st: status.New(codes.Aborted, err.Error()), err: err}
+}
+
+// eventWrites marks ctx as the context of the event recorder's writes.
+func eventWrites(ctx context.Context) context.Context {
+	return context.WithValue(ctx, classKey{}, classEvents)
 }
 
 func classOf(ctx context.Context) int {
@@ -240,7 +250,7 @@ func (b *budget) sleep(d time.Duration, wake <-chan struct{}) bool {
 }
 
 // owedShortfall is how many tokens the bucket lacks before the next waiter may be served:
-// none for a request that finishes work; for one that starts work or is deferrable, a token
+// none for a request that finishes work; for any other, a token
 // for it and one for each write owed (up to the burst), less what the bucket holds.
 func (b *budget) owedShortfall() float64 {
 	if b.owed == nil {
@@ -285,7 +295,7 @@ func (b *budget) next() *budgetWaiter {
 func (b *budget) TryAccept() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.waiting[classFinishing])+len(b.waiting[classStarting]) > 0 {
+	if len(b.waiting[classFinishing])+len(b.waiting[classEvents])+len(b.waiting[classStarting]) > 0 {
 		return false
 	}
 	return b.limiter.Allow()

@@ -30,7 +30,8 @@
 //     the driver empties the holder (termLock.release), never client-go's release-on-cancel.
 //   - P14: each hosted sidecar's clients draw from one budget (budget.go) that lets a request
 //     wait for its token as long as its context lives and serves requests that finish work
-//     before those that start it (StartingWork); from the end of intake on no new CSI call
+//     before the event recorder's, and those before requests that start work
+//     (StartingWork); from the end of intake on no new CSI call
 //     starts, so a drain waits only for the calls in the driver and their writes.
 //
 // How a replica ends (each way is a row: drained, fenced, a drain deadline with or without

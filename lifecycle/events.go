@@ -13,10 +13,11 @@ import (
 )
 
 // newEventBroadcaster records events into namespace ("" for the objects' own) through a
-// sink that tolerates RBAC without events.
+// sink that tolerates RBAC without events. Its writes wait for the budget as events (P14):
+// behind every write that records a result, ahead of new work.
 func newEventBroadcaster(ctx context.Context, kube kubernetes.Interface, namespace string) record.EventBroadcaster {
 	b := record.NewBroadcaster(record.WithContext(ctx))
-	b.StartRecordingToSink(&tolerantSink{EventSink: &typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events(namespace)}, logger: klog.FromContext(ctx)})
+	b.StartRecordingToSink(&tolerantSink{events: kube.CoreV1().Events(namespace), ctx: eventWrites(ctx), logger: klog.FromContext(ctx)})
 	return b
 }
 
@@ -24,21 +25,23 @@ func newEventBroadcaster(ctx context.Context, kube kubernetes.Interface, namespa
 // role, for one, grants no events. Then it logs one warning and drops events from then on,
 // instead of a refusal in the log per event; no work depends on an event.
 type tolerantSink struct {
-	record.EventSink
+	events typedcorev1.EventInterface
+	// ctx is the context of every write: the budget's class of events.
+	ctx     context.Context
 	logger  klog.Logger
 	refused atomic.Bool
 }
 
 func (s *tolerantSink) Create(e *v1.Event) (*v1.Event, error) {
-	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Create(e) })
+	return s.write(e, func() (*v1.Event, error) { return s.events.CreateWithEventNamespaceWithContext(s.ctx, e) })
 }
 
 func (s *tolerantSink) Update(e *v1.Event) (*v1.Event, error) {
-	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Update(e) })
+	return s.write(e, func() (*v1.Event, error) { return s.events.UpdateWithEventNamespaceWithContext(s.ctx, e) })
 }
 
 func (s *tolerantSink) Patch(e *v1.Event, data []byte) (*v1.Event, error) {
-	return s.write(e, func() (*v1.Event, error) { return s.EventSink.Patch(e, data) })
+	return s.write(e, func() (*v1.Event, error) { return s.events.PatchWithEventNamespaceWithContext(s.ctx, e, data) })
 }
 
 func (s *tolerantSink) write(e *v1.Event, do func() (*v1.Event, error)) (*v1.Event, error) {

@@ -155,7 +155,9 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
 	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
 	shared.CSI = m.csi
-	shared.Backlog = &Backlog{sidecar: s.Name()}
+	// Its queues hold what its handlers add until it leads: a standby's queue metrics
+	// stay at zero, and a leader's waits count from its takeover.
+	shared.Backlog = &Backlog{sidecar: s.Name(), standby: true}
 	// Each sidecar writes through clients of its own, with its own --kube-api-qps and
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
@@ -172,7 +174,8 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	}
 	shared.Kube = kube
 	shared.RestConfig = own
-	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's.
+	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's,
+	// behind the writes that record results (P14).
 	shared.Events = newEventBroadcaster(ctx, kube, "")
 	m.env = shared.WithOps(m.ops)
 
@@ -389,6 +392,7 @@ func (m *member) lead(ctx context.Context, p *process, t term) ending {
 	}
 	done := make(chan error, 1)
 	logger.Info("Leading: starting work")
+	m.env.Backlog.lead()
 	go func() { done <- m.sidecar.Run(intake, m.env) }()
 
 	select {
@@ -498,15 +502,30 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	if end == endDrained && stopping {
 		logger.Info("Drained: every in-flight operation finished", "drainDuration", elapsed.Round(time.Millisecond).String())
 	}
+	release := false
 	switch {
 	case lock == nil:
 		outcome = "no_lease"
 	case rule.lease != leaseReleased:
+	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
+		outcome = "kept"
+	default:
+		outcome, release = "released", true
+	}
+	// The drain is over: its figure is recorded before the Lease is written, so that
+	// /metrics serves it while the release waits for the API server (the process exits
+	// right after), and logged with how the Lease ended, whatever a scrape sees.
+	drained := end != endStoppedEarly && stopping
+	if drained {
+		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
+	}
+	switch {
+	case lock == nil:
+	case rule.lease != leaseReleased:
 		lock.close()
 		logger.Info("Leaving the Lease to expire: calls of this term may still run in the driver, or the Lease is no longer ours", "lease", m.leaseName)
-	case !p.opts.Gates.Enabled(ReleaseLeaderElectionOnExit):
+	case !release:
 		lock.close()
-		outcome = "kept"
 		logger.Info("Leaving the Lease to expire (ReleaseLeaderElectionOnExit is off)", "lease", m.leaseName)
 	default:
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RenewDeadline)
@@ -516,12 +535,11 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 			outcome = "release_failed"
 			logger.Error(err, "Could not release the Lease; it expires on its own", "lease", m.leaseName)
 		} else {
-			outcome = "released"
 			logger.Info("Released the Lease", "lease", m.leaseName)
 		}
 	}
-	if end != endStoppedEarly && stopping {
-		p.metrics.drainDuration.WithLabelValues(m.sidecar.Name(), outcome).Observe(elapsed.Seconds())
+	if drained {
+		logger.Info("Drain ended", "outcome", outcome, "drainDuration", elapsed.Round(time.Millisecond).String(), "exitCode", rule.code)
 	}
 	return rule.code
 }

@@ -17,7 +17,7 @@ func newCoreMetrics(reg metrics.KubeRegistry) *coreMetrics {
 		drainDuration: metrics.NewHistogramVec(&metrics.HistogramOpts{
 			Namespace:      "csi_sidecars",
 			Name:           "drain_duration_seconds",
-			Help:           "Time from the first termination signal until every in-flight operation of a leading sidecar ended, by outcome (released: the Lease was released; deadline: --drain-timeout ran out).",
+			Help:           "Time from the first termination signal until every in-flight operation of a leading sidecar ended, by outcome (released: the Lease is released next; deadline: --drain-timeout ran out). Recorded before the Lease is written.",
 			Buckets:        []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120},
 			StabilityLevel: metrics.ALPHA,
 		}, []string{"sidecar", "outcome"}),

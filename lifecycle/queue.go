@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -17,12 +18,19 @@ type QueueOptions struct {
 	RetryStart, RetryMax time.Duration
 	// Metrics is where client-go's workqueue metrics go; nil is its process-wide provider.
 	Metrics workqueue.MetricsProvider
-	// Backlog, when set, reports the queue's backlog (Env.Backlog).
+	// Backlog, when set, reports the queue's backlog (Env.Backlog), and keeps what is added
+	// while the sidecar stands by out of the workqueue until it leads.
 	Backlog *Backlog
 }
 
 // Queue is a sidecar's rate-limited work queue that knows its backlog: how many items wait
 // for a worker and since when the oldest waits. It is the one way sidecars build queues.
+//
+// While the sidecar stands by, its handlers fill the queue so that it starts warm (P7), but
+// nobody waits for that work yet: the items are held beside the workqueue and enter it when
+// the sidecar leads. So client-go's queue metrics (workqueue_depth, adds, queue durations)
+// and the backlog describe the leader's work only: a healthy standby's stay at zero however
+// long it stands by, and a new leader's waits count from its takeover. Get blocks until then.
 type Queue[T comparable] struct {
 	workqueue.TypedRateLimitingInterface[T]
 	name    string
@@ -32,6 +40,9 @@ type Queue[T comparable] struct {
 	// waiting holds, per item not yet taken by a worker, when it became ready (for an item
 	// added with a delay: when the delay ends).
 	waiting map[T]time.Time
+	// held holds, while the sidecar stands by, each item added and when it becomes ready;
+	// nil once it leads (or when the queue has no Backlog).
+	held map[T]time.Time
 }
 
 // NewQueue builds a rate-limited queue with exponential per-item backoff.
@@ -61,15 +72,59 @@ func (q *Queue[T]) note(item T, ready time.Time) {
 	}
 }
 
+// hold keeps item out of the workqueue while the sidecar stands by; false once it leads.
+func (q *Queue[T]) hold(item T, ready time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.held == nil {
+		return false
+	}
+	if at, ok := q.held[item]; !ok || ready.Before(at) {
+		q.held[item] = ready
+	}
+	return true
+}
+
+// standBy starts holding what is added (Backlog.add, before the queue is used).
+func (q *Queue[T]) standBy() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.held = map[T]time.Time{}
+}
+
+// lead moves what was held into the workqueue, as if added at now: an item due by then is
+// queued at once, one added with a longer delay when that delay ends.
+func (q *Queue[T]) lead(now time.Time) {
+	q.mu.Lock()
+	held := q.held
+	q.held = nil
+	q.mu.Unlock()
+	for item, ready := range held {
+		if d := ready.Sub(now); d > 0 {
+			q.AddAfter(item, d)
+		} else {
+			q.Add(item)
+		}
+	}
+}
+
 // Add implements workqueue.Interface.
 func (q *Queue[T]) Add(item T) {
-	q.note(item, time.Now())
+	now := time.Now()
+	if q.hold(item, now) {
+		return
+	}
+	q.note(item, now)
 	q.TypedRateLimitingInterface.Add(item)
 }
 
 // AddAfter implements workqueue.DelayingInterface.
 func (q *Queue[T]) AddAfter(item T, d time.Duration) {
-	q.note(item, time.Now().Add(d))
+	ready := time.Now().Add(d)
+	if q.hold(item, ready) {
+		return
+	}
+	q.note(item, ready)
 	q.TypedRateLimitingInterface.AddAfter(item, d)
 }
 
@@ -93,6 +148,7 @@ func (q *Queue[T]) ShutDown() {
 	q.TypedRateLimitingInterface.ShutDown()
 	q.mu.Lock()
 	clear(q.waiting)
+	q.held = nil
 	q.mu.Unlock()
 }
 
@@ -111,15 +167,21 @@ func (q *Queue[T]) backlog(now time.Time) (waiting int, oldest time.Duration) {
 }
 
 // Backlog is what one sidecar's queues have waiting, for /metrics and the backlog log line.
+// It also tells them when the sidecar leads. The zero value's queues work at once, as a
+// sidecar's unit tests want; the core's hold their items until the sidecar leads.
 type Backlog struct {
 	sidecar string
 	mu      sync.Mutex
 	queues  []backlogSource
+	// standby: the sidecar does not lead yet; its queues hold what is added.
+	standby bool
 }
 
 type backlogSource interface {
 	queueName() string
 	backlog(now time.Time) (int, time.Duration)
+	standBy()
+	lead(now time.Time)
 }
 
 func (q *Queue[T]) queueName() string { return q.name }
@@ -128,6 +190,21 @@ func (b *Backlog) add(q backlogSource) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.queues = append(b.queues, q)
+	if b.standby {
+		q.standBy()
+	}
+}
+
+// lead tells the sidecar's queues that it leads from now on: what they held enters them.
+func (b *Backlog) lead() {
+	b.mu.Lock()
+	b.standby = false
+	queues := slices.Clone(b.queues)
+	b.mu.Unlock()
+	now := time.Now()
+	for _, q := range queues {
+		q.lead(now)
+	}
 }
 
 // QueueBacklog is one queue's backlog.

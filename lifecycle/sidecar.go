@@ -83,7 +83,7 @@ type Env struct {
 	Identity string
 	// Backlog collects what the sidecar's queues (NewQueue) have waiting, for /metrics
 	// (csi_sidecars_queue_waiting_items, csi_sidecars_queue_oldest_waiting_seconds) and
-	// --log-backlog-interval.
+	// --log-backlog-interval. The core's holds its queues' items until the sidecar leads.
 	Backlog *Backlog
 
 	ops  context.Context

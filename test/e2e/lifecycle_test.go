@@ -65,6 +65,37 @@ func TestSIGTERMCompletesInFlightCallsAndReleasesTheLease(t *testing.T) {
 	t.Logf("FIGURE drain: %d calls in flight at SIGTERM, exit 0 after %v", len(calls), drain.Round(time.Millisecond))
 }
 
+// csi_sidecars_drain_duration_seconds is recorded when the drain ends, before the Lease is
+// written, so a scrape can read it before the process exits: here the leader's connection to
+// the API server hangs, so its release waits, and /metrics must show the drain meanwhile.
+func TestDrainDurationIsServedWhileTheLeaseIsReleased(t *testing.T) {
+	t.Parallel()
+	s := newScenario(t, testdriver.Config{})
+	proxy := e2e.NewFaultProxy(t, strings.TrimPrefix(s.CP.URL(), "https://"))
+	a := s.startReplica("replica-a", "--kubeconfig="+s.KubeconfigVia(proxy))
+	s.waitForHolder("replica-a")
+	// Leading, not only holding: a replica stopped before it leads has no drain to record.
+	s.WaitUntil("replica-a leading", func() bool {
+		_, body := a.Get("/metrics")
+		return strings.Contains(body, `csi_sidecars_leader{sidecar="test"} 1`)
+	})
+
+	proxy.Freeze()
+	a.Signal(t, syscall.SIGTERM)
+	s.WaitUntil("the drain on replica-a's /metrics while it releases the Lease", func() bool {
+		_, body := a.Get("/metrics")
+		n, _, err := e2e.MetricTotal(body, "csi_sidecars_drain_duration_seconds", map[string]string{"sidecar": "test", "outcome": "released"})
+		return err == nil && n == 1
+	})
+	proxy.Thaw()
+	if code := a.Wait(t, 30*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+	if h := e2e.Holder(s.lease()); h != "" {
+		t.Errorf("Lease holder after exit is %q, want empty (released)", h)
+	}
+}
+
 // P7 (with P1, P2): a warm standby takes the released Lease at once, without waiting for
 // lease-duration or retry-period, and never overlaps the old leader on a volume.
 func TestStandbyTakesOverAtOnceWithoutOverlap(t *testing.T) {
@@ -383,8 +414,10 @@ func TestMetricsAndHealthOnLeaderAndStandby(t *testing.T) {
 	}{
 		{a, []string{`csi_sidecars_leader{sidecar="test"} 1`, `csi_sidecars_inflight_operations{sidecar="test"} 3`, `grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}`,
 			`leader_election_master_status{name="` + s.leaseName + `"} 1`}},
-		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"}`, "go_goroutines",
-			`csi_sidecars_queue_waiting_items{queue="test",sidecar="test"}`, `csi_sidecars_queue_oldest_waiting_seconds{queue="test",sidecar="test"}`}},
+		// The standby has the 3 items in its queue too, to take over warm, but they are
+		// nobody's wait: its queue figures stay at zero until it leads.
+		{b, []string{`csi_sidecars_leader{sidecar="test"} 0`, `workqueue_depth{name="test"} 0` + "\n", `workqueue_adds_total{name="test"} 0` + "\n", "go_goroutines",
+			`csi_sidecars_queue_waiting_items{queue="test",sidecar="test"} 0` + "\n", `csi_sidecars_queue_oldest_waiting_seconds{queue="test",sidecar="test"} 0` + "\n"}},
 	} {
 		for _, path := range []string{"/healthz", "/healthz/leader-election", "/readyz"} {
 			if code, body := c.r.Get(path); code != 200 {
