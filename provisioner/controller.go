@@ -164,10 +164,10 @@ func (c *claimController) run(intake context.Context) {
 	logger.Info("Provisioning stopped")
 }
 
-// rewriteRecord writes again the record of a claim whose events all disappeared while it
-// was open (an --event-ttl shorter than the provisioning, events deleted by hand), on
-// Ops(): it protects a volume that may be in the driver. A record whose volume has its
-// PersistentVolume now needs no event.
+// rewriteRecord writes again the record of a claim that no event keeps: refused by the API
+// server, or whose events all disappeared while it was open (an --event-ttl shorter than
+// the provisioning, events deleted by hand). A record whose volume has its PersistentVolume
+// now needs no event.
 func (c *claimController) rewriteRecord(uid string) error {
 	volume, ok := c.records.LostVolume(uid)
 	if !ok {
@@ -177,7 +177,15 @@ func (c *claimController) rewriteRecord(uid string) error {
 		c.records.Forget(uid)
 		return nil
 	}
-	if err := c.records.Rewrite(c.ops, uid); err != nil {
+	// At the lowest priority of the budget: a record written again protects a call that may
+	// be in the driver, but must never delay the PersistentVolumes that end such calls
+	// (under a rate limit most records are superseded before a retry gets through).
+	ctx, cancel := lifecycle.Deferrable(c.ops, c.intakeOr(c.ops))
+	defer cancel()
+	if err := lifecycle.IfNotStarted(ctx, c.records.Rewrite(ctx, uid)); err != nil {
+		if lifecycle.NotStarted(err) {
+			return nil
+		}
 		return fmt.Errorf("writing again the provisioning record of volume %s: %w", volume, err)
 	}
 	c.metrics.recordRewritten()
@@ -186,16 +194,11 @@ func (c *claimController) rewriteRecord(uid string) error {
 }
 
 // recordNotKept reports a provisioning record the API server refused: the provisioning
-// goes on without it, as upstream's does, unprotected against a crash (P17).
+// goes on without it, as upstream's does, unprotected against a crash until a retry keeps
+// it (P17). A metric and a log line, no event: where events are refused (a rate limit),
+// one more event per claim would only take the budget from the PersistentVolumes.
 func (c *claimController) recordNotKept(claim v1.ObjectReference, volume string, err error) {
-	reason := string(apierrors.ReasonForError(err))
-	c.metrics.recordNotKept(reason)
+	c.metrics.recordNotKept(string(apierrors.ReasonForError(err)))
 	klog.Background().Info("Warning: provisioning without a durable record, a crash before its PersistentVolume is saved may leak the volume",
 		"claim", klog.KRef(claim.Namespace, claim.Name), "volume", volume, "err", err.Error())
-	c.recorder.Eventf(&claim, v1.EventTypeWarning, ReasonRecordNotKept,
-		"The API server refused the event that records volume %s before its creation (%s): provisioning goes on without it", volume, reason)
 }
-
-// ReasonRecordNotKept is the event about a claim whose provisioning record the API server
-// refused.
-const ReasonRecordNotKept = "ProvisioningRecordNotKept"
