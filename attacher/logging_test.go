@@ -1,11 +1,9 @@
 package attacher
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,7 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/logtest"
 )
 
 // Each CSI call is logged once, by csi-lib-utils' interceptor on the driver connection, as
@@ -46,8 +45,7 @@ func TestPublishIsLoggedOnceWithTheRequestWhole(t *testing.T) {
 			}
 			t.Cleanup(func() { conn.Close() })
 			f.ctrl.csi = csi.NewControllerClient(conn)
-			var out syncBuffer
-			logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v), textlogger.Output(&out)))
+			logger, out := logtest.Logger(v)
 			f.ctrl.ops = klog.NewContext(f.ctrl.ops, logger)
 
 			if err := f.sync("va"); err != nil {
@@ -82,22 +80,4 @@ func TestPublishIsLoggedOnceWithTheRequestWhole(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a logger may write from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,13 +1,11 @@
 package snapshotter
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/logtest"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -50,8 +49,7 @@ func TestCreateSnapshotIsLoggedOnceWithTheRequestWhole(t *testing.T) {
 			env := &lifecycle.Env{CSI: conn, DriverName: testDriver,
 				ControllerCapabilities: rpc.ControllerCapabilitySet{csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS: true}}
 			w.ctrl.driver = driverFor(env, options{timeout: time.Minute})
-			var out syncBuffer
-			logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Verbosity(v), textlogger.Output(&out)))
+			logger, out := logtest.Logger(v)
 			ctx := klog.NewContext(context.Background(), logger)
 
 			if err := w.ctrl.step(ctx, ctx, "c1", w.ctrl.sync); err != nil {
@@ -158,22 +156,4 @@ func withLongParameter(t *testing.T, w *world, value string) {
 	if err != nil {
 		t.Fatalf("the class's new parameter never reached the cache: %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that a logger may write from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -4,5 +4,5 @@
 // snapshotcontroller), the end-to-end harness that runs replicas as processes (e2e), a
 // sidecar made for lifecycle tests (testsidecar), upstream's releases built for comparison
 // (upstream), the API server's audit log (audit), and helpers of unit tests (cachetest,
-// draintest).
+// draintest, logtest).
 package testkit

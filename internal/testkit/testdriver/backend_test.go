@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/logtest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -150,7 +151,7 @@ func TestLatencyChangesAtRunTime(t *testing.T) {
 
 func TestJournal(t *testing.T) {
 	ctx := testCtx(t)
-	var buf syncBuffer
+	var buf logtest.Buffer
 	d := startDriver(t, testdriver.Config{Latency: fastLatency, JournalWriter: &buf}, 2)
 
 	id := mustCreate(ctx, t, d.ctrl(0), "pvc-1")
@@ -378,23 +379,4 @@ func TestStopMakesSocketUnreachable(t *testing.T) {
 	if _, err := d.ident(0).Probe(ctx, &csi.ProbeRequest{}, waitForReady()); err != nil {
 		t.Errorf("Probe after restart: %v", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the backend's writes and the test's
-// reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/logtest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -285,7 +286,7 @@ func TestSnapshotReadyAfterTime(t *testing.T) {
 
 func TestSnapshotSecretKeysAreJournaled(t *testing.T) {
 	ctx := testCtx(t)
-	var buf syncBuffer
+	var buf logtest.Buffer
 	d := startDriver(t, testdriver.Config{Latency: fastLatency, ControllerCapabilities: snapshotCaps(), JournalWriter: &buf}, 1)
 	c := d.ctrl(0)
 	vol := mustCreate(ctx, t, c, "pvc-1")
