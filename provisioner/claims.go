@@ -206,11 +206,14 @@ func (c *claimController) recordPlan(ctx context.Context, uid string, p *plan, e
 	if p.source.Kind != request.SourceNone {
 		rec.Source = p.source.Key()
 	}
-	if existing != nil && existing.SameAs(rec) && !c.records.Aging(uid) {
+	switch {
+	case existing != nil && existing.SameAs(rec) && !c.records.Aging(uid):
 		p.rec = existing
 		return nil
-	}
-	if existing != nil && !c.absent.is(uid, existing.Volume) {
+	case existing != nil && existing.SameAs(rec):
+		// The same request, its event about to expire or gone (a lost record): written
+		// again below, never undone.
+	case existing != nil && !c.absent.is(uid, existing.Volume):
 		if err := c.undoer.undo(ctx, uid, p.claim, nil, existing, "the claim asks for its volume differently now"); err != nil {
 			return err
 		}

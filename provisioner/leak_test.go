@@ -271,9 +271,12 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 		wantEvent   string
 		// legacy: the record is on the claim, as earlier versions kept it.
 		legacy bool
+		// aged: its event is older than record.RefreshAfter, soon to expire.
+		aged bool
 	}{
 		{name: "still wanted: finished", made: true, want: true, wantNode: "n1", wantCreates: 1},
 		{name: "still wanted, never made: made", want: true, wantNode: "n1", wantCreates: 1},
+		{name: "still wanted, its record about to expire: written again and finished, never undone", made: true, aged: true, want: true, wantNode: "n1", wantCreates: 1},
 		{name: "deleted: its volume is deleted", made: true, gone: true, wantCreates: 1, wantDeletes: 1, wantEvent: "the claim is gone"},
 		{name: "deleted, never made: made to learn its ID and deleted", gone: true, wantCreates: 1, wantDeletes: 1, wantEvent: "volume pvc-uid-1 deleted"},
 		{name: "deleted, its StorageClass too: the recorded request and secret are used", made: true, gone: true, classGone: true, wantCreates: 1, wantDeletes: 1},
@@ -310,7 +313,12 @@ func TestANewLeaderFinishesOrUndoesWhatTheRecordsOfADeadOneSay(t *testing.T) {
 				value, _ := rec.Encode()
 				claim = record.With(claim, value)
 			} else {
-				left = append(left, deadLeaderRecord(t, claim, rec))
+				ev := deadLeaderRecord(t, claim, rec)
+				if tc.aged {
+					old := metav1.NewTime(time.Now().Add(-record.RefreshAfter - time.Minute))
+					ev.FirstTimestamp, ev.LastTimestamp = old, old
+				}
+				left = append(left, ev)
 			}
 			var made string
 			if tc.made {
