@@ -10,7 +10,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/informers"
 	storagev1informers "k8s.io/client-go/informers/storage/v1"
@@ -62,13 +61,16 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 		return nil, fmt.Errorf("claim cache: %w", err)
 	}
 	c.ownClaims = own
-	c.rewrites = queue(record.RewriteQueueName)
+	rewrites := queue(record.RewriteQueueName)
 	if c.records, err = record.NewStore(record.StoreConfig{Kube: cfg.kube, Driver: cfg.driver, Source: cfg.eventSource,
-		Claims: own, StartingWork: c.startingWork, NotKept: c.recordNotKept,
-		Lost: func(uid string) { c.rewrites.Add(uid) }}); err != nil {
+		Claims: own, StartingWork: c.startingWork, NotKept: cfg.metrics.recordNotKept, Lost: rewrites.Add}); err != nil {
 		return nil, err
 	}
 	c.closer = record.NewCloser(queue(record.CloseQueueName), c.records, cfg.ops, func() context.Context { return c.intakeOr(cfg.ops) })
+	c.rewriter = record.NewRewriter(rewrites, c.records, record.RewriterConfig{Ops: cfg.ops,
+		Intake:     func() context.Context { return c.intakeOr(cfg.ops) },
+		Superseded: func(uid, volume string) bool { return c.closer.Pending(uid) || c.pvExists(volume) },
+		Rewritten:  cfg.metrics.recordRewritten})
 	if err := c.records.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: c.enqueueRecorded}); err != nil {
 		return nil, err
 	}
@@ -105,7 +107,7 @@ func newController(cfg config, factory informers.SharedInformerFactory) (*claimC
 	}
 
 	if cfg.grantClient != nil {
-		if c.access.grants, err = refgrant.New(cfg.grantClient, lifecycle.TrimForCache, c.grantChanged); err != nil {
+		if c.access.grants, err = refgrant.New(cfg.grantClient, lifecycle.TrimForCache, wakeOnGrant(c.claims, c.enqueueClaim)); err != nil {
 			return nil, err
 		}
 	}
@@ -144,7 +146,7 @@ func (c *claimController) run(intake context.Context) {
 	grantsAnswered := func() bool { return c.access.grants == nil || c.access.grants.Answered() }
 	if !cache.WaitForCacheSync(intake.Done(), c.records.HasSynced, c.sources.HasSynced, grantsAnswered) {
 		c.claimQueue.ShutDown()
-		c.rewrites.ShutDown()
+		c.rewriter.Queue().ShutDown()
 		c.deleter.Queue().ShutDown()
 		c.sources.Queue().ShutDown()
 		c.closer.Queue().ShutDown()
@@ -158,47 +160,8 @@ func (c *claimController) run(intake context.Context) {
 		lifecycle.RunWorkers(intake, c.sources.Queue(), int(c.opts.cloningProtectionThreads), c.sources.Sync)
 	})
 	wg.Go(func() { lifecycle.RunWorkers(intake, c.closer.Queue(), 1, c.closer.Sync) })
-	wg.Go(func() { lifecycle.RunWorkers(intake, c.rewrites, 1, c.rewriteRecord) })
+	wg.Go(func() { lifecycle.RunWorkers(intake, c.rewriter.Queue(), 1, c.rewriter.Sync) })
 	wg.Go(func() { c.sources.Sweep(intake, c.opts.snapshotOrphanSweepInterval) })
 	wg.Wait()
 	logger.Info("Provisioning stopped")
-}
-
-// rewriteRecord writes again the record of a claim that no event keeps: refused by the API
-// server, or whose events all disappeared while it was open (an --event-ttl shorter than
-// the provisioning, events deleted by hand). A record whose volume has its PersistentVolume
-// now needs no event.
-func (c *claimController) rewriteRecord(uid string) error {
-	volume, ok := c.records.LostVolume(uid)
-	if !ok {
-		return nil
-	}
-	if c.closer.Pending(uid) || c.pvExists(volume) {
-		c.records.Forget(uid)
-		return nil
-	}
-	// At the lowest priority of the budget: a record written again protects a call that may
-	// be in the driver, but must never delay the PersistentVolumes that end such calls
-	// (under a rate limit most records are superseded before a retry gets through).
-	ctx, cancel := lifecycle.Deferrable(c.ops, c.intakeOr(c.ops))
-	defer cancel()
-	if err := lifecycle.IfNotStarted(ctx, c.records.Rewrite(ctx, uid)); err != nil {
-		if lifecycle.NotStarted(err) {
-			return nil
-		}
-		return fmt.Errorf("writing again the provisioning record of volume %s: %w", volume, err)
-	}
-	c.metrics.recordRewritten()
-	klog.Background().V(2).Info("Provisioning record written again: its events had disappeared", "claimUID", uid, "volume", volume)
-	return nil
-}
-
-// recordNotKept reports a provisioning record the API server refused: the provisioning
-// goes on without it, as upstream's does, unprotected against a crash until a retry keeps
-// it (P17). A metric and a log line, no event: where events are refused (a rate limit),
-// one more event per claim would only take the budget from the PersistentVolumes.
-func (c *claimController) recordNotKept(claim v1.ObjectReference, volume string, err error) {
-	c.metrics.recordNotKept(string(apierrors.ReasonForError(err)))
-	klog.Background().Info("Warning: provisioning without a durable record, a crash before its PersistentVolume is saved may leak the volume",
-		"claim", klog.KRef(claim.Namespace, claim.Name), "volume", volume, "err", err.Error())
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/csi-sidecars/csi-sidecars/provisioner/refgrant"
@@ -63,18 +64,21 @@ func grantTarget(ref request.SourceRef) refgrant.Target {
 	return t
 }
 
-// grantChanged queues, at once, the claims of other namespaces whose data source is in
-// namespace: a grant there appeared, changed or went, so a claim that waited for one
-// need not wait for its backoff (and one no longer allowed is not provisioned).
-func (c *claimController) grantChanged(namespace string) {
-	objs, err := c.claims.ByIndex(claimSourceNamespaceIndex, namespace)
-	if err != nil {
-		klog.Background().Error(err, "Cannot find the claims a ReferenceGrant concerns", "namespace", namespace)
-		return
-	}
-	for _, obj := range objs {
-		if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && claim.Namespace != namespace {
-			c.enqueueClaim(claim)
+// wakeOnGrant is what a ReferenceGrant's change in a namespace does: it queues, through
+// enqueue and at once, the claims of other namespaces whose data source is there (found
+// in claims by claimSourceNamespaceIndex), so that a grant that appears is acted on
+// without waiting out their backoff.
+func wakeOnGrant(claims cache.Indexer, enqueue func(obj any)) func(namespace string) {
+	return func(namespace string) {
+		objs, err := claims.ByIndex(claimSourceNamespaceIndex, namespace)
+		if err != nil {
+			klog.Background().Error(err, "Cannot find the claims a ReferenceGrant concerns", "namespace", namespace)
+			return
+		}
+		for _, obj := range objs {
+			if claim, ok := obj.(*v1.PersistentVolumeClaim); ok && claim.Namespace != namespace {
+				enqueue(claim)
+			}
 		}
 	}
 }

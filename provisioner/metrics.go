@@ -3,6 +3,10 @@ package provisioner
 import (
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+
 	"k8s.io/component-base/metrics"
 )
 
@@ -65,8 +69,14 @@ func (m *controllerMetrics) deleted(class string, start time.Time, err error) {
 	m.deleteTotal.WithLabelValues(class).Inc()
 }
 
-func (m *controllerMetrics) recordNotKept(reason string) {
-	m.recordsNotKept.WithLabelValues(reason).Inc()
+// recordNotKept reports a provisioning record the API server refused: the provisioning
+// goes on without it, as upstream's does, unprotected against a crash until a retry keeps
+// it (P17). A metric and a log line, no event: where events are refused (a rate limit),
+// one more event per claim would only take the budget from the PersistentVolumes.
+func (m *controllerMetrics) recordNotKept(claim v1.ObjectReference, volume string, err error) {
+	m.recordsNotKept.WithLabelValues(string(apierrors.ReasonForError(err))).Inc()
+	klog.Background().Info("Warning: provisioning without a durable record, a crash before its PersistentVolume is saved may leak the volume",
+		"claim", klog.KRef(claim.Namespace, claim.Name), "volume", volume, "err", err.Error())
 }
 
 func (m *controllerMetrics) recordRewritten() { m.recordsRewritten.Inc() }

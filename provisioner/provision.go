@@ -43,8 +43,7 @@ type claimController struct {
 	volumes corelisters.PersistentVolumeLister
 
 	claimQueue *lifecycle.Queue[string]
-	// rewrites holds the claims whose open record's events disappeared, to write again.
-	rewrites *lifecycle.Queue[string]
+
 	// planner makes each claim's plan.
 	planner *planner
 	// undoer deletes the volumes that claims no longer want and closes their records.
@@ -55,6 +54,8 @@ type claimController struct {
 	sources *sources.Guard
 	// closer writes the events that close records, off the provisioning's path.
 	closer *record.Closer
+	// rewriter writes again the records no event keeps, off the provisioning's path.
+	rewriter *record.Rewriter
 	// records keeps the provisioning records (events on the claims).
 	records *record.Store
 	// access says which claims may use a data source of another namespace.

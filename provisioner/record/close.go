@@ -111,7 +111,7 @@ func (q *Closer) Sync(uid string) error {
 		// dropped too. The PersistentVolume supersedes the record; a leader that finds its
 		// opening event still open closes it then.
 		klog.Background().V(2).Info("The event that closes a provisioning record was refused, leaving it to the PersistentVolume", "claimUID", uid, "err", err.Error())
-		q.records.Forget(uid)
+		q.records.lost.drop(uid)
 		done()
 		return nil
 	case err != nil:

@@ -31,7 +31,7 @@ func storeOfBatches(tb testing.TB, events, perEvent int) (*Store, []string) {
 			carried = append(carried, Carried{Claim: ClaimReference(c), Record: value})
 			uids = append(uids, string(c.UID))
 		}
-		ev := s.openingEvent(carried[0].Claim, carried[0].Record)
+		ev := s.writer.openingEvent(carried[0].Claim, carried[0].Record)
 		ev.Name, ev.UID, ev.ResourceVersion = fmt.Sprintf("ev-%d", e), types.UID(fmt.Sprintf("ev-uid-%d", e)), "1"
 		also, _ := json.Marshal(carried[1:])
 		ev.Annotations[AnnAlso] = string(also)

@@ -65,14 +65,14 @@ func TestARefusedRecordIsReportedAndTheProvisioningGoesOn(t *testing.T) {
 			if r, err := s.Open(recordUID); r == nil || err != nil || r.Record.Volume != rec.Volume {
 				t.Fatalf("the refused record is not open in memory: %+v, %v", r, err)
 			}
-			if err := s.Rewrite(context.Background(), recordUID); !Refused(err) {
+			if err := s.lost.rewrite(context.Background(), recordUID); !Refused(err) {
 				t.Errorf("a retry the server refuses again: %v, want its refusal for the queue's backoff", err)
 			}
 			if len(reported.volumes) != 1 {
 				t.Errorf("the refusal reported %d times, want once", len(reported.volumes))
 			}
 			accepting.Store(true)
-			if err := s.Rewrite(context.Background(), recordUID); err != nil {
+			if err := s.lost.rewrite(context.Background(), recordUID); err != nil {
 				t.Fatal(err)
 			}
 			if events, _ := s.own.ByIndex(recordClaimIndex, recordUID); len(events) != 1 {
@@ -155,7 +155,7 @@ func TestAnOpenRecordWhoseEventDisappearsIsNoticedAndWrittenAgain(t *testing.T) 
 	if !s.Aging(recordUID) {
 		t.Error("a lost record does not count as aging: a retry of its CreateVolume would not write it again")
 	}
-	if err := s.Rewrite(ctx, recordUID); err != nil {
+	if err := s.lost.rewrite(ctx, recordUID); err != nil {
 		t.Fatal(err)
 	}
 	cached(2)

@@ -177,7 +177,7 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
-	s := &Store{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	s := &eventWriter{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
 	opening := func(r *Record) *v1.Event {
 		ev := s.event(ClaimReference(claim), v1.EventTypeNormal, ReasonProvisioning, "")
 		value, _ := r.Encode()
@@ -237,7 +237,7 @@ func TestARecordIsOpenUntilAnEventClosesIt(t *testing.T) {
 // namespace is no record.
 func TestAnEventCarriesTheRecordsOfABatchEachClosedOnItsOwn(t *testing.T) {
 	at := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
-	s := &Store{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
+	s := &eventWriter{driverLabel: DriverLabel(drv), now: func() time.Time { at = at.Add(time.Second); return at }}
 	first, member := claimFor("a", "uid-a", "fast"), claimFor("data", recordUID, "fast")
 	stranger := claimFor("b", "uid-b", "fast")
 	stranger.Namespace = "elsewhere"
@@ -310,7 +310,7 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 			errs <- err
 			return
 		}
-		errs <- s.write(context.Background(), c, rec)
+		errs <- s.writer.writeRecord(context.Background(), c, rec)
 	}
 	go write(claims[0])
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
@@ -322,9 +322,9 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 		go write(c)
 	}
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		s.batches.mu.Lock()
-		defer s.batches.mu.Unlock()
-		return len(s.batches.waiting["ns"]) == 3, nil
+		s.writer.batches.mu.Lock()
+		defer s.writer.batches.mu.Unlock()
+		return len(s.writer.batches.waiting["ns"]) == 3, nil
 	}); err != nil {
 		t.Fatal("the other records did not wait for the first event")
 	}
@@ -350,11 +350,11 @@ func TestRecordsWrittenTogetherShareOneEvent(t *testing.T) {
 	}
 	// The flush ends once it finds nothing more to write (after it answered the last).
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		s.batches.mu.Lock()
-		defer s.batches.mu.Unlock()
-		return len(s.batches.flushing) == 0 && len(s.batches.waiting) == 0, nil
+		s.writer.batches.mu.Lock()
+		defer s.writer.batches.mu.Unlock()
+		return len(s.writer.batches.flushing) == 0 && len(s.writer.batches.waiting) == 0, nil
 	}); err != nil {
-		t.Errorf("batches left: flushing %v, waiting %v", s.batches.flushing, s.batches.waiting)
+		t.Errorf("batches left: flushing %v, waiting %v", s.writer.batches.flushing, s.writer.batches.waiting)
 	}
 }
 
@@ -369,11 +369,11 @@ func TestARecordBatchLingersOneTokenOfTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.linger != 200*time.Millisecond {
-		t.Errorf("linger %v at QPS 5, want 200ms", s.linger)
+	if s.writer.linger != 200*time.Millisecond {
+		t.Errorf("linger %v at QPS 5, want 200ms", s.writer.linger)
 	}
-	if s, _ := NewStore(StoreConfig{Kube: fake.NewClientset(), Driver: drv}); s.linger != 0 {
-		t.Errorf("linger %v without a rate limiter, want none", s.linger)
+	if s, _ := NewStore(StoreConfig{Kube: fake.NewClientset(), Driver: drv}); s.writer.linger != 0 {
+		t.Errorf("linger %v without a rate limiter, want none", s.writer.linger)
 	}
 }
 
@@ -398,7 +398,7 @@ func TestAnOpenRecordHoldsASourceOfAnotherNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.Source = "snapshot/src/snap"
-	if err := s.write(context.Background(), restore, rec); err != nil {
+	if err := s.writer.writeRecord(context.Background(), restore, rec); err != nil {
 		t.Fatal(err)
 	}
 	if who, err := s.UsesSource("snapshot/src/snap"); err != nil || who != "dst/restore" {

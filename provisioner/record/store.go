@@ -7,11 +7,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -58,17 +56,6 @@ const (
 	ReasonSucceeded    = "ProvisioningSucceeded"
 )
 
-// maxRecordBatch is how many records one event carries at most, and maxBatchBytes what
-// they may weigh together, counted as the API server counts annotations (keys and values):
-// three quarters of its limit on an object's annotations (256 KiB). A record is a few
-// hundred bytes, but that of an immediate-binding claim of a driver with per-node topology
-// lists every node (up to recordBudget of protobuf, more as JSON): in a cluster of 150
-// nodes 16 to 40 KiB, so such records go five to ten to an event.
-const (
-	maxRecordBatch = 32
-	maxBatchBytes  = 192 << 10
-)
-
 // RefreshAfter is how old the newest event of an open record may get before a retry of
 // its CreateVolume writes it again: well inside the API server's default event TTL (1 h).
 const RefreshAfter = 30 * time.Minute
@@ -85,28 +72,19 @@ func DriverLabel(driver string) string {
 
 // Store writes and reads the provisioning records of one driver, kept as events.
 type Store struct {
-	driverLabel string
-	source      v1.EventSource
-	kube        kubernetes.Interface
-	informer    cache.SharedIndexInformer
+	kube     kubernetes.Interface
+	informer cache.SharedIndexInformer
 	// own shows the record events this process created before the informer does.
 	own          *lifecycle.OwnWrites[*v1.Event]
 	claims       *lifecycle.OwnWrites[*v1.PersistentVolumeClaim]
 	startingWork func(context.Context) (context.Context, context.CancelFunc)
 	now          func() time.Time
-	// batches holds the records waiting for their event.
-	batches recordBatches
+	// writer writes the events that keep records.
+	writer *eventWriter
 	// decoded holds the records of the cached events, decoded.
 	decoded *decodedEvents
-	// lost holds the records whose events disappeared while open; onLost is told of each.
-	lost   lostRecords
-	onLost func(uid string)
-	// notKeptFunc is told of each record the API server refused.
-	notKeptFunc func(claim v1.ObjectReference, volume string, err error)
-	// linger is how long a flush lets records gather before it takes the next batch when
-	// more came in while it wrote (the budget is short): one token of the budget (1/QPS),
-	// in which the PersistentVolumes of the last batch are written anyway. 0 for none.
-	linger time.Duration
+	// lost holds the open records no event keeps.
+	lost *lostRecords
 }
 
 // StoreConfig is what the store needs from the provisioner.
@@ -125,21 +103,20 @@ type StoreConfig struct {
 	// provisioning goes on without it, as upstream's does (P17). err wraps ErrNotKept.
 	NotKept func(claim v1.ObjectReference, volume string, err error)
 	// Lost is told of each claim whose record's events all disappeared while it was open:
-	// the leader writes it again (Rewrite).
+	// the leader writes it again (Rewriter).
 	Lost func(uid string)
 }
 
 // NewStore makes the store of cfg.Driver's records and their informer, which Start runs.
 func NewStore(cfg StoreConfig) (*Store, error) {
 	kube := cfg.Kube
-	s := &Store{driverLabel: DriverLabel(cfg.Driver), source: cfg.Source, kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now,
-		decoded: &decodedEvents{}, notKeptFunc: cfg.NotKept, onLost: cfg.Lost}
-	selector := Label + "=" + s.driverLabel
+	s := &Store{kube: kube, claims: cfg.Claims, startingWork: cfg.StartingWork, now: time.Now, decoded: &decodedEvents{}}
+	driverLabel := DriverLabel(cfg.Driver)
 	s.informer = coreinformers.NewFilteredEventInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{
 		recordClaimIndex:     func(obj any) ([]string, error) { return s.ClaimKeys(obj), nil },
 		recordSourceIndex:    func(obj any) ([]string, error) { return s.sourceKeys(obj), nil },
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
-	}, func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	}, func(o *metav1.ListOptions) { o.LabelSelector = Label + "=" + driverLabel })
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
@@ -148,11 +125,13 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
 	s.own = own
-	if err := s.watchLoss(); err != nil {
-		return nil, fmt.Errorf("record events: %w", err)
-	}
+	s.writer = &eventWriter{driverLabel: driverLabel, source: cfg.Source, kube: kube, own: own, now: time.Now}
 	if rl := kube.CoreV1().RESTClient().GetRateLimiter(); rl != nil && rl.QPS() > 0 {
-		s.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
+		s.writer.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
+	}
+	s.lost = &lostRecords{own: own, decoded: s.decoded, writer: s.writer, notKept: cfg.NotKept, onLost: cfg.Lost}
+	if err := s.lost.watch(s.informer); err != nil {
+		return nil, fmt.Errorf("record events: %w", err)
 	}
 	return s, nil
 }
@@ -227,7 +206,7 @@ func (s *Store) Open(uid string) (*OpenRecord, error) {
 	if r, err := s.decoded.openAmong(events, uid); r != nil || err != nil {
 		return r, err
 	}
-	return s.lostOpen(uid)
+	return s.lost.open(uid)
 }
 
 // OpenAmong finds the open record of the claim of uid among the record events about it.
@@ -320,212 +299,16 @@ func (s *Store) UsesSource(key string) (string, error) {
 	return "", nil
 }
 
-// write opens (or renews) the claim's record: the "Provisioning" event, carrying it. It
-// returns once the event that carries it is written, or failed to be.
-//
-// Records are written as a group commit (recordBatches): while the event of one claim
-// waits for the client's rate limiter or the API server, the records of other claims of
-// its namespace gather, and the next event carries all of them (up to maxRecordBatch). A
-// record costs a write of its own only where the budget is not short; under a backlog one
-// write records many, and each claim's PersistentVolume comes sooner. The event is about
-// the first claim, with upstream's message; the other claims of the batch show no
-// Provisioning event of their own.
-func (s *Store) write(ctx context.Context, claim *v1.PersistentVolumeClaim, rec *Record) error {
-	value, err := rec.Encode()
-	if err != nil {
-		return err
-	}
-	return s.writeCarried(ctx, Carried{Claim: ClaimReference(claim), Record: value})
-}
-
-// writeCarried is write of an encoded record.
-func (s *Store) writeCarried(ctx context.Context, c Carried) error {
-	w := &waitingRecord{ctx: ctx, rec: c, done: make(chan error, 1), weight: weigh(c)}
-	if s.batches.add(w) {
-		go s.flush(c.Claim.Namespace)
-	}
-	return <-w.done
-}
-
-// waitingRecord is a record waiting for its event; done receives the outcome.
-type waitingRecord struct {
-	ctx  context.Context
-	rec  Carried
-	done chan error
-	// weight is what it adds to the event's annotations (weigh).
-	weight int
-}
-
-// weigh is what a record adds to an event's annotations at most: its entry in AnnAlso's
-// list, escaped, which is longer than the record alone under AnnProvisioning.
-func weigh(c Carried) int {
-	b, err := json.Marshal(c)
-	if err != nil {
-		return len(c.Record) * 2
-	}
-	return len(b) + 1
-}
-
-// recordBatches holds, per namespace, the records waiting for their event, and whether
-// a flush writes them.
-type recordBatches struct {
-	mu       sync.Mutex
-	waiting  map[string][]*waitingRecord
-	flushing map[string]bool
-}
-
-// add queues w, and tells whether the caller must start the namespace's flush.
-func (b *recordBatches) add(w *waitingRecord) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.waiting == nil {
-		b.waiting, b.flushing = map[string][]*waitingRecord{}, map[string]bool{}
-	}
-	ns := w.rec.Claim.Namespace
-	b.waiting[ns] = append(b.waiting[ns], w)
-	if b.flushing[ns] {
-		return false
-	}
-	b.flushing[ns] = true
-	return true
-}
-
-// backlog tells whether records of the namespace wait, and gives the first one's context.
-func (b *recordBatches) backlog(ns string) (context.Context, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if q := b.waiting[ns]; len(q) > 0 {
-		return q[0].ctx, true
-	}
-	return nil, false
-}
-
-// next takes the namespace's next batch; none ends the flush. A record whose context
-// ended while it waited is answered with that and left out.
-func (b *recordBatches) next(ns string) []*waitingRecord {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var batch []*waitingRecord
-	weight := len(AnnProvisioning) + len(AnnAlso)
-	rest := b.waiting[ns][:0]
-	for _, w := range b.waiting[ns] {
-		switch {
-		case w.ctx.Err() != nil:
-			w.done <- w.ctx.Err()
-		case len(batch) == 0 || len(batch) < maxRecordBatch && weight+w.weight <= maxBatchBytes:
-			batch = append(batch, w)
-			weight += w.weight
-		default:
-			rest = append(rest, w)
-		}
-	}
-	b.waiting[ns] = rest
-	if len(batch) == 0 {
-		delete(b.waiting, ns)
-		delete(b.flushing, ns)
-	}
-	return batch
-}
-
-// flush writes the namespace's waiting records, one event per batch, until none wait.
-// The event is written on the first record's context: all are the starting work of one
-// process, which ends for all at once. When records came in while it wrote, the budget is
-// short: it lingers before the next batch, and the batch is larger by what came in
-// meanwhile, at no cost in the budget.
-func (s *Store) flush(ns string) {
-	for batch := s.batches.next(ns); len(batch) > 0; batch = s.batches.next(ns) {
-		s.writeBatch(batch)
-		if ctx, more := s.batches.backlog(ns); more && s.linger > 0 {
-			t := time.NewTimer(s.linger)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
-		}
-	}
-}
-
-// writeBatch writes one batch's event and answers its records. A batch the API server
-// refuses as too large (its limit lower than maxBatchBytes assumes) is written again in
-// halves, down to a record an event.
-func (s *Store) writeBatch(batch []*waitingRecord) {
-	err := s.writeEvent(batch)
-	if len(batch) > 1 && (apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err)) {
-		klog.Background().V(2).Info("An event of provisioning records was refused, writing them in smaller events", "records", len(batch), "err", err.Error())
-		half := len(batch) / 2
-		s.writeBatch(batch[:half])
-		s.writeBatch(batch[half:])
-		return
-	}
-	for _, w := range batch {
-		w.done <- err
-	}
-}
-
-// writeEvent writes the event that carries the batch's records.
-func (s *Store) writeEvent(batch []*waitingRecord) error {
-	first := batch[0].rec
-	ev := s.openingEvent(first.Claim, first.Record)
-	var err error
-	if len(batch) > 1 {
-		also := make([]Carried, 0, len(batch)-1)
-		for _, w := range batch[1:] {
-			also = append(also, w.rec)
-		}
-		var value []byte
-		if value, err = json.Marshal(also); err == nil {
-			ev.Annotations[AnnAlso] = string(value)
-		}
-	}
-	if err != nil {
-		return err
-	}
-	return s.create(batch[0].ctx, ev)
-}
-
 // close writes the event that says how the record ended (upstream's event at that point,
 // or the undo's), closing every event that opened it. With no open record it is the event
 // alone.
 func (s *Store) close(ctx context.Context, uid string, claim v1.ObjectReference, eventType, reason, message string) error {
-	ev := s.event(claim, eventType, reason, message)
+	ev := s.writer.event(claim, eventType, reason, message)
 	ev.Labels[LabelClaim] = uid
 	if r, _ := s.Open(uid); r != nil {
 		ev.Annotations = map[string]string{AnnCloses: strings.Join(r.events, ",")}
 	}
-	return s.create(ctx, ev)
-}
-
-func (s *Store) create(ctx context.Context, ev *v1.Event) error {
-	out, err := s.kube.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("writing event %s about claim %s/%s: %w", ev.Reason, ev.Namespace, ev.InvolvedObject.Name, err)
-	}
-	s.own.Wrote(out)
-	return nil
-}
-
-// event is an event as client-go's recorder makes it (name, source, counts), labelled as
-// a record event of the claim.
-func (s *Store) event(claim v1.ObjectReference, eventType, reason, message string) *v1.Event {
-	now := metav1.NewTime(s.now())
-	return &v1.Event{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      fmt.Sprintf("%s.%x", claim.Name, now.UnixNano()),
-			Namespace: claim.Namespace,
-			Labels:    map[string]string{Label: s.driverLabel, LabelClaim: string(claim.UID)},
-		},
-		InvolvedObject:      claim,
-		Reason:              reason,
-		Message:             message,
-		Type:                eventType,
-		Source:              s.source,
-		FirstTimestamp:      now,
-		LastTimestamp:       now,
-		Count:               1,
-		ReportingController: s.source.Component,
-		ReportingInstance:   s.source.Host,
-	}
+	return s.writer.create(ctx, ev)
 }
 
 // ClaimReference is the reference to the claim an event is about.
@@ -554,7 +337,7 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 	}
 	ctx, cancel := s.startingWork(ctx)
 	defer cancel()
-	err := s.write(ctx, claim, rec)
+	err := s.writer.writeRecord(ctx, claim, rec)
 	switch {
 	case err == nil:
 		return nil
@@ -562,7 +345,7 @@ func (s *Store) Opening(ctx context.Context, claim *v1.PersistentVolumeClaim, re
 		// Upstream provisions where its events are refused; so does this, unprotected
 		// against a crash until a retry keeps the record, and says so (P17).
 		value, _ := rec.Encode()
-		s.refused(string(claim.UID), Carried{Claim: ClaimReference(claim), Record: value}, err)
+		s.lost.refused(string(claim.UID), Carried{Claim: ClaimReference(claim), Record: value}, err)
 		return nil
 	}
 	return lifecycle.IfNotStarted(ctx, fmt.Errorf("recording that volume %s may be created: %w", rec.Volume, err))
@@ -615,15 +398,7 @@ func OpeningEvent(driver string, source v1.EventSource, claim *v1.PersistentVolu
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{driverLabel: DriverLabel(driver), source: source, now: time.Now}
-	return s.openingEvent(ClaimReference(claim), value), nil
+	w := &eventWriter{driverLabel: DriverLabel(driver), source: source, now: time.Now}
+	return w.openingEvent(ClaimReference(claim), value), nil
 }
 
-// openingEvent is the event that opens the record value (encoded) of claim: upstream's
-// "Provisioning" event, carrying it.
-func (s *Store) openingEvent(claim v1.ObjectReference, value string) *v1.Event {
-	ev := s.event(claim, v1.EventTypeNormal, ReasonProvisioning,
-		fmt.Sprintf("External provisioner is provisioning volume for claim %q", claim.Namespace+"/"+claim.Name))
-	ev.Annotations = map[string]string{AnnProvisioning: value}
-	return ev
-}

@@ -75,7 +75,7 @@ func writeTogether(t *testing.T, n int, req func(uid string) *csi.CreateVolumeRe
 		c := claimFor(fmt.Sprintf("c%d", i), fmt.Sprintf("uid-%d", i), "fast")
 		rec, err := New(drv, "", nil, req(string(c.UID)))
 		if err == nil {
-			err = s.write(context.Background(), c, rec)
+			err = s.writer.writeRecord(context.Background(), c, rec)
 		}
 		errs[i] = err
 		done <- i
@@ -90,9 +90,9 @@ func writeTogether(t *testing.T, n int, req func(uid string) *csi.CreateVolumeRe
 		go write(i)
 	}
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		s.batches.mu.Lock()
-		defer s.batches.mu.Unlock()
-		return len(s.batches.waiting["ns"]) == n-1, nil
+		s.writer.batches.mu.Lock()
+		defer s.writer.batches.mu.Unlock()
+		return len(s.writer.batches.waiting["ns"]) == n-1, nil
 	}); err != nil {
 		t.Fatal("the other records did not wait for the first event")
 	}
