@@ -401,4 +401,3 @@ func OpeningEvent(driver string, source v1.EventSource, claim *v1.PersistentVolu
 	w := &eventWriter{driverLabel: DriverLabel(driver), source: source, now: time.Now}
 	return w.openingEvent(ClaimReference(claim), value), nil
 }
-
