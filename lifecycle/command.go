@@ -33,7 +33,7 @@ func WarnFlag(flag string, value any, effect string) {
 // `--controllers=attacher,resizer` runs several sidecars in one process (KEP-4958's form),
 // each sidecar's own flags then spelled with its name as prefix (--attacher-worker-threads).
 // The sidecars' feature gates join the shared --feature-gates flag.
-func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
+func NewRootCommand(name, version string, sidecars ...Hosted) *cobra.Command {
 	opts := NewOptions()
 	var controllers []string
 	root := &cobra.Command{
@@ -60,10 +60,10 @@ func NewRootCommand(name, version string, sidecars ...Sidecar) *cobra.Command {
 	}
 	opts.AddFlags(root.PersistentFlags())
 	root.Flags().StringSliceVar(&controllers, "controllers", nil, "Run these sidecars in one process, for example attacher,provisioner,resizer: one CSI connection, one HTTP server, shared informers, a Lease per sidecar. Their own flags take the sidecar's name as prefix (--attacher-worker-threads).")
-	selected := func() ([]Sidecar, error) {
-		var out []Sidecar
+	selected := func() ([]Hosted, error) {
+		var out []Hosted
 		for _, c := range controllers {
-			i := slices.IndexFunc(sidecars, func(s Sidecar) bool { return s.Name() == strings.TrimSpace(c) })
+			i := slices.IndexFunc(sidecars, func(s Hosted) bool { return s.Name() == strings.TrimSpace(c) })
 			if i < 0 {
 				return nil, fmt.Errorf("--controllers: unknown sidecar %q", c)
 			}
@@ -115,7 +115,7 @@ func noArgs(_ *cobra.Command, args []string) error {
 	return nil
 }
 
-func sidecarCommand(opts *Options, s Sidecar, version string) *cobra.Command {
+func sidecarCommand(opts *Options, s Hosted, version string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   s.Name(),
 		Short: "Run the " + s.Name() + " sidecar",
@@ -125,14 +125,14 @@ func sidecarCommand(opts *Options, s Sidecar, version string) *cobra.Command {
 			if opts.ShowVersion {
 				return nil
 			}
-			return validate(cmd, opts, []Sidecar{s})
+			return validate(cmd, opts, []Hosted{s})
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.ShowVersion {
 				fmt.Fprintln(cmd.OutOrStdout(), cmd.Root().Name(), version)
 				return nil
 			}
-			return runSidecars(cmd, opts, []Sidecar{s})
+			return runSidecars(cmd, opts, []Hosted{s})
 		},
 	}
 	s.AddFlags(cmd.Flags())
@@ -141,7 +141,7 @@ func sidecarCommand(opts *Options, s Sidecar, version string) *cobra.Command {
 
 // validate runs every check that can refuse the flags of these sidecars: the shared ones,
 // then each sidecar's own (named after it when there are several).
-func validate(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
+func validate(cmd *cobra.Command, opts *Options, sidecars []Hosted) error {
 	if err := opts.Validate(); err != nil {
 		return UsageError{err}
 	}
@@ -150,6 +150,9 @@ func validate(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
 		if err := opts.ApplyLogging(); err != nil {
 			return UsageError{err}
 		}
+	}
+	if opts.LeaderElection && !slices.ContainsFunc(sidecars, leads) {
+		WarnFlag("leader-election", true, "ignored: none of these sidecars leads, each runs on every replica")
 	}
 	for _, s := range sidecars {
 		var err error
@@ -170,7 +173,7 @@ func validate(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
 }
 
 // runSidecars runs the sidecars in this process until it should end.
-func runSidecars(cmd *cobra.Command, opts *Options, sidecars []Sidecar) error {
+func runSidecars(cmd *cobra.Command, opts *Options, sidecars []Hosted) error {
 	ctx := klog.NewContext(cmd.Context(), klog.Background())
 	if opts.Automaxprocs {
 		if _, err := maxprocs.Set(maxprocs.Logger(klog.Infof)); err != nil {
@@ -267,4 +270,10 @@ func NormalizeArgs(args []string) []string {
 // It runs with FlagValidator, before anything connects.
 type SharedFlagValidator interface {
 	ValidateSharedFlags(shared *Options) error
+}
+
+// leads tells whether s is a sidecar that leads (with a Lease under --leader-election).
+func leads(s Hosted) bool {
+	_, ok := s.(Sidecar)
+	return ok
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,13 +74,65 @@ func (h *health) leaderElection(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "ok")
 }
 
-// serveHTTP starts the diagnostics server on addr and returns a function that stops it.
-// gatherers are served on metricsPath: the core's registry, client-go's process-wide one
-// (workqueue, leader election, Go runtime and process metrics) and the CSI call metrics.
-func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, gatherers prometheus.Gatherer, h *health) (func(), error) {
+// diagnostics is the diagnostics server's mux, with the /healthz that Servers may extend
+// (ServerEnv.AddHealthCheck) or replace (ServerEnv.HandleDiagnostics).
+type diagnostics struct {
+	mux *http.ServeMux
+
+	mu      sync.Mutex
+	healthz http.Handler // a Server's, in place of the checks; nil: the checks
+	checks  []healthCheck
+}
+
+type healthCheck struct {
+	name  string
+	check func(r *http.Request) error
+}
+
+func (d *diagnostics) handle(pattern string, h http.Handler) {
+	if pattern == "/healthz" {
+		d.mu.Lock()
+		d.healthz = h
+		d.mu.Unlock()
+		return
+	}
+	d.mux.Handle(pattern, h)
+}
+
+func (d *diagnostics) addCheck(name string, check func(r *http.Request) error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checks = append(d.checks, healthCheck{name, check})
+}
+
+// serveHealthz answers ok while every check passes: the process serves HTTP, and what its
+// Servers check of themselves holds.
+func (d *diagnostics) serveHealthz(w http.ResponseWriter, r *http.Request) {
+	d.mu.Lock()
+	h, checks := d.healthz, slices.Clone(d.checks)
+	d.mu.Unlock()
+	if h != nil {
+		h.ServeHTTP(w, r)
+		return
+	}
+	for _, c := range checks {
+		if err := c.check(r); err != nil {
+			http.Error(w, fmt.Sprintf("%s: %v", c.name, err), http.StatusInternalServerError)
+			return
+		}
+	}
+	fmt.Fprint(w, "ok")
+}
+
+// serveHTTP starts the diagnostics server on addr and returns its mux and a function that
+// stops it. gatherers are served on metricsPath: the core's registry, client-go's
+// process-wide one (workqueue, leader election, Go runtime and process metrics) and the CSI
+// call metrics.
+func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, gatherers prometheus.Gatherer, h *health) (*diagnostics, func(), error) {
 	mux := http.NewServeMux()
+	d := &diagnostics{mux: mux}
 	mux.Handle(metricsPath, metrics.HandlerFor(gatherers, metrics.HandlerOpts{ErrorHandling: metrics.ContinueOnError}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") })
+	mux.HandleFunc("/healthz", d.serveHealthz)
 	mux.HandleFunc("/healthz/leader-election", h.leaderElection)
 	mux.HandleFunc("/readyz", h.readyz)
 	if pprofOn {
@@ -92,7 +145,7 @@ func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, gath
 
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listening on --http-endpoint %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("listening on --http-endpoint %s: %w", addr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -101,5 +154,5 @@ func serveHTTP(ctx context.Context, addr, metricsPath string, pprofOn bool, gath
 		}
 	}()
 	klog.FromContext(ctx).Info("Serving diagnostics", "address", l.Addr().String(), "metricsPath", metricsPath)
-	return func() { _ = srv.Close() }, nil
+	return d, func() { _ = srv.Close() }, nil
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	k8smetrics "k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
+	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
 )
 
@@ -43,7 +44,7 @@ const informerResync = 10 * time.Minute
 // Run hosts the sidecars until the process should end and returns its exit code. It owns
 // the process's one signal handler: the first SIGTERM/SIGINT starts the drain, the second
 // exits at once with ExitError (P5). opts must have been validated.
-func Run(ctx context.Context, opts *Options, sidecars ...Sidecar) int {
+func Run(ctx context.Context, opts *Options, sidecars ...Hosted) int {
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
@@ -53,7 +54,7 @@ func Run(ctx context.Context, opts *Options, sidecars ...Sidecar) int {
 // RunWithSignals is Run with the signals and the immediate exit supplied by the caller, for
 // a process that owns its signal handling (and for tests that host sidecars in-process):
 // the first value on signals starts the drain, the second calls exitNow(ExitError).
-func RunWithSignals(ctx context.Context, opts *Options, signals <-chan os.Signal, exitNow func(code int), sidecars ...Sidecar) int {
+func RunWithSignals(ctx context.Context, opts *Options, signals <-chan os.Signal, exitNow func(code int), sidecars ...Hosted) int {
 	p := &process{opts: opts, signals: signals, exitNow: exitNow}
 	return p.run(ctx, sidecars)
 }
@@ -98,8 +99,9 @@ func (p *process) stop(ctx context.Context, reason string) {
 	})
 }
 
-func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
+func (p *process) run(ctx context.Context, hosted []Hosted) int {
 	logger := klog.FromContext(ctx)
+	leaders, servers := splitHosted(hosted)
 	p.intake, p.stopIntake = context.WithCancel(context.WithoutCancel(ctx))
 	p.drainExpired, p.expireDrain = context.WithCancel(context.WithoutCancel(ctx))
 	// lifetime ends when run returns: the signal watcher and the driver connection watch
@@ -120,15 +122,51 @@ func (p *process) run(ctx context.Context, sidecars []Sidecar) int {
 		return nil, nil
 	})}
 	go p.watchSignals(lifetime)
+	var diag *diagnostics
 	if addr := p.httpAddress(); addr != "" {
-		stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, p.opts.EnablePprof, gatherers, p.health)
+		d, stop, err := serveHTTP(ctx, addr, p.opts.MetricsPath, p.opts.EnablePprof, gatherers, p.health)
 		if err != nil {
 			logger.Error(err, "Cannot start the HTTP server")
 			return ExitError
 		}
 		defer stop()
+		diag = d
 	}
 
+	// Servers start at once, whatever the API server and the leaders' connection do: the
+	// kubelet's probe of the driver and its registration need neither.
+	recordCSI := func() metrics.CSIMetricsManager {
+		if mm := csiMetrics.Load(); mm != nil {
+			return *mm
+		}
+		return nil
+	}
+	onDriverName := func(name string) {
+		// With leaders, their connection's manager records every CSI call of the process.
+		if len(leaders) == 0 {
+			mm := newCSIMetrics(name)
+			csiMetrics.CompareAndSwap(nil, &mm)
+		}
+	}
+	running := p.startServers(ctx, servers, len(hosted) == 1, diag, recordCSI, onDriverName)
+	code := ExitOK
+	if len(leaders) > 0 {
+		code = p.runLeaders(ctx, lifetime, leaders, &csiMetrics)
+		// Leaders that ended, or could not start, end the process: its Servers drain too.
+		p.stop(ctx, "the leading sidecars ended")
+	} else {
+		p.health.setNotReady("")
+	}
+	return max(code, running.wait())
+}
+
+// runLeaders hosts the leading sidecars until they end and returns their worst exit code.
+// The driver connection's call metrics are stored in csiMetrics once it is made.
+func (p *process) runLeaders(ctx, lifetime context.Context, sidecars []Sidecar, csiMetrics *atomic.Pointer[metrics.CSIMetricsManager]) int {
+	logger := klog.FromContext(ctx)
+	// What watches the leaders' connection ends when they do.
+	lifetime, endLifetime := context.WithCancel(lifetime)
+	defer endLifetime()
 	cfg, err := p.opts.restConfig()
 	if err != nil {
 		logger.Error(err, "Cannot build the Kubernetes client configuration")
@@ -398,4 +436,29 @@ func probeTimeout(sidecars []Sidecar) time.Duration {
 		return defaultProbeTimeout
 	}
 	return longest
+}
+
+// splitHosted sorts the hosted sidecars into those that lead and those that serve.
+func splitHosted(hosted []Hosted) (leaders []Sidecar, servers []Server) {
+	for _, h := range hosted {
+		switch s := h.(type) {
+		case Sidecar:
+			leaders = append(leaders, s)
+		case Server:
+			servers = append(servers, s)
+		default:
+			// A programming error: every hosted sidecar is one kind or the other.
+			panic(fmt.Sprintf("sidecar %s neither leads (Sidecar) nor serves (Server)", h.Name()))
+		}
+	}
+	return leaders, servers
+}
+
+// newCSIMetrics is the CSI call metrics of a driver, with upstream's "migrated" label for a
+// driver that replaced an in-tree plugin.
+func newCSIMetrics(driver string) metrics.CSIMetricsManager {
+	if csitrans.New().IsMigratedCSIDriverByName(driver) {
+		return metrics.NewCSIMetricsManagerWithOptions(driver, metrics.WithMigration())
+	}
+	return metrics.NewCSIMetricsManagerWithOptions(driver)
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
-	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -17,12 +16,10 @@ import (
 	"k8s.io/component-base/featuregate"
 )
 
-// Sidecar is one controller the core hosts.
+// Sidecar is one controller the core hosts: it works on API objects while this replica
+// holds its Lease (or always, without leader election).
 type Sidecar interface {
-	// Name is the sidecar's subcommand, for example "attacher".
-	Name() string
-	// AddFlags registers the sidecar's own flags, with upstream names and defaults.
-	AddFlags(fs *pflag.FlagSet)
+	Hosted
 	// LeaseName is the upstream-compatible Lease name for a driver (before sanitising).
 	LeaseName(driver string) string
 	// Setup runs on every replica once the driver is probed: it builds listers, queues and

@@ -12,8 +12,8 @@ import (
 )
 
 // All returns a new instance of every sidecar, in the order of the subcommands.
-func All() []lifecycle.Sidecar {
-	return []lifecycle.Sidecar{
+func All() []lifecycle.Hosted {
+	return []lifecycle.Hosted{
 		attacher.New(),
 		resizer.New(),
 		provisioner.New(),
@@ -22,7 +22,7 @@ func All() []lifecycle.Sidecar {
 }
 
 // Named returns a new instance of the sidecar called name, nil for none.
-func Named(name string) lifecycle.Sidecar {
+func Named(name string) lifecycle.Hosted {
 	for _, s := range All() {
 		if s.Name() == name {
 			return s

@@ -44,7 +44,7 @@ func startInProcess(t *testing.T, latency time.Duration) *inProcess {
 	t.Cleanup(srv.Stop)
 	p := &inProcess{Scenario: s, namespaces: map[string]string{"one": s.Namespace + "-one", "two": s.Namespace + "-two"},
 		leases: map[string]string{}, signals: make(chan os.Signal, 2), exited: make(chan int, 1)}
-	var sidecars []lifecycle.Sidecar
+	var sidecars []lifecycle.Hosted
 	for name, ns := range p.namespaces {
 		if _, err := s.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

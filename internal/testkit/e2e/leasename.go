@@ -10,9 +10,9 @@ import (
 // LeaseName is the Lease the sidecar of driver leads on, as the sidecar names it and the
 // core sanitises it (upstream's names): the one place tests learn it.
 func LeaseName(sidecar, driver string) string {
-	s := sidecars.Named(sidecar)
-	if s == nil {
-		panic(fmt.Sprintf("no sidecar %q", sidecar))
+	s, ok := sidecars.Named(sidecar).(lifecycle.Sidecar)
+	if !ok {
+		panic(fmt.Sprintf("no sidecar %q that leads", sidecar))
 	}
 	return lifecycle.SanitizeName(s.LeaseName(driver))
 }
