@@ -33,7 +33,7 @@ func newProbingServer(name string) *probingServer {
 	return &probingServer{name: name, calls: make(chan struct{}), started: make(chan struct{}, 10), results: make(chan error, 10)}
 }
 
-func (s *probingServer) Name() string             { return s.name }
+func (s *probingServer) Name() string              { return s.name }
 func (s *probingServer) AddFlags(_ *pflag.FlagSet) {}
 
 func (s *probingServer) Serve(intake context.Context, env *ServerEnv) error {
