@@ -207,6 +207,9 @@ func (p *process) serve(ctx context.Context, srv Server, env *ServerEnv) int {
 	select {
 	case err := <-done:
 		switch {
+		case errors.Is(err, ErrNothingToServe):
+			logger.Info("Sidecar has nothing to serve")
+			return ExitOK
 		case p.intake.Err() == nil:
 			if err == nil {
 				err = errReturnedEarly

@@ -27,6 +27,8 @@ type probingServer struct {
 	results chan error
 	// returnEarly makes Serve return as soon as the driver told its name.
 	returnEarly bool
+	// nothingToServe makes Serve return ErrNothingToServe at once.
+	nothingToServe bool
 }
 
 func newProbingServer(name string) *probingServer {
@@ -37,6 +39,9 @@ func (s *probingServer) Name() string              { return s.name }
 func (s *probingServer) AddFlags(_ *pflag.FlagSet) {}
 
 func (s *probingServer) Serve(intake context.Context, env *ServerEnv) error {
+	if s.nothingToServe {
+		return ErrNothingToServe
+	}
 	if _, err := env.DriverName(intake); err != nil {
 		return nil // stopped before the driver answered
 	}
@@ -171,6 +176,22 @@ func TestAServerThatEndsOnItsOwnStopsTheProcessNonZero(t *testing.T) {
 	p := startServerProcess(t, time.Minute, quitter, other)
 	if code := p.exitCode(t); code != ExitError {
 		t.Errorf("exit code %d, want %d", code, ExitError)
+	}
+}
+
+// A Server whose flags ask for nothing (upstream's one-shot modes) exits 0 at once, without
+// waiting for a driver that may not be there.
+func TestAServerWithNothingToServeExits0(t *testing.T) {
+	srv := newProbingServer("oneshot")
+	srv.nothingToServe = true
+	opts := NewOptions()
+	opts.Getenv = func(string) string { return "" }
+	opts.CSIAddress = filepath.Join(t.TempDir(), "nobody.sock")
+	if err := opts.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if code := RunWithSignals(t.Context(), opts, nil, func(int) { t.Error("exited at once") }, srv); code != ExitOK {
+		t.Errorf("exit code %d, want %d", code, ExitOK)
 	}
 }
 

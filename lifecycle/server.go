@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/spf13/pflag"
@@ -27,13 +28,19 @@ type Hosted interface {
 // the Server was doing (a call it answers, the CSI call behind it) finishes on Ops(), which
 // only --drain-timeout cancels; the second signal exits at once. A Server that returns nil
 // after intake ended exits 0. One that returns while intake is open, or returns an error,
-// ends the process with ExitError, as its upstream sidecar exits 1 (the others drain).
+// ends the process with ExitError, as its upstream sidecar exits 1 (the others drain),
+// unless the error is ErrNothingToServe.
 type Server interface {
 	Hosted
 	// Serve runs from start-up until intake ends, then returns once what it was doing has
 	// ended. It may start answering before the driver does: env.CSI waits for the driver.
 	Serve(intake context.Context, env *ServerEnv) error
 }
+
+// ErrNothingToServe is what Serve returns when its flags ask for no service at all (an
+// upstream one-shot mode kept for old manifests): the process then exits 0 at once, the
+// other sidecars draining first.
+var ErrNothingToServe = errors.New("nothing to serve")
 
 // ServerEnv is what the core hands a Server.
 type ServerEnv struct {
