@@ -7,6 +7,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/attacher"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
+	"github.com/csi-sidecars/csi-sidecars/registrar"
 	"github.com/csi-sidecars/csi-sidecars/resizer"
 	"github.com/csi-sidecars/csi-sidecars/snapshotter"
 )
@@ -18,7 +19,16 @@ func All() []lifecycle.Hosted {
 		resizer.New(),
 		provisioner.New(),
 		snapshotter.New(),
+		registrar.New(),
 	}
+}
+
+// Dir is the folder of the sidecar's package tree, from the module's root.
+func Dir(name string) string {
+	if name == registrar.Name {
+		return "registrar"
+	}
+	return name
 }
 
 // Named returns a new instance of the sidecar called name, nil for none.

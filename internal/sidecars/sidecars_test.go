@@ -20,7 +20,7 @@ func TestNoSidecarHandlesSignalsLeasesOrExit(t *testing.T) {
 	forbiddenImports := []string{"os/signal", "k8s.io/client-go/tools/leaderelection", "k8s.io/client-go/tools/leaderelection/resourcelock"}
 	forbiddenCalls := map[string][]string{"os": {"Exit"}, "klog": {"Fatal", "Fatalf", "Fatalln", "Exit", "Exitf", "FlushAndExit"}}
 	for _, s := range All() {
-		dir := filepath.Join("..", "..", s.Name())
+		dir := filepath.Join("..", "..", Dir(s.Name()))
 		files := 0
 		err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
