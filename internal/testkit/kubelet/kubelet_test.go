@@ -44,6 +44,7 @@ func waitCSINode(ctx context.Context, t *testing.T, client kubernetes.Interface,
 }
 
 func TestNodeBecomesReadyWithItsCSINode(t *testing.T) {
+	t.Parallel()
 	cp := kube.Get(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()

@@ -175,6 +175,7 @@ func driverIn(n *storagev1.CSINode, driver string) *storagev1.CSINodeDriver {
 }
 
 func TestRegistrationSocketRegistersTheDriverInCSINode(t *testing.T) {
+	t.Parallel()
 	cp := kube.Get(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -219,6 +220,7 @@ func TestRegistrationSocketRegistersTheDriverInCSINode(t *testing.T) {
 }
 
 func TestRestartedKubeletRegistersTheDriverAgain(t *testing.T) {
+	t.Parallel()
 	cp := kube.Get(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -280,4 +282,29 @@ func describe(calls []regCall, since time.Time) string {
 		out += fmt.Sprintf(" %s@%s", c.method, c.at.Sub(since).Round(time.Millisecond))
 	}
 	return out
+}
+
+func TestUnreachableDriverIsReportedAsNotRegistered(t *testing.T) {
+	t.Parallel()
+	cp := kube.Get(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	k := Start(ctx, t, cp, Options{})
+	client := kubernetes.NewForConfigOrDie(cp.Config())
+	const driver = "absent.test.csi.sidecars.io"
+	// No driver serves this endpoint: the kubelet cannot ask NodeGetInfo.
+	reg := serveRegistration(t, k.RegistrationDir(), driver, filepath.Join(k.PluginsDir(), driver, "csi.sock"))
+	calls, err := reg.waitNotified(ctx, 1)
+	if err != nil {
+		t.Fatalf("%v; calls: %+v", err, calls)
+	}
+	st := calls[len(calls)-1].status
+	if st.GetPluginRegistered() || st.GetError() == "" {
+		t.Errorf("NotifyRegistrationStatus(%+v), want not registered with an error", st)
+	}
+	t.Logf("kubelet reported: %s", st.GetError())
+	csiNode := waitCSINode(ctx, t, client, k.NodeName(), func(n *storagev1.CSINode) bool { return n != nil })
+	if driverIn(csiNode, driver) != nil {
+		t.Errorf("CSINode lists %s, whose NodeGetInfo cannot have answered", driver)
+	}
 }
