@@ -3,6 +3,8 @@ package kubelet
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,30 @@ func TestNodeBecomesReadyWithItsCSINode(t *testing.T) {
 	t.Logf("CSINode present %s after start", time.Since(began).Round(time.Millisecond))
 	if fi, err := os.Stat(k.RegistrationDir()); err != nil || !fi.IsDir() {
 		t.Errorf("registration dir %s: %v", k.RegistrationDir(), err)
+	}
+}
+
+func TestAssetsNamesTheMissingBinaryAndHowToBuildIt(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(controlplane.AssetsEnv, dir)
+	for _, bin := range []string{"etcd", "kube-apiserver"} {
+		if err := os.WriteFile(filepath.Join(dir, bin), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Assets()
+	if err == nil {
+		t.Fatal("Assets() succeeded without hollow-kubelet")
+	}
+	for _, want := range []string{"make testenv", filepath.Join(dir, Binary) + " is missing"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Assets() error %q does not mention %q", err, want)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, Binary), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Assets(); err != nil || got != dir {
+		t.Errorf("Assets() = %q, %v; want %q", got, err, dir)
 	}
 }
