@@ -33,7 +33,7 @@ build: ## build the csi-sidecars binary and the test CSI driver into _output/bin
 image: ## build the multi-arch image (linux/amd64, linux/arm64) into _output/image, an OCI layout; IMAGE_FLAGS=--push=REF also pushes it
 	$(GO) -C hack/image run . --source $(CURDIR) --output $(CURDIR)/_output/image --version $(VERSION) $(IMAGE_FLAGS)
 
-testenv: ## build etcd, kube-apiserver, kube-controller-manager and kube-scheduler once per machine into the cache (no-op when cached)
+testenv: ## build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and hollow-kubelet once per machine into the cache (no-op when cached)
 	@hack/control-plane.sh
 
 bench: testenv ## benchmarks: failover figures, peak memory and the real control loop (latency, goodput, writes per operation) vs upstream, printed, never asserted

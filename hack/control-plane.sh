@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kustomize and the
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, etcd, hollow-kubelet (the
+# kubelet with kubemark's fake runtime, see tools/hollow-kubelet), kustomize and the
 # snapshot-controller of external-snapshotter from Go modules into a per-machine cache, once.
 # Prints the folder that holds the binaries. Reuses what is present.
 set -euo pipefail
@@ -31,6 +32,11 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
     mv "$dir/$cmd.tmp" "$dir/$cmd"
   fi
 done
+if [ ! -x "$dir/hollow-kubelet" ]; then
+  echo "building hollow-kubelet into $dir (1-2 min after kube-controller-manager: it adds about 120 packages)" >&2
+  go build -o "$dir/hollow-kubelet.tmp" -ldflags "$ldflags" ./hollow-kubelet
+  mv "$dir/hollow-kubelet.tmp" "$dir/hollow-kubelet"
+fi
 if [ ! -x "$dir/kustomize" ]; then
   echo "building kustomize into $dir (about 1 min)" >&2
   GOBIN="$dir" go install sigs.k8s.io/kustomize/kustomize/v5@${KUSTOMIZE_VERSION}

@@ -1,7 +1,7 @@
 //go:build tools
 
 // Package tools records the binaries the tests build: kube-apiserver, kube-controller-manager,
-// kube-scheduler and etcd.
+// kube-scheduler, etcd and the kubemark hollow kubelet that hollow-kubelet wraps.
 package tools
 
 import (
@@ -9,4 +9,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/pkg/kubemark"
 )
