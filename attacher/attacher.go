@@ -59,7 +59,7 @@
 // Where it differs from upstream, on purpose and invisibly to users of the API: every
 // write is a strategic merge patch of only what changed (none when nothing did), and a
 // detach whose finalizer removal deletes the VolumeAttachment skips the status write that
-// could only fail with NotFound; see patch.go.
+// could only fail with NotFound; see attacher/patch.
 package attacher
 
 import (
@@ -185,7 +185,7 @@ func (s *Sidecar) Setup(env *lifecycle.Env) error {
 	case cfg.reconcile:
 		logger.Info("CSI driver lists published nodes: reconciling VolumeAttachments with it", "driver", env.DriverName, "reconcileSync", cfg.reconcileSync)
 	}
-	// No event recorder: upstream's attacher records no Events (see recordFailure).
+	// No event recorder: upstream's attacher records no Events (see patch.Writer.Failure).
 	ctrl, err := newController(cfg, env.Kube, env.Informers, env.CSI, csitrans.New(), env.Ops())
 	if err != nil {
 		return err

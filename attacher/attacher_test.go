@@ -12,7 +12,6 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +21,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/component-base/featuregate"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/csicall"
+	"github.com/csi-sidecars/csi-sidecars/attacher/finalizer"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -71,7 +72,7 @@ func TestFlagsHaveUpstreamNamesAndDefaults(t *testing.T) {
 	if got := lifecycle.SanitizeName(New().LeaseName("csi.example.com")); got != "external-attacher-leader-csi-example-com" {
 		t.Errorf("Lease name %q", got)
 	}
-	if got := finalizerName("csi.example.com"); got != "external-attacher/csi-example-com" {
+	if got := finalizer.Name("csi.example.com"); got != "external-attacher/csi-example-com" {
 		t.Errorf("finalizer %q", got)
 	}
 	spec := New().Features()[MutableCSINodeAllocatableCount]
@@ -196,41 +197,6 @@ func TestShouldEnqueueVAChange(t *testing.T) {
 	}
 }
 
-func TestNodeIDFromNode(t *testing.T) {
-	tests := []struct {
-		annotation string
-		want       string
-		ok         bool
-	}{
-		{`{"` + testDriver + `":"id-1","other":"x"}`, "id-1", true},
-		{`{"other":"x"}`, "", false},
-		{`not json`, "", false},
-		{`{"` + testDriver + `":""}`, "", false},
-	}
-	for _, tc := range tests {
-		got, ok := nodeIDFromNode(testDriver, nodeWithIDs(tc.annotation))
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("%s: got %q %v, want %q %v", tc.annotation, got, ok, tc.want, tc.ok)
-		}
-	}
-	if _, ok := nodeIDFromNode(testDriver, &corev1.Node{}); ok {
-		t.Error("found an ID without the annotation")
-	}
-}
-
-func TestVolumeError(t *testing.T) {
-	now := metav1.Now()
-	if ve := volumeError(status.Error(codes.NotFound, "gone"), true, now); ve.ErrorCode == nil || *ve.ErrorCode != 5 || ve.Message != "rpc error: code = NotFound desc = gone" {
-		t.Errorf("%+v", ve)
-	}
-	if ve := volumeError(fmt.Errorf("plain"), true, now); ve.ErrorCode != nil && *ve.ErrorCode != int32(codes.Unknown) {
-		t.Errorf("non-gRPC error: %+v", ve)
-	}
-	if ve := volumeError(status.Error(codes.NotFound, "gone"), false, now); ve.ErrorCode != nil {
-		t.Errorf("gate off: %+v", ve)
-	}
-}
-
 // P1: intake ending does not cancel an in-flight publish; Run returns only after the
 // publish finished and its result was recorded, and nothing queued is started after.
 func TestRunFinishesInFlightPublishAfterIntakeEnds(t *testing.T) {
@@ -301,15 +267,15 @@ func TestReconcilerRepairsDisagreement(t *testing.T) {
 	f := newFixture(t, cfg, backend, objs...)
 	publishDirectly(t, f, ids[1], testNodeID)
 
-	if err := f.ctrl.reconcileOnce(); err != nil {
+	if err := f.ctrl.reconciler.Once(); err != nil {
 		t.Fatal(err)
 	}
 	if n := countCalls(backend.Journal(), testdriver.MethodListVolumes); n != 3 {
 		t.Errorf("%d ListVolumes calls, want 3 pages of 1", n)
 	}
-	f.ctrl.mu.Lock()
-	forced := fmt.Sprint(f.ctrl.forceSync)
-	f.ctrl.mu.Unlock()
+	f.ctrl.forced.mu.Lock()
+	forced := fmt.Sprint(f.ctrl.forced.names)
+	f.ctrl.forced.mu.Unlock()
 	if forced != "map[va-0:true]" {
 		t.Fatalf("forced syncs %s, want va-0 only", forced)
 	}
@@ -324,7 +290,7 @@ func TestReconcilerRepairsDisagreement(t *testing.T) {
 		// Upstream sends an empty patch here.
 		t.Errorf("writes %q, want none: the status was already right", f.writes())
 	}
-	if f.ctrl.consumeForceSync(key) {
+	if f.ctrl.forced.consume(key) {
 		t.Error("force sync not consumed")
 	}
 }
@@ -338,7 +304,7 @@ func TestForcedSyncOfDeletedVolumeAttachmentIsForgotten(t *testing.T) {
 	// Attached in its status, but the driver has no publication: the reconciler flags it.
 	f := newFixture(t, defaultConfig(), backend,
 		newPV("pv", volID, withFinalizer), newVA("va", "pv", attachedWith("other/finalizer")), newCSINode(testNode, testNodeID))
-	if err := f.ctrl.reconcileOnce(); err != nil {
+	if err := f.ctrl.reconciler.Once(); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.forced(); got != "map[va:true]" {
@@ -353,7 +319,7 @@ func TestForcedSyncOfDeletedVolumeAttachmentIsForgotten(t *testing.T) {
 		"sync":   func() error { return f.sync("va") },
 		"worker": func() error { return f.ctrl.processVA(context.Background(), attachKind, "va") },
 	} {
-		f.ctrl.setForceSync("va") // flagged from a list read before the deletion
+		f.ctrl.forced.set("va") // flagged from a list read before the deletion
 		if err := run(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -365,9 +331,9 @@ func TestForcedSyncOfDeletedVolumeAttachmentIsForgotten(t *testing.T) {
 
 // forced is the controller's forced syncs, printed.
 func (f *fixture) forced() string {
-	f.ctrl.mu.Lock()
-	defer f.ctrl.mu.Unlock()
-	return fmt.Sprint(f.ctrl.forceSync)
+	f.ctrl.forced.mu.Lock()
+	defer f.ctrl.forced.mu.Unlock()
+	return fmt.Sprint(f.ctrl.forced.names)
 }
 
 func countCalls(calls []testdriver.Call, method string) int {
@@ -491,7 +457,7 @@ func TestQueuesReportTheirBacklog(t *testing.T) {
 	}
 }
 
-// Without --max-entries the reconciler still pages (listPage per page): one answer with
+// Without --max-entries the reconciler still pages (csicall.ListPage per page): one answer with
 // every volume would exceed gRPC's message limit in a large cluster.
 func TestReconcilerPagesWithoutMaxEntries(t *testing.T) {
 	backend, err := testdriver.New(testdriver.Config{})
@@ -499,16 +465,16 @@ func TestReconcilerPagesWithoutMaxEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := csi.NewControllerClient(serve(t, backend))
-	for i := range listPage + 1 {
+	for i := range csicall.ListPage + 1 {
 		createVolume(t, client, fmt.Sprintf("v-%d", i))
 	}
 	cfg := defaultConfig()
 	cfg.maxEntries = 0
 	f := newFixture(t, cfg, backend, newCSINode(testNode, testNodeID))
-	if err := f.ctrl.reconcileOnce(); err != nil {
+	if err := f.ctrl.reconciler.Once(); err != nil {
 		t.Fatal(err)
 	}
 	if n := countCalls(backend.Journal(), testdriver.MethodListVolumes); n != 2 {
-		t.Errorf("%d ListVolumes calls for %d volumes, want 2 pages", n, listPage+1)
+		t.Errorf("%d ListVolumes calls for %d volumes, want 2 pages", n, csicall.ListPage+1)
 	}
 }

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/finalizer"
+	"github.com/csi-sidecars/csi-sidecars/attacher/nodeid"
+	"github.com/csi-sidecars/csi-sidecars/attacher/volume"
 	"github.com/csi-sidecars/csi-sidecars/internal/queuenames"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -20,7 +23,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
-var ourFinalizer = finalizerName(testDriver)
+var ourFinalizer = finalizer.Name(testDriver)
 
 func TestAttach(t *testing.T) {
 	block := corev1.PersistentVolumeBlock
@@ -246,10 +249,10 @@ func TestAttach(t *testing.T) {
 				if err != nil || !va.Status.Attached || va.Status.AttachmentMetadata[testdriver.PublishContextDevicePath] == "" {
 					t.Errorf("sync error %v, status %+v; want attached with metadata", err, va.Status)
 				}
-				if !hasFinalizer(va.Finalizers, ourFinalizer) || va.Annotations[nodeIDAnnotation] != f.csi.lastPublish().NodeId {
+				if !finalizer.Has(va.Finalizers, ourFinalizer) || va.Annotations[nodeid.Annotation] != f.csi.lastPublish().NodeId {
 					t.Errorf("finalizers %v, annotations %v", va.Finalizers, va.Annotations)
 				}
-				if pvName := va.Spec.Source.PersistentVolumeName; pvName != nil && !hasFinalizer(f.pv(*pvName).Finalizers, ourFinalizer) {
+				if pvName := va.Spec.Source.PersistentVolumeName; pvName != nil && !finalizer.Has(f.pv(*pvName).Finalizers, ourFinalizer) {
 					t.Errorf("PV finalizers %v, want %s", f.pv(*pvName).Finalizers, ourFinalizer)
 				}
 				if tc.checkReq != nil {
@@ -266,7 +269,7 @@ func TestAttach(t *testing.T) {
 				if got := codeOf(ae); got != tc.wantCode {
 					t.Errorf("errorCode %d, want %d", got, tc.wantCode)
 				}
-				if tc.noPublish && hasFinalizer(va.Finalizers, ourFinalizer) {
+				if tc.noPublish && finalizer.Has(va.Finalizers, ourFinalizer) {
 					t.Errorf("finalizer added although nothing was published")
 				}
 			}
@@ -348,7 +351,7 @@ func TestDetach(t *testing.T) {
 		{
 			name: "node ID from the annotation when the CSINode is gone",
 			va: newVA("va", "pv", attachedWith(ourFinalizer), deleting, func(va *storagev1.VolumeAttachment) {
-				va.Annotations[nodeIDAnnotation] = "recorded-id"
+				va.Annotations[nodeid.Annotation] = "recorded-id"
 			}),
 			noCSINode:  true,
 			wantCall:   true,
@@ -365,7 +368,7 @@ func TestDetach(t *testing.T) {
 			check: func(t *testing.T, va *storagev1.VolumeAttachment) {
 				de := va.Status.DetachError
 				wantTrue(t, "detachError", de != nil && strings.Contains(de.Message, "injected") && de.ErrorCode == nil)
-				wantTrue(t, "finalizer kept, still attached", hasFinalizer(va.Finalizers, ourFinalizer) && va.Status.Attached)
+				wantTrue(t, "finalizer kept, still attached", finalizer.Has(va.Finalizers, ourFinalizer) && va.Status.Attached)
 			},
 		},
 		{
@@ -439,12 +442,12 @@ func TestDetachStoppedBetweenWritesDoesNotUnpublishAgain(t *testing.T) {
 		t.Fatalf("API writes %q, want %q: the finalizer first, then the (failed) status", got, want)
 	}
 	stored := f.va("va")
-	if hasFinalizer(stored.Finalizers, ourFinalizer) {
+	if finalizer.Has(stored.Finalizers, ourFinalizer) {
 		t.Fatalf("finalizers %v after the failed status write, want ours removed", stored.Finalizers)
 	}
 
 	// The same controller retries once its cache shows the write.
-	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return !hasFinalizer(va.Finalizers, ourFinalizer) })
+	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return !finalizer.Has(va.Finalizers, ourFinalizer) })
 	if err := f.sync("va"); err != nil {
 		t.Errorf("retry: %v", err)
 	}
@@ -478,7 +481,7 @@ func TestConflictOnPatchIsRetried(t *testing.T) {
 	if err := f.sync("va"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	if va := f.va("va"); !va.Status.Attached || !hasFinalizer(va.Finalizers, ourFinalizer) {
+	if va := f.va("va"); !va.Status.Attached || !finalizer.Has(va.Finalizers, ourFinalizer) {
 		t.Errorf("after the retry: status %+v, finalizers %v", va.Status, va.Finalizers)
 	}
 }
@@ -492,7 +495,7 @@ func TestFailedStatusWriteIsRetried(t *testing.T) {
 	if err := f.sync("va"); err == nil {
 		t.Fatal("sync returned nil, want the status write's error")
 	}
-	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return hasFinalizer(va.Finalizers, ourFinalizer) })
+	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return finalizer.Has(va.Finalizers, ourFinalizer) })
 	if err := f.sync("va"); err != nil {
 		t.Fatal(err)
 	}
@@ -543,10 +546,10 @@ func TestAttachDetachLifecycle(t *testing.T) {
 	waitFor(t, "PV queued", func() bool { return f.ctrl.pvQueue.Len() > 0 })
 	waitFor(t, "VA gone from cache", func() bool { _, err := f.ctrl.vaLister.Get("va"); return apierrors.IsNotFound(err) })
 	waitFor(t, "PV deleting in cache", func() bool { pv, err := f.ctrl.pvLister.Get("pv"); return err == nil && pv.DeletionTimestamp != nil })
-	if err := f.ctrl.syncPV("pv"); err != nil {
+	if err := f.ctrl.pvFinalizers.Sync("pv"); err != nil {
 		t.Fatal(err)
 	}
-	if fin := f.pv("pv").Finalizers; hasFinalizer(fin, ourFinalizer) {
+	if fin := f.pv("pv").Finalizers; finalizer.Has(fin, ourFinalizer) {
 		t.Errorf("PV finalizers %v, want ours removed", fin)
 	}
 }
@@ -568,17 +571,17 @@ func TestPVFinalizer(t *testing.T) {
 		{name: "PV in use and not being deleted: kept", pv: newPV("pv", "h", withFinalizer), wantKept: true},
 		{name: "in-tree PV not migrated to this driver (rollback): removed", pv: newPV("pv", "h", withFinalizer, gcePD)},
 		{name: "in-tree PV migrated to this driver: kept", pv: newPV("pv", "h", withFinalizer, gcePD, func(pv *corev1.PersistentVolume) {
-			pv.Annotations = map[string]string{migratedToAnnotation: testDriver}
+			pv.Annotations = map[string]string{volume.MigratedToAnnotation: testDriver}
 		}), wantKept: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			backend, _ := newBackendWithVolume(t)
 			f := newFixture(t, defaultConfig(), backend, append(tc.vas, tc.pv)...)
-			if err := f.ctrl.syncPV("pv"); err != nil {
+			if err := f.ctrl.pvFinalizers.Sync("pv"); err != nil {
 				t.Fatal(err)
 			}
-			if kept := hasFinalizer(f.pv("pv").Finalizers, ourFinalizer); kept != tc.wantKept {
+			if kept := finalizer.Has(f.pv("pv").Finalizers, ourFinalizer); kept != tc.wantKept {
 				t.Errorf("finalizer kept: %v, want %v", kept, tc.wantKept)
 			}
 		})
@@ -595,7 +598,7 @@ func TestMigratedInTreePV(t *testing.T) {
 	pv := newPV("pv", "", func(pv *corev1.PersistentVolume) {
 		pv.Spec.CSI = nil
 		pv.Spec.GCEPersistentDisk = &corev1.GCEPersistentDiskVolumeSource{PDName: "disk-1", FSType: "ext4"}
-		pv.Annotations = map[string]string{migratedToAnnotation: gcePDDriver}
+		pv.Annotations = map[string]string{volume.MigratedToAnnotation: gcePDDriver}
 	})
 	va := newVA("va", "pv", func(va *storagev1.VolumeAttachment) { va.Spec.Attacher = gcePDDriver })
 	node := &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: testNode}, Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: gcePDDriver, NodeID: "projects/p/zones/z/instances/node-1"}}}}
@@ -606,7 +609,7 @@ func TestMigratedInTreePV(t *testing.T) {
 	if req == nil || !strings.HasSuffix(req.VolumeId, "/disks/disk-1") || req.VolumeCapability.GetMount().GetFsType() != "ext4" {
 		t.Fatalf("publish request %v, want the translated handle of disk-1", req)
 	}
-	if !hasFinalizer(f.pv("pv").Finalizers, finalizerName(gcePDDriver)) {
+	if !finalizer.Has(f.pv("pv").Finalizers, finalizer.Name(gcePDDriver)) {
 		t.Errorf("PV finalizers %v", f.pv("pv").Finalizers)
 	}
 }
@@ -690,7 +693,7 @@ func withSecretRef(pv *corev1.PersistentVolume) {
 func withFinalizer(pv *corev1.PersistentVolume) { pv.Finalizers = []string{ourFinalizer} }
 
 func nodeWithIDs(annotation string) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, Annotations: map[string]string{nodeIDsAnnotation: annotation}}}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, Annotations: map[string]string{nodeid.NodesAnnotation: annotation}}}
 }
 
 func wantNodeID(id string) func(*testing.T, *csi.ControllerPublishVolumeRequest) {
@@ -742,7 +745,7 @@ func TestASyncOfACopyOlderThanTheOwnWriteDoesNothing(t *testing.T) {
 
 	// Attached by our write at 9; the cache still shows 5, pending.
 	attached := pending.DeepCopy()
-	attachedWith(finalizerName(testDriver))(attached)
+	attachedWith(finalizer.Name(testDriver))(attached)
 	attached.ResourceVersion = "9"
 	f.ctrl.vas.Wrote(attached)
 	if err := f.sync("va"); err != nil {

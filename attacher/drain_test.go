@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	storagev1 "k8s.io/api/storage/v1"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/finalizer"
+	"github.com/csi-sidecars/csi-sidecars/attacher/nodeid"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/draintest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -84,11 +86,11 @@ func TestAPublishTheDrainRefusedRecordsNothing(t *testing.T) {
 		t.Errorf("API writes %q, want only the finalizers before the call, %q", got, want)
 	}
 	va := f.va("va")
-	if va.Status.Attached || !hasFinalizer(va.Finalizers, ourFinalizer) || va.Annotations[nodeIDAnnotation] != testNodeID {
+	if va.Status.Attached || !finalizer.Has(va.Finalizers, ourFinalizer) || va.Annotations[nodeid.Annotation] != testNodeID {
 		t.Errorf("VolumeAttachment finalizers %v, annotations %v, attached %v: want the finalizer and node ID written before the call, not attached",
 			va.Finalizers, va.Annotations, va.Status.Attached)
 	}
-	if !hasFinalizer(f.pv("pv").Finalizers, ourFinalizer) {
+	if !finalizer.Has(f.pv("pv").Finalizers, ourFinalizer) {
 		t.Errorf("PV finalizers %v, want %s kept", f.pv("pv").Finalizers, ourFinalizer)
 	}
 	if n := countCalls(backend.Journal(), testdriver.MethodControllerPublishVolume); n != 0 {
@@ -97,7 +99,7 @@ func TestAPublishTheDrainRefusedRecordsNothing(t *testing.T) {
 
 	// The next leader publishes.
 	r.stop()
-	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return hasFinalizer(va.Finalizers, ourFinalizer) })
+	f.waitForCache("va", func(va *storagev1.VolumeAttachment) bool { return finalizer.Has(va.Finalizers, ourFinalizer) })
 	if err := f.sync("va"); err != nil {
 		t.Fatal(err)
 	}
@@ -126,10 +128,10 @@ func TestAnUnpublishTheDrainRefusedRecordsNothing(t *testing.T) {
 		t.Errorf("API writes %q, want none", got)
 	}
 	va := f.va("va")
-	if !hasFinalizer(va.Finalizers, ourFinalizer) || !va.Status.Attached {
+	if !finalizer.Has(va.Finalizers, ourFinalizer) || !va.Status.Attached {
 		t.Errorf("finalizers %v, attached %v: want the finalizer kept and still attached", va.Finalizers, va.Status.Attached)
 	}
-	if !hasFinalizer(f.pv("pv").Finalizers, ourFinalizer) {
+	if !finalizer.Has(f.pv("pv").Finalizers, ourFinalizer) {
 		t.Errorf("PV finalizers %v, want %s kept", f.pv("pv").Finalizers, ourFinalizer)
 	}
 	if v, _ := backend.Volume(volID); len(v.Published) != 1 {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	csitrans "k8s.io/csi-translation-lib"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/nodeid"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cachetest"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
@@ -77,8 +78,8 @@ func newFixture(t *testing.T, cfg config, backend *testdriver.Backend, objects .
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recordingClient{ControllerClient: ctrl.csi}
-	ctrl.csi = rec
+	rec := &recordingClient{ControllerClient: ctrl.calls.Client}
+	ctrl.calls.Client = rec
 	factory.Start(ops.Done())
 	for typ, ok := range factory.WaitForCacheSync(ops.Done()) {
 		if !ok {
@@ -303,7 +304,7 @@ func deleting(va *storagev1.VolumeAttachment) {
 func attachedWith(finalizers ...string) func(*storagev1.VolumeAttachment) {
 	return func(va *storagev1.VolumeAttachment) {
 		va.Finalizers = finalizers
-		va.Annotations = map[string]string{nodeIDAnnotation: testNodeID}
+		va.Annotations = map[string]string{nodeid.Annotation: testNodeID}
 		va.Status.Attached = true
 		va.Status.AttachmentMetadata = map[string]string{"devicePath": "/dev/x"}
 	}

@@ -44,7 +44,7 @@ func TestPublishIsLoggedOnceWithTheRequestWhole(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { conn.Close() })
-			f.ctrl.csi = csi.NewControllerClient(conn)
+			f.ctrl.calls.Client = csi.NewControllerClient(conn)
 			logger, out := logtest.Logger(v)
 			f.ctrl.ops = klog.NewContext(f.ctrl.ops, logger)
 

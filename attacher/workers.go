@@ -7,6 +7,7 @@ import (
 
 	storagev1 "k8s.io/api/storage/v1"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/finalizer"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
@@ -60,14 +61,14 @@ func (c *Controller) enqueue(va *storagev1.VolumeAttachment) {
 
 // needsWork tells whether a sync of va would do anything: a VolumeAttachment not attached
 // yet and not being deleted, one being deleted that still has our finalizer, or one the
-// reconciler forced. These mirror the checks by which sync does nothing (syncAttach,
-// syncDetach, syncTrivial); every other VolumeAttachment is settled.
+// reconciler forced. These mirror the checks by which sync does nothing (the syncer's
+// attach, detach and trivial); every other VolumeAttachment is settled.
 func (c *Controller) needsWork(va *storagev1.VolumeAttachment) bool {
-	if c.isForced(va.Name) {
+	if c.forced.has(va.Name) {
 		return true
 	}
 	if c.kindOf(va) == detachKind {
-		return hasFinalizer(va.Finalizers, finalizerName(c.driver))
+		return finalizer.Has(va.Finalizers, finalizer.Name(c.driver))
 	}
 	return !va.Status.Attached
 }
@@ -97,7 +98,7 @@ func (c *Controller) processVA(intake context.Context, k kind, name string) erro
 	}
 	// A settled VolumeAttachment takes no slot: at a takeover or a resync thousands of them
 	// would otherwise wait in line with the work that calls the driver.
-	if !c.isForced(name) && !c.needsWork(va) {
+	if !c.forced.has(name) && !c.needsWork(va) {
 		return nil
 	}
 	if !c.slots.acquire(intake) {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/csi-sidecars/csi-sidecars/attacher/finalizer"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -110,7 +111,7 @@ func TestDeletionDuringPublishWaitsForIt(t *testing.T) {
 	close(unpublish.release)
 	waitFor(t, "our finalizer removed", func() bool {
 		va, err := f.kube.StorageV1().VolumeAttachments().Get(context.Background(), "va", metav1.GetOptions{})
-		return err == nil && !hasFinalizer(va.Finalizers, ourFinalizer)
+		return err == nil && !finalizer.Has(va.Finalizers, ourFinalizer)
 	})
 
 	var published, unpublished testdriver.Call
@@ -248,7 +249,7 @@ func TestNeedsWorkMirrorsSync(t *testing.T) {
 			f := newFixture(t, cfg, backend, newPV("pv", volID, withFinalizer), newVA("va", "pv", tc.va), newCSINode(testNode, testNodeID))
 			publishDirectly(t, f, volID, testNodeID)
 			if tc.forced {
-				f.ctrl.setForceSync("va")
+				f.ctrl.forced.set("va")
 			}
 			cached, err := f.ctrl.vaLister.Get("va")
 			if err != nil {
@@ -347,8 +348,8 @@ type gatedCall struct {
 
 // gate puts a gatedClient in front of the controller's driver client.
 func (f *fixture) gate() *gatedClient {
-	g := &gatedClient{ControllerClient: f.ctrl.csi, calls: make(chan *gatedCall, 100), opened: make(chan struct{})}
-	f.ctrl.csi = g
+	g := &gatedClient{ControllerClient: f.ctrl.calls.Client, calls: make(chan *gatedCall, 100), opened: make(chan struct{})}
+	f.ctrl.calls.Client = g
 	f.gated = g
 	return g
 }
