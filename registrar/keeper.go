@@ -139,12 +139,16 @@ func (h *held) close() {
 	h.next.Close()
 }
 
-// listenHidden listens on a new hidden name in path's folder and moves it to path: a
-// rename replaces whatever is there in one step, a link only places it where there is
-// nothing. The kubelet's plugin watcher sees one new file, never a removal.
+// listenAt listens on a new name in a hidden folder beside path and moves the socket to
+// path: a rename replaces whatever is there in one step, a link only places it where there
+// is nothing. The kubelet's plugin watcher sees one new file, never a removal, and nothing
+// of the hidden folder, which it does not watch (the same file system, so the move works).
 func listenAt(path string, replace bool) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	tmp := filepath.Join(dir, fmt.Sprintf(".reg-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6))
+	dir := filepath.Join(filepath.Dir(path), ".csi-sidecars")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()%1e6))
 	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", tmp, err)
