@@ -135,8 +135,9 @@ func DefaultControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type 
 }
 
 // ImplementedControllerCapabilities lists every controller capability whose RPCs the
-// driver implements; advertising any other (volume health) would promise RPCs that answer
-// Unimplemented. Group snapshots are no controller capability but the GroupController
+// driver implements; advertising any other would promise RPCs that answer Unimplemented.
+// The volume health capabilities are implemented but not among the defaults, as most
+// drivers do not report health. Group snapshots are no controller capability but the GroupController
 // service (see Config.DisableGroupController).
 func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type {
 	return []csi.ControllerServiceCapability_RPC_Type{
@@ -154,6 +155,8 @@ func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_T
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
 }
 
@@ -212,6 +215,11 @@ func (c Config) withDefaults() (Config, error) {
 		if !isImplementedCapability(cp) {
 			return c, fmt.Errorf("controller capability %s is not implemented by the test driver", cp)
 		}
+	}
+	if slices.Contains(c.ControllerCapabilities, csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH) &&
+		!slices.Contains(c.ControllerCapabilities, csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH) {
+		// The spec: a plugin with LIST_VOLUME_HEALTH MUST also support GET_VOLUME_HEALTH.
+		return c, fmt.Errorf("controller capability LIST_VOLUME_HEALTH needs GET_VOLUME_HEALTH")
 	}
 	c.ControllerCapabilities = slices.Clone(c.ControllerCapabilities)
 	if c.MutableParameters == nil {
