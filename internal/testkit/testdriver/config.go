@@ -114,6 +114,11 @@ type Config struct {
 	// constants).
 	MethodLatency map[string]time.Duration
 
+	// HealthPageSize caps each ControllerListVolumeHealth page at this many entries even
+	// when the request asks for more or sets no max_entries, as a driver that pages on its
+	// own does (a next_token follows); 0 means no cap.
+	HealthPageSize int
+
 	// JournalWriter, when set, receives each finished call as one JSON line,
 	// so that another process can follow the journal.
 	JournalWriter io.Writer
@@ -202,8 +207,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TotalCapacity == 0 {
 		c.TotalCapacity = DefaultTotalCapacity
 	}
-	if c.TotalCapacity < 0 || c.MaxVolumesPerNode < 0 || c.Latency < 0 {
-		return c, fmt.Errorf("negative TotalCapacity, MaxVolumesPerNode or Latency in config")
+	if c.TotalCapacity < 0 || c.MaxVolumesPerNode < 0 || c.Latency < 0 || c.HealthPageSize < 0 {
+		return c, fmt.Errorf("negative TotalCapacity, MaxVolumesPerNode, Latency or HealthPageSize in config")
 	}
 	if c.SnapshotReadyAfter < 0 || c.SnapshotReadyAfterPolls < 0 {
 		return c, fmt.Errorf("negative SnapshotReadyAfter or SnapshotReadyAfterPolls in config")

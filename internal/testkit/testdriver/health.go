@@ -121,6 +121,9 @@ func (s *controllerServer) ControllerListVolumeHealth(ctx context.Context, req *
 		if maxEntries > 0 {
 			end = min(end, start+maxEntries)
 		}
+		if s.b.cfg.HealthPageSize > 0 {
+			end = min(end, start+s.b.cfg.HealthPageSize)
+		}
 		rsp := &csi.ControllerListVolumeHealthResponse{}
 		for _, id := range ids[start:end] {
 			rsp.Entries = append(rsp.Entries, s.b.volumeHealthLocked(id))

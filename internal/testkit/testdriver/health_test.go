@@ -145,7 +145,20 @@ func TestListVolumeHealthPages(t *testing.T) {
 		t.Errorf("pages of one listed %v, want %v", all, abnormal[:3])
 	}
 
-	_, err := c.ControllerListVolumeHealth(ctx, &csi.ControllerListVolumeHealthRequest{MaxEntries: -1})
+	// A driver that pages on its own: pages of two whatever the request asks.
+	d2 := startDriver(t, testdriver.Config{Latency: fastLatency, ControllerCapabilities: healthCaps(), HealthPageSize: 2}, 1)
+	for i := range 3 {
+		id := mustCreate(ctx, t, d2.ctrl(0), "pvc-"+string(rune('a'+i)))
+		if err := d2.b.SetVolumeHealth(id, testdriver.HealthCondition{Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "Lost"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rsp, err := d2.ctrl(0).ControllerListVolumeHealth(ctx, &csi.ControllerListVolumeHealthRequest{})
+	if err != nil || len(rsp.GetEntries()) != 2 || rsp.GetNextToken() == "" {
+		t.Errorf("a list of a driver with pages of two: %v, %v", rsp, err)
+	}
+
+	_, err = c.ControllerListVolumeHealth(ctx, &csi.ControllerListVolumeHealthRequest{MaxEntries: -1})
 	wantCode(t, "negative max_entries", err, codes.InvalidArgument)
 	_, err = c.ControllerListVolumeHealth(ctx, &csi.ControllerListVolumeHealthRequest{StartingToken: "bogus"})
 	wantCode(t, "a token never issued", err, codes.Aborted)
