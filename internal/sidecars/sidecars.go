@@ -5,6 +5,7 @@ package sidecars
 
 import (
 	"github.com/csi-sidecars/csi-sidecars/attacher"
+	"github.com/csi-sidecars/csi-sidecars/healthmonitor"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
 	"github.com/csi-sidecars/csi-sidecars/registrar"
@@ -20,6 +21,7 @@ func All() []lifecycle.Hosted {
 		provisioner.New(),
 		snapshotter.New(),
 		registrar.New(),
+		healthmonitor.New(),
 	}
 }
 
@@ -27,6 +29,9 @@ func All() []lifecycle.Hosted {
 func Dir(name string) string {
 	if name == registrar.Name {
 		return "registrar"
+	}
+	if name == healthmonitor.Name {
+		return "healthmonitor"
 	}
 	return name
 }

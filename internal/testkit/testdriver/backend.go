@@ -48,6 +48,9 @@ type Backend struct {
 	lastGroupID    int
 	// capacityRules are what GetCapacity answers from.
 	capacityRules []CapacityRule
+	// health holds the adverse conditions of each abnormal volume, by id (SetVolumeHealth);
+	// a volume without an entry is healthy.
+	health map[string][]HealthCondition
 }
 
 // Volume is the backend's record of one volume. Values returned by Backend
@@ -86,6 +89,7 @@ func New(cfg Config) (*Backend, error) {
 		snapshots:      map[string]*Snapshot{},
 		groupSnapshots: map[string]*GroupSnapshot{},
 		capacityRules:  cloneRules(cfg.CapacityRules),
+		health:         map[string][]HealthCondition{},
 	}, nil
 }
 

@@ -114,6 +114,11 @@ type Config struct {
 	// constants).
 	MethodLatency map[string]time.Duration
 
+	// HealthPageSize caps each ControllerListVolumeHealth page at this many entries even
+	// when the request asks for more or sets no max_entries, as a driver that pages on its
+	// own does (a next_token follows); 0 means no cap.
+	HealthPageSize int
+
 	// JournalWriter, when set, receives each finished call as one JSON line,
 	// so that another process can follow the journal.
 	JournalWriter io.Writer
@@ -135,8 +140,9 @@ func DefaultControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type 
 }
 
 // ImplementedControllerCapabilities lists every controller capability whose RPCs the
-// driver implements; advertising any other (volume health) would promise RPCs that answer
-// Unimplemented. Group snapshots are no controller capability but the GroupController
+// driver implements; advertising any other would promise RPCs that answer Unimplemented.
+// The volume health capabilities are implemented but not among the defaults, as most
+// drivers do not report health. Group snapshots are no controller capability but the GroupController
 // service (see Config.DisableGroupController).
 func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_Type {
 	return []csi.ControllerServiceCapability_RPC_Type{
@@ -154,6 +160,8 @@ func ImplementedControllerCapabilities() []csi.ControllerServiceCapability_RPC_T
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
 		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	}
 }
 
@@ -199,8 +207,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TotalCapacity == 0 {
 		c.TotalCapacity = DefaultTotalCapacity
 	}
-	if c.TotalCapacity < 0 || c.MaxVolumesPerNode < 0 || c.Latency < 0 {
-		return c, fmt.Errorf("negative TotalCapacity, MaxVolumesPerNode or Latency in config")
+	if c.TotalCapacity < 0 || c.MaxVolumesPerNode < 0 || c.Latency < 0 || c.HealthPageSize < 0 {
+		return c, fmt.Errorf("negative TotalCapacity, MaxVolumesPerNode, Latency or HealthPageSize in config")
 	}
 	if c.SnapshotReadyAfter < 0 || c.SnapshotReadyAfterPolls < 0 {
 		return c, fmt.Errorf("negative SnapshotReadyAfter or SnapshotReadyAfterPolls in config")
@@ -212,6 +220,11 @@ func (c Config) withDefaults() (Config, error) {
 		if !isImplementedCapability(cp) {
 			return c, fmt.Errorf("controller capability %s is not implemented by the test driver", cp)
 		}
+	}
+	if slices.Contains(c.ControllerCapabilities, csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH) &&
+		!slices.Contains(c.ControllerCapabilities, csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH) {
+		// The spec: a plugin with LIST_VOLUME_HEALTH MUST also support GET_VOLUME_HEALTH.
+		return c, fmt.Errorf("controller capability LIST_VOLUME_HEALTH needs GET_VOLUME_HEALTH")
 	}
 	c.ControllerCapabilities = slices.Clone(c.ControllerCapabilities)
 	if c.MutableParameters == nil {

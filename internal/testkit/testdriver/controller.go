@@ -98,6 +98,7 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still published to %d node(s)", v.ID, len(v.Published))
 		}
 		delete(s.b.volumes, v.ID)
+		delete(s.b.health, v.ID)
 		return &csi.DeleteVolumeResponse{}, nil
 	})
 }

@@ -158,7 +158,7 @@ func TestCapabilitiesSwitch(t *testing.T) {
 	if _, err := testdriver.ParseControllerCapabilities("CREATE_DELETE_VOLUME,NO_SUCH_THING"); err == nil {
 		t.Error("ParseControllerCapabilities accepted an unknown name")
 	}
-	if _, err := testdriver.New(testdriver.Config{ControllerCapabilities: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH}}); err == nil {
+	if _, err := testdriver.New(testdriver.Config{ControllerCapabilities: []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_GET_NODE_INFO}}); err == nil {
 		t.Error("New accepted a capability the driver does not implement")
 	}
 }

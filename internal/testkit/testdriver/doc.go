@@ -15,8 +15,10 @@
 //     Backend.WaitFor), an overlap detector for concurrent mutating
 //     operations on one volume, snapshot or group snapshot
 //     (Backend.Overlaps), per-method latency, injected errors that can be
-//     changed while the driver runs, and snapshots that become ready to use
-//     only after a while or a number of status polls.
+//     changed while the driver runs, snapshots that become ready to use
+//     only after a while or a number of status polls, and volume health
+//     (ControllerGetVolumeHealth, ControllerListVolumeHealth of CSI spec v1.13+)
+//     that tests set and change per volume (Backend.SetVolumeHealth).
 //
 // Like a cloud API, the Backend finishes an operation it has started even when
 // the caller gives up: a mutating call starts a backend operation that sleeps

@@ -18,6 +18,8 @@ const (
 	MethodGetCapacity                = "GetCapacity"
 	MethodControllerGetVolume        = "ControllerGetVolume"
 	MethodControllerGetCapabilities  = "ControllerGetCapabilities"
+	MethodControllerGetVolumeHealth  = "ControllerGetVolumeHealth"
+	MethodControllerListVolumeHealth = "ControllerListVolumeHealth"
 	MethodCreateSnapshot             = "CreateSnapshot"
 	MethodDeleteSnapshot             = "DeleteSnapshot"
 	MethodListSnapshots              = "ListSnapshots"
@@ -47,6 +49,7 @@ func usesBackendLatency(method string) bool {
 		MethodControllerExpandVolume, MethodControllerModifyVolume,
 		MethodValidateVolumeCapabilities, MethodListVolumes,
 		MethodGetCapacity, MethodControllerGetVolume,
+		MethodControllerGetVolumeHealth, MethodControllerListVolumeHealth,
 		MethodCreateSnapshot, MethodDeleteSnapshot, MethodListSnapshots,
 		MethodGetSnapshot, MethodCreateVolumeGroupSnapshot,
 		MethodDeleteVolumeGroupSnapshot, MethodGetVolumeGroupSnapshot:
