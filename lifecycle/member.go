@@ -450,7 +450,7 @@ func (m *member) waitForCaches(intake context.Context, p *process, t term) strin
 		}
 		stop()
 	}()
-	stale := p.caches.current(waiting, p.opts.LeaseDuration)
+	stale := p.caches.Current(waiting, p.opts.LeaseDuration)
 	select {
 	case <-t.takenOver:
 		return "the Lease holds another record"

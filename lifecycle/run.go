@@ -27,6 +27,8 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/outage"
 )
 
 // Exit codes of a sidecar process.
@@ -83,7 +85,7 @@ type process struct {
 	rest    *restMetrics
 	health  *health
 	// caches keeps the informers current through API server outages.
-	caches *caches
+	caches *outage.Tracker
 }
 
 // stop ends intake for every sidecar and starts the drain clock, once.
@@ -173,8 +175,8 @@ func (p *process) runLeaders(ctx, lifetime context.Context, sidecars []Sidecar, 
 		return ExitError
 	}
 	// Every client is built from cfg: their lists and watches wait out API server outages.
-	p.caches = newCaches()
-	p.caches.wrap(cfg)
+	p.caches = outage.New()
+	p.caches.Wrap(cfg)
 	// The shared informers' client is the hosted sidecars' together: its series carry
 	// their names joined by commas (just the one name for a single sidecar).
 	var names []string
