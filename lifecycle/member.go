@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/budget"
 )
 
 // fenceGrace is how long a fenced sidecar gets to return from Run once its Ops() context is
@@ -136,7 +138,7 @@ type member struct {
 
 	// budget is the sidecar's API budget (nil: no limit), and leaseEvents records on the
 	// Lease; close stops them.
-	budget      *budget
+	budget      *budget.Budget
 	leaseEvents record.EventBroadcaster
 
 	inflightAtDriverLoss atomic.Int64
@@ -161,12 +163,9 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	// Each sidecar writes through clients of its own, with its own --kube-api-qps and
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
-	// that finish work before writes that start it (budget.go, P14).
-	m.budget = budgetFor(cfg.QPS, cfg.Burst)
-	if m.budget != nil {
-		m.budget.owed = func() int { return int(m.csi.InFlight()) }
-	}
-	own := p.rest.client(cfg, s.Name(), m.budget)
+	// that finish work before writes that start it (lifecycle/budget, P14).
+	m.budget = budget.For(cfg.QPS, cfg.Burst, func() int { return int(m.csi.InFlight()) })
+	own := p.rest.Client(cfg, s.Name(), m.budget)
 	own.UserAgent = cfg.UserAgent + "/" + s.Name()
 	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
@@ -176,18 +175,18 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	shared.RestConfig = own
 	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's,
 	// behind the writes that record results (P14).
-	shared.Events = newEventBroadcaster(ctx, kube, "")
+	shared.Events = budget.NewEventBroadcaster(ctx, kube, "")
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
 		m.leaseConns = connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-		leCfg := p.rest.client(p.opts.leaderElectionConfig(cfg), s.Name(), nil)
+		leCfg := p.rest.Client(p.opts.leaderElectionConfig(cfg), s.Name(), nil)
 		leCfg.Dial = m.leaseConns.DialContext
 		leKube, err := kubernetes.NewForConfig(leCfg)
 		if err != nil {
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
-		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, s.Name(), nil))); err != nil {
+		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(p.rest.Client(cfg, s.Name(), nil))); err != nil {
 			return nil, fmt.Errorf("creating the Lease watch client: %w", err)
 		}
 		m.leaseName = SanitizeName(s.LeaseName(shared.DriverName))
@@ -210,7 +209,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 
 // leaseEventRecorder records "became leader" / "stopped leading" on the Lease, as upstream.
 func (m *member) leaseEventRecorder(ctx context.Context, kube kubernetes.Interface, namespace, identity string) record.EventRecorder {
-	m.leaseEvents = newEventBroadcaster(ctx, kube, namespace)
+	m.leaseEvents = budget.NewEventBroadcaster(ctx, kube, namespace)
 	return m.leaseEvents.NewRecorder(scheme.Scheme, v1.EventSource{Component: m.leaseName + "/" + identity})
 }
 

@@ -28,6 +28,7 @@ import (
 	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
 
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/budget"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle/outage"
 )
 
@@ -82,7 +83,7 @@ type process struct {
 	members     []*member
 
 	metrics *coreMetrics
-	rest    *restMetrics
+	rest    *budget.RESTMetrics
 	health  *health
 	// caches keeps the informers current through API server outages.
 	caches *outage.Tracker
@@ -112,7 +113,7 @@ func (p *process) run(ctx context.Context, hosted []Hosted) int {
 	defer endLifetime()
 	registry := k8smetrics.NewKubeRegistry()
 	p.metrics = newCoreMetrics(registry)
-	p.rest = newRestMetrics(registry)
+	p.rest = budget.NewRESTMetrics(registry)
 	registry.CustomMustRegister(newBacklogCollector(p.backlogs))
 	p.health = &health{notReady: "starting"}
 	// The CSI call metrics exist once the driver is connected; served from then on.
@@ -183,11 +184,11 @@ func (p *process) runLeaders(ctx, lifetime context.Context, sidecars []Sidecar, 
 	for _, s := range sidecars {
 		names = append(names, s.Name())
 	}
-	sharedBudget := budgetFor(cfg.QPS, cfg.Burst)
+	sharedBudget := budget.For(cfg.QPS, cfg.Burst, nil)
 	if sharedBudget != nil {
 		defer sharedBudget.Stop()
 	}
-	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, strings.Join(names, ","), sharedBudget)))
+	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.Client(cfg, strings.Join(names, ","), sharedBudget)))
 	if err != nil {
 		logger.Error(err, "Cannot create the Kubernetes client")
 		return ExitError
