@@ -37,7 +37,7 @@ testenv: ## build etcd, kube-apiserver, kube-controller-manager, kube-scheduler 
 	@hack/control-plane.sh
 
 bench: testenv ## benchmarks: failover figures, peak memory and the real control loop (latency, goodput, writes per operation) vs upstream, printed, never asserted
-	$(GO) test -count=1 -run '^$$' -bench CachedObjectBytes -benchtime 1x ./lifecycle
+	$(GO) test -count=1 -run '^$$' -bench CachedObjectBytes -benchtime 1x ./lifecycle/cached
 	$(GO) test -count=1 -p 1 -timeout 60m -run '^$$' -bench . -benchtime 1x ./test/...
 
 lint: ## gofmt and go vet

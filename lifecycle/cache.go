@@ -1,87 +1,18 @@
 package lifecycle
 
 import (
-	"slices"
-
-	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/cached"
 )
 
-// TrimForCache is the transform of the shared informer caches: it drops what no hosted
-// sidecar reads, so caches of thousands of objects stay small on every replica (standbys
-// keep them warm, P7). A field a sidecar decides on must never be dropped here; each
-// sidecar that reads a trimmed kind tests its decisions on trimmed objects.
-//
-//   - Every object loses its managedFields (server-side apply bookkeeping, often the
-//     larger part of an object). An update sent from a cached copy leaves them to the
-//     API server, which keeps them.
-//   - A Pod becomes a CachedPod: its identity, the claims it mounts and whether it has
-//     ended, which is all the resizer's in-use check reads. No sidecar writes Pods; readers
-//     of a process's Pod informer get *CachedPod, never *v1.Pod.
-func TrimForCache(obj any) (any, error) {
-	return trimForCache(obj, nil)
-}
+// TrimForCache is the transform of the shared informer caches (cached.Trim): it drops what
+// no hosted sidecar reads, and a Pod becomes a CachedPod.
+func TrimForCache(obj any) (any, error) { return cached.Trim(obj) }
 
-// NewCacheTransform is the transform of one process's informer caches: TrimForCache, and
-// the strings and maps of strings that many objects repeat shared among them (sharedValues).
-func NewCacheTransform() cache.TransformFunc {
-	shared := newSharedValues()
-	return func(obj any) (any, error) { return trimForCache(obj, shared) }
-}
+// NewCacheTransform is the transform of one process's informer caches (cached.NewTransform):
+// TrimForCache, and the strings and maps that many objects repeat held once.
+func NewCacheTransform() cache.TransformFunc { return cached.NewTransform() }
 
-func trimForCache(obj any, table *sharedValues) (any, error) {
-	if pod, ok := obj.(*v1.Pod); ok {
-		obj = trimPod(pod)
-	} else if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	} else {
-		return obj, nil // a tombstone, say: not decoded by us
-	}
-	internStrings(obj, table)
-	return obj, nil
-}
-
-// CachedPod is what a process's informer caches keep of a Pod: a v1.Pod is over a
-// kilobyte before its first field is set, and clusters run many more Pods than volumes.
-type CachedPod struct {
-	// ObjectMeta holds the Pod's name, namespace, UID, resourceVersion and deletion
-	// timestamp only.
-	metav1.ObjectMeta
-	// Claims are the names of the PersistentVolumeClaims its volumes mount, in order.
-	Claims []string
-	// Ended is true once the Pod's phase is Succeeded or Failed.
-	Ended bool
-}
-
-// GetObjectKind is that of an object with no kind: a CachedPod is never sent anywhere.
-func (p *CachedPod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
-
-// DeepCopyObject copies the Pod, as client-go's cache mutation detector does.
-func (p *CachedPod) DeepCopyObject() runtime.Object {
-	out := &CachedPod{Claims: slices.Clone(p.Claims), Ended: p.Ended}
-	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
-	return out
-}
-
-func trimPod(pod *v1.Pod) *CachedPod {
-	out := &CachedPod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:              pod.Name,
-			Namespace:         pod.Namespace,
-			UID:               pod.UID,
-			ResourceVersion:   pod.ResourceVersion,
-			DeletionTimestamp: pod.DeletionTimestamp,
-		},
-		Ended: pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed,
-	}
-	for _, vol := range pod.Spec.Volumes {
-		if vol.PersistentVolumeClaim != nil {
-			out.Claims = append(out.Claims, vol.PersistentVolumeClaim.ClaimName)
-		}
-	}
-	return out
-}
+// CachedPod is what a process's informer caches keep of a Pod (cached.Pod).
+type CachedPod = cached.Pod

@@ -27,12 +27,13 @@
 //   - P11: a leader fences itself renew-deadline after the start of its last successful
 //     renewal, which Options.Validate makes strictly earlier than a standby that saw that
 //     renewal may take the Lease; only the ending of a term that left nothing running in
-//     the driver empties the holder (termLock.release), never client-go's release-on-cancel.
-//   - P14: each hosted sidecar's clients draw from one budget (budget.go) that lets a request
-//     wait for its token as long as its context lives and serves requests that finish work
-//     before the event recorder's, and those before requests that start work
-//     (StartingWork); from the end of intake on no new CSI call
-//     starts, so a drain waits only for the calls in the driver and their writes.
+//     the driver empties the holder (lease.TermLock.Release), never client-go's
+//     release-on-cancel.
+//   - P14: each hosted sidecar's clients draw from one budget (lifecycle/budget) that lets
+//     a request wait for its token as long as its context lives and serves requests that
+//     finish work before the event recorder's, and those before requests that start work
+//     (StartingWork); from the end of intake on no new CSI call starts, so a drain waits
+//     only for the calls in the driver and their writes.
 //
 // How a replica ends (each way is a row: drained, fenced, a drain deadline with or without
 // calls in the driver, the driver lost, a standby stopping...) and what that means for the
@@ -41,10 +42,10 @@
 // When one of several hosted sidecars ends on its own, the process stops: the others drain
 // and release, and the exit code is the worst of them.
 //
-// Acquiring the Lease is done here (watch-triggered, see lease.go) because client-go's
-// LeaderElector only polls every retry period and trusts any record of its own identity;
-// renewing it is left to client-go's LeaderElector, through a termLock that times the
-// renewals and refuses every write once the term is over.
+// Acquiring the Lease is done here (watch-triggered, see lifecycle/lease) because
+// client-go's LeaderElector only polls every retry period and trusts any record of its own
+// identity; renewing it is left to client-go's LeaderElector, through a lease.TermLock that
+// times the renewals and refuses every write once the term is over.
 //
 // What sidecars share beyond the process: the informer caches, whose transform
 // (NewCacheTransform) drops what no sidecar reads and holds repeated strings and equal maps
@@ -59,6 +60,22 @@
 // GET and write would spend the budget twice per attempt on a contended object. A write
 // that starts work runs on StartingWork; one that records a result or removes a finalizer
 // on Ops().
+//
+// The parts (lifecycle/layout_test.go states what each may import). Package lifecycle holds
+// the process: flags, signals, the HTTP server, the CSI connection, the hosting of Servers
+// (server.go, serve.go) and of leading sidecars (member.go: their terms and the endings
+// table), and what sidecars share (queues, OwnWrites, secrets). What only leading sidecars
+// need is in parts below it, which the Server path never uses:
+//
+//   - lifecycle/lease: the Lease's watch, the acquire, the term's lock and renewal timing.
+//   - lifecycle/budget: the API budget with its classes, the clients' transport that waits
+//     for it and is measured, and the event broadcaster.
+//   - lifecycle/outage: lists and watches that wait out API server outages, and whether the
+//     caches are current again.
+//   - lifecycle/cached: the informer caches' transform (CachedPod, shared strings and maps).
+//
+// lifecycle keeps the names sidecars use of them (StartingWork, Deferrable, TrimForCache,
+// NewCacheTransform, CachedPod) as thin wrappers.
 //
 // The package never imports a sidecar. One process may host several sidecars at once, each
 // with its own Lease, sharing the signal handler, HTTP server, CSI connection and informer

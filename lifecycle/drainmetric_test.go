@@ -3,12 +3,16 @@ package lifecycle
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes/fake"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	k8smetrics "k8s.io/component-base/metrics"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/lease"
 )
 
 // csi_sidecars_drain_duration_seconds is recorded when the drain ends, before the Lease is
@@ -17,12 +21,11 @@ import (
 func TestDrainFigureIsServedWhileTheLeaseIsReleased(t *testing.T) {
 	ctx := context.Background()
 	held := &heldRelease{Interface: newFakeLock(t, "replica-a"), reading: make(chan struct{}), answer: make(chan struct{})}
-	lock := newTermLock(held, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, nil)
-	acquired := time.Now().Truncate(time.Microsecond)
-	lock.begin(acquired)
-	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
-		t.Fatal(err)
+	lock := lease.NewTermLock(held, lease.Timing{RenewDeadline: time.Hour, Attempt: time.Minute}, nil)
+	if !lease.Acquire(ctx, lock, lease.NewWatch("replica-a"), 15*time.Second, time.Second) {
+		t.Fatal("the Lease was not acquired")
 	}
+	held.hold.Store(true)
 	registry := k8smetrics.NewKubeRegistry()
 	p := &process{opts: NewOptions(), metrics: newCoreMetrics(registry), intakeEnded: time.Now().Add(-1500 * time.Millisecond)}
 	m := &member{sidecar: namedSidecar("test"), leaseName: "lease"}
@@ -66,20 +69,34 @@ func drainFigure(t *testing.T, reg k8smetrics.KubeRegistry, sidecar, outcome str
 	return 0, 0
 }
 
-// heldRelease is a Lease whose first read, the release's, waits until answer is closed.
+// heldRelease is a Lease whose first read once hold is set, the release's, waits until
+// answer is closed.
 type heldRelease struct {
 	rl.Interface
+	hold    atomic.Bool
 	once    sync.Once
 	reading chan struct{}
 	answer  chan struct{}
 }
 
 func (h *heldRelease) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
-	h.once.Do(func() {
-		close(h.reading)
-		<-h.answer
-	})
+	if h.hold.Load() {
+		h.once.Do(func() {
+			close(h.reading)
+			<-h.answer
+		})
+	}
 	return h.Interface.Get(ctx)
+}
+
+func newFakeLock(t *testing.T, identity string) rl.Interface {
+	t.Helper()
+	client := fake.NewClientset()
+	lock, err := rl.New(rl.LeasesResourceLock, "ns", "lease", client.CoreV1(), client.CoordinationV1(), rl.ResourceLockConfig{Identity: identity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lock
 }
 
 // namedSidecar is a sidecar that is only a name.

@@ -19,6 +19,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/connrotation"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/budget"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/lease"
 )
 
 // fenceGrace is how long a fenced sidecar gets to return from Run once its Ops() context is
@@ -124,11 +127,11 @@ type member struct {
 	cancelOps context.CancelFunc
 
 	leaseName string
-	lock      rl.Interface // the Lease; each term wraps it in a termLock
-	watch     *leaseWatch
+	lock      rl.Interface // the Lease; each term wraps it in a lease.TermLock
+	watch     *lease.Watch
 	elector   *leaderelection.HealthzAdaptor
 	// leaseConns dials the Lease client's connections, so that a renewal that timed out
-	// can drop them (termLock.newConns).
+	// can drop them (lease.NewTermLock's newConns).
 	leaseConns *connrotation.Dialer
 	// watchKube watches the Lease: the same budget as the Lease lock's client but no
 	// request timeout, which would cut the watch every half renew deadline.
@@ -136,7 +139,7 @@ type member struct {
 
 	// budget is the sidecar's API budget (nil: no limit), and leaseEvents records on the
 	// Lease; close stops them.
-	budget      *budget
+	budget      *budget.Budget
 	leaseEvents record.EventBroadcaster
 
 	inflightAtDriverLoss atomic.Int64
@@ -161,12 +164,9 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	// Each sidecar writes through clients of its own, with its own --kube-api-qps and
 	// --kube-api-burst budget, as when it ran in a container of its own: in one process
 	// the sidecars neither share nor multiply their rate limits. The budget serves writes
-	// that finish work before writes that start it (budget.go, P14).
-	m.budget = budgetFor(cfg.QPS, cfg.Burst)
-	if m.budget != nil {
-		m.budget.owed = func() int { return int(m.csi.InFlight()) }
-	}
-	own := p.rest.client(cfg, s.Name(), m.budget)
+	// that finish work before writes that start it (lifecycle/budget, P14).
+	m.budget = budget.For(cfg.QPS, cfg.Burst, func() int { return int(m.csi.InFlight()) })
+	own := p.rest.Client(cfg, s.Name(), m.budget)
 	own.UserAgent = cfg.UserAgent + "/" + s.Name()
 	kube, err := kubernetes.NewForConfig(withProtobuf(own))
 	if err != nil {
@@ -176,18 +176,18 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	shared.RestConfig = own
 	// Events too spend the sidecar's budget, as upstream's recorder spends its clientset's,
 	// behind the writes that record results (P14).
-	shared.Events = newEventBroadcaster(ctx, kube, "")
+	shared.Events = budget.NewEventBroadcaster(ctx, kube, "")
 	m.env = shared.WithOps(m.ops)
 
 	if p.opts.LeaderElection {
 		m.leaseConns = connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-		leCfg := p.rest.client(p.opts.leaderElectionConfig(cfg), s.Name(), nil)
+		leCfg := p.rest.Client(p.opts.leaderElectionConfig(cfg), s.Name(), nil)
 		leCfg.Dial = m.leaseConns.DialContext
 		leKube, err := kubernetes.NewForConfig(leCfg)
 		if err != nil {
 			return nil, fmt.Errorf("creating the leader-election client: %w", err)
 		}
-		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, s.Name(), nil))); err != nil {
+		if m.watchKube, err = kubernetes.NewForConfig(withProtobuf(p.rest.Client(cfg, s.Name(), nil))); err != nil {
 			return nil, fmt.Errorf("creating the Lease watch client: %w", err)
 		}
 		m.leaseName = SanitizeName(s.LeaseName(shared.DriverName))
@@ -199,7 +199,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 		if err != nil {
 			return nil, fmt.Errorf("creating the Lease lock %s/%s: %w", p.opts.LeaderElectionNamespace, m.leaseName, err)
 		}
-		m.watch = newLeaseWatch(p.opts.LeaderElectionIdentity)
+		m.watch = lease.NewWatch(p.opts.LeaderElectionIdentity)
 		m.elector = p.health.newElectorCheck()
 	}
 	if err := s.Setup(m.env); err != nil {
@@ -210,7 +210,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 
 // leaseEventRecorder records "became leader" / "stopped leading" on the Lease, as upstream.
 func (m *member) leaseEventRecorder(ctx context.Context, kube kubernetes.Interface, namespace, identity string) record.EventRecorder {
-	m.leaseEvents = newEventBroadcaster(ctx, kube, namespace)
+	m.leaseEvents = budget.NewEventBroadcaster(ctx, kube, namespace)
 	return m.leaseEvents.NewRecorder(scheme.Scheme, v1.EventSource{Component: m.leaseName + "/" + identity})
 }
 
@@ -220,7 +220,7 @@ func (m *member) leaseEventRecorder(ctx context.Context, kube kubernetes.Interfa
 // none of their goroutines. Events not yet written are dropped, as at a process's exit.
 func (m *member) close() {
 	if m.watch != nil {
-		m.watch.stop()
+		m.watch.Stop()
 	}
 	if m.env != nil {
 		m.env.Events.Shutdown()
@@ -244,7 +244,7 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 	if !p.opts.LeaderElection {
 		return m.finish(ctx, p, nil, m.lead(ctx, p, term{leading: context.Background()}))
 	}
-	if err := m.watch.start(ctx, p.intake, m.watchKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
+	if err := m.watch.Start(ctx, p.intake, m.watchKube, p.opts.LeaderElectionNamespace, m.leaseName, p.opts.RetryPeriod); err != nil {
 		logger.Info("Stopped before watching the Lease", "reason", err.Error())
 		return p.code(endStandbyStopped)
 	}
@@ -253,8 +253,8 @@ func (m *member) campaign(ctx context.Context, p *process) int {
 		// client-go renews through it every tick; it writes once per retry period, and
 		// its acquire and first renewal, right after the write that took the Lease, need
 		// no write of their own.
-		lock := newTermLock(m.lock, timingOf(p.opts), m.leaseConns.CloseAll)
-		if !acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
+		lock := lease.NewTermLock(m.lock, lease.TimingOf(p.opts.RenewDeadline, p.opts.RetryPeriod), m.leaseConns.CloseAll)
+		if !lease.Acquire(p.intake, lock, m.watch, p.opts.LeaseDuration, p.opts.RetryPeriod) {
 			// A standby has nothing in flight: it exits 0 at once (P4).
 			logger.Info("Standby stopping")
 			return p.code(endStandbyStopped)
@@ -272,14 +272,14 @@ type term struct {
 	leading   context.Context // ended by client-go when it stops renewing
 	takenOver <-chan struct{} // the watch saw a record other than this term's
 	expired   <-chan struct{} // no renewal succeeded for --leader-election-renew-deadline
-	lock      *termLock
+	lock      *lease.TermLock
 }
 
 // hold runs one term on a Lease this replica has just taken: client-go's LeaderElector
 // renews it through lock while lead runs the sidecar. ok is false when the term ended
 // before leading started (another replica won, or no renewal got through): nothing ran, so
 // the replica stands by again.
-func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end ending, ok bool) {
+func (m *member) hold(ctx context.Context, p *process, lock *lease.TermLock) (end ending, ok bool) {
 	logger := klog.FromContext(ctx)
 	electorCtx, cancelElector := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelElector()
@@ -300,10 +300,10 @@ func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end endi
 		Lock:          lock,
 		LeaseDuration: p.opts.LeaseDuration,
 		RenewDeadline: p.opts.RenewDeadline,
-		// client-go tries every tick; termLock writes once per retry period while the
+		// client-go tries every tick; the TermLock writes once per retry period while the
 		// writes succeed, and at every tick after one failed (P11).
-		RetryPeriod: timingOf(p.opts).tick,
-		// Only termLock.release empties the holder, and only when the term's ending says so.
+		RetryPeriod: lease.TimingOf(p.opts.RenewDeadline, p.opts.RetryPeriod).Tick,
+		// Only TermLock.Release empties the holder, and only when the term's ending says so.
 		ReleaseOnCancel: false,
 		Name:            m.leaseName,
 		WatchDog:        m.elector,
@@ -316,9 +316,9 @@ func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end endi
 				}
 				started = true
 				startMu.Unlock()
-				m.watch.lead(lock.acquiredAt())
-				defer m.watch.lead(time.Time{})
-				results <- m.lead(ctx, p, term{leading: leading, takenOver: m.watch.takenOver, expired: lock.Expired(), lock: lock})
+				m.watch.Lead(lock.AcquiredAt())
+				defer m.watch.Lead(time.Time{})
+				results <- m.lead(ctx, p, term{leading: leading, takenOver: m.watch.TakenOver(), expired: lock.Expired(), lock: lock})
 			},
 			// lead() sees the end of leadership through its context.
 			OnStoppedLeading: func() {},
@@ -341,7 +341,7 @@ func (m *member) hold(ctx context.Context, p *process, lock *termLock) (end endi
 		elector.Run(electorCtx)
 	}()
 	stopElector := func() {
-		lock.close()
+		lock.Close()
 		cancelElector()
 		<-electorDone
 	}
@@ -450,7 +450,7 @@ func (m *member) waitForCaches(intake context.Context, p *process, t term) strin
 		}
 		stop()
 	}()
-	stale := p.caches.current(waiting, p.opts.LeaseDuration)
+	stale := p.caches.Current(waiting, p.opts.LeaseDuration)
 	select {
 	case <-t.takenOver:
 		return "the Lease holds another record"
@@ -474,7 +474,7 @@ func (m *member) fence(ctx context.Context, t term, stopIntake context.CancelFun
 	stopIntake()
 	m.cancelOps()
 	if t.lock != nil {
-		t.lock.close()
+		t.lock.Close()
 	}
 	logger := klog.FromContext(ctx)
 	logger.Error(nil, "Fenced: cancelled all in-flight operations", "reason", why, "inFlight", m.csi.InFlight())
@@ -493,7 +493,7 @@ func (m *member) fence(ctx context.Context, t term, stopIntake context.CancelFun
 // finish carries out what endings says for how the term ended: release the Lease or leave
 // it to expire, record the drain, and return the member's exit code. lock is nil without
 // leader election.
-func (m *member) finish(ctx context.Context, p *process, lock *termLock, end ending) int {
+func (m *member) finish(ctx context.Context, p *process, lock *lease.TermLock, end ending) int {
 	logger := klog.FromContext(ctx)
 	end = p.driverLossOf(end)
 	rule := endings[end]
@@ -522,14 +522,14 @@ func (m *member) finish(ctx context.Context, p *process, lock *termLock, end end
 	switch {
 	case lock == nil:
 	case rule.lease != leaseReleased:
-		lock.close()
+		lock.Close()
 		logger.Info("Leaving the Lease to expire: calls of this term may still run in the driver, or the Lease is no longer ours", "lease", m.leaseName)
 	case !release:
-		lock.close()
+		lock.Close()
 		logger.Info("Leaving the Lease to expire (ReleaseLeaderElectionOnExit is off)", "lease", m.leaseName)
 	default:
 		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opts.RenewDeadline)
-		err := lock.release(releaseCtx)
+		err := lock.Release(releaseCtx)
 		cancel()
 		if err != nil {
 			outcome = "release_failed"

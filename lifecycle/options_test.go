@@ -206,3 +206,26 @@ func TestExecuteExitCodes(t *testing.T) {
 		t.Errorf("stderr does not name the flag: %s", stderr.String())
 	}
 }
+
+// The flags are refused at start when a leader could fence itself no earlier than a standby
+// may take the Lease.
+func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
+	for _, c := range []struct {
+		lease, renew time.Duration
+		ok           bool
+	}{
+		{15 * time.Second, 10 * time.Second, true},
+		{6 * time.Second, 4 * time.Second, true},
+		{15 * time.Second, 15 * time.Second, false},
+		{15500 * time.Millisecond, 15 * time.Second, false}, // the record says 15s
+		{15500 * time.Millisecond, 14900 * time.Millisecond, true},
+	} {
+		o := NewOptions()
+		o.LeaderElection = true
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = c.lease, c.renew, time.Second
+		errs := o.validateLeaderElection()
+		if (len(errs) == 0) != c.ok {
+			t.Errorf("lease %v renew %v: errors %v, want ok=%v", c.lease, c.renew, errs, c.ok)
+		}
+	}
+}

@@ -27,6 +27,9 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 	csitrans "k8s.io/csi-translation-lib"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/budget"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/outage"
 )
 
 // Exit codes of a sidecar process.
@@ -80,10 +83,10 @@ type process struct {
 	members     []*member
 
 	metrics *coreMetrics
-	rest    *restMetrics
+	rest    *budget.RESTMetrics
 	health  *health
 	// caches keeps the informers current through API server outages.
-	caches *caches
+	caches *outage.Tracker
 }
 
 // stop ends intake for every sidecar and starts the drain clock, once.
@@ -110,7 +113,7 @@ func (p *process) run(ctx context.Context, hosted []Hosted) int {
 	defer endLifetime()
 	registry := k8smetrics.NewKubeRegistry()
 	p.metrics = newCoreMetrics(registry)
-	p.rest = newRestMetrics(registry)
+	p.rest = budget.NewRESTMetrics(registry)
 	registry.CustomMustRegister(newBacklogCollector(p.backlogs))
 	p.health = &health{notReady: "starting"}
 	// The CSI call metrics exist once the driver is connected; served from then on.
@@ -173,19 +176,19 @@ func (p *process) runLeaders(ctx, lifetime context.Context, sidecars []Sidecar, 
 		return ExitError
 	}
 	// Every client is built from cfg: their lists and watches wait out API server outages.
-	p.caches = newCaches()
-	p.caches.wrap(cfg)
+	p.caches = outage.New()
+	p.caches.Wrap(cfg)
 	// The shared informers' client is the hosted sidecars' together: its series carry
 	// their names joined by commas (just the one name for a single sidecar).
 	var names []string
 	for _, s := range sidecars {
 		names = append(names, s.Name())
 	}
-	sharedBudget := budgetFor(cfg.QPS, cfg.Burst)
+	sharedBudget := budget.For(cfg.QPS, cfg.Burst, nil)
 	if sharedBudget != nil {
 		defer sharedBudget.Stop()
 	}
-	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.client(cfg, strings.Join(names, ","), sharedBudget)))
+	kube, err := kubernetes.NewForConfig(withProtobuf(p.rest.Client(cfg, strings.Join(names, ","), sharedBudget)))
 	if err != nil {
 		logger.Error(err, "Cannot create the Kubernetes client")
 		return ExitError

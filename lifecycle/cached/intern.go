@@ -1,4 +1,4 @@
-package lifecycle
+package cached
 
 import (
 	"reflect"
@@ -131,7 +131,7 @@ func newSharedValues() *sharedValues {
 }
 
 // intern is the shared copy of str (unique.Make's), its handle kept by s so that the copy
-// outlives the next collection. With s nil (TrimForCache), the copy is shared only until
+// outlives the next collection. With s nil (Trim), the copy is shared only until
 // then.
 func (s *sharedValues) intern(str string) string {
 	h := unique.Make(str)

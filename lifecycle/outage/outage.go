@@ -1,4 +1,7 @@
-package lifecycle
+// Package outage keeps a leading sidecar's informers current through API server outages:
+// its lists and watches wait for the server instead of backing off, and a replica that
+// takes a Lease after an outage can wait until every watch has opened again (Current).
+package outage
 
 import (
 	"context"
@@ -19,11 +22,11 @@ import (
 // outageRetry is how often a list or watch retries an API server it cannot reach.
 const outageRetry = 500 * time.Millisecond
 
-// caches keeps the process's informers current through API server outages (P7).
+// Tracker keeps the process's informers current through API server outages (P7).
 //
 // client-go's reflectors back off exponentially, up to about a minute, while the API
 // server cannot be reached, so after an outage a cache can stay stale for most of a minute
-// after the server is back. caches wraps the transport of every client instead: a list or
+// after the server is back. Tracker wraps the transport of every client instead: a list or
 // a watch that cannot reach the server retries the connection every outageRetry for as
 // long as its context allows, so the reflector never sees the failure and never backs
 // off. Its watch resumes from the last version it saw within outageRetry of the server's
@@ -33,8 +36,8 @@ const outageRetry = 500 * time.Millisecond
 //
 // It also tracks the watches, so that a replica taking a Lease after an outage waits until
 // every watch that ran before it is open again (the cache is then as current as the
-// server, or its relist is done) before it acts on the caches: current.
-type caches struct {
+// server, or its relist is done) before it acts on the caches: Current.
+type Tracker struct {
 	retry time.Duration
 
 	mu sync.Mutex
@@ -46,20 +49,21 @@ type caches struct {
 	changed chan struct{}
 }
 
-func newCaches() *caches {
-	return &caches{retry: outageRetry, watches: map[string]time.Time{}, changed: make(chan struct{})}
+// New is a Tracker that has seen no outage and no watch.
+func New() *Tracker {
+	return &Tracker{retry: outageRetry, watches: map[string]time.Time{}, changed: make(chan struct{})}
 }
 
-// wrap makes cfg's clients wait out outages in their lists and watches; every client
+// Wrap makes cfg's clients wait out outages in their lists and watches; every client
 // built from a copy of cfg does.
-func (c *caches) wrap(cfg *rest.Config) {
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &outageTransport{next: rt, caches: c} })
+func (c *Tracker) Wrap(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &outageTransport{next: rt, tracker: c} })
 }
 
-// current waits until every watch that was open before the last outage has opened again,
+// Current waits until every watch that was open before the last outage has opened again,
 // or until ctx ends or bound passes. It returns the collections not yet watched again
 // (none when the caches are current).
-func (c *caches) current(ctx context.Context, bound time.Duration) []string {
+func (c *Tracker) Current(ctx context.Context, bound time.Duration) []string {
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	for {
@@ -80,7 +84,7 @@ func (c *caches) current(ctx context.Context, bound time.Duration) []string {
 	}
 }
 
-func (c *caches) staleLocked() []string {
+func (c *Tracker) staleLocked() []string {
 	if c.unreachable.IsZero() {
 		return nil
 	}
@@ -94,7 +98,7 @@ func (c *caches) staleLocked() []string {
 	return stale
 }
 
-func (c *caches) update(f func()) {
+func (c *Tracker) update(f func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f()
@@ -102,15 +106,18 @@ func (c *caches) update(f func()) {
 	c.changed = make(chan struct{})
 }
 
-func (c *caches) sawUnreachable(now time.Time) {
+// SawUnreachable records that a list or watch could not reach the API server at now: every
+// watch opened before is stale until it opens again.
+func (c *Tracker) SawUnreachable(now time.Time) {
 	c.update(func() { c.unreachable = now })
 }
 
-func (c *caches) watchOpened(key string, now time.Time) {
+// WatchOpened records that the watch of a collection (its path and selectors) opened at now.
+func (c *Tracker) WatchOpened(key string, now time.Time) {
 	c.update(func() { c.watches[key] = now })
 }
 
-func (c *caches) watchClosed(key string, opened time.Time) {
+func (c *Tracker) watchClosed(key string, opened time.Time) {
 	c.update(func() {
 		// A newer watch of the same collection may have opened meanwhile.
 		if c.watches[key].Equal(opened) {
@@ -119,10 +126,10 @@ func (c *caches) watchClosed(key string, opened time.Time) {
 	})
 }
 
-// outageTransport is the transport wrapper of caches.
+// outageTransport is the transport wrapper of a Tracker.
 type outageTransport struct {
-	next   http.RoundTripper
-	caches *caches
+	next    http.RoundTripper
+	tracker *Tracker
 }
 
 func (t *outageTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -139,12 +146,12 @@ func (t *outageTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return resp, err
 		}
-		t.caches.sawUnreachable(time.Now())
+		t.tracker.SawUnreachable(time.Now())
 		if !logged {
-			klog.FromContext(req.Context()).V(2).Info("API server unreachable; the list or watch retries until it answers", "path", req.URL.Path, "retry", t.caches.retry, "err", err.Error())
+			klog.FromContext(req.Context()).V(2).Info("API server unreachable; the list or watch retries until it answers", "path", req.URL.Path, "retry", t.tracker.retry, "err", err.Error())
 			logged = true
 		}
-		timer := time.NewTimer(t.caches.retry)
+		timer := time.NewTimer(t.tracker.retry)
 		select {
 		case <-req.Context().Done():
 			timer.Stop()
@@ -164,8 +171,8 @@ func (t *outageTransport) track(req *http.Request, body io.ReadCloser) io.ReadCl
 		}
 	}
 	opened := time.Now()
-	t.caches.watchOpened(key, opened)
-	return &watchBody{ReadCloser: body, end: func() { t.caches.watchClosed(key, opened) }}
+	t.tracker.WatchOpened(key, opened)
+	return &watchBody{ReadCloser: body, end: func() { t.tracker.watchClosed(key, opened) }}
 }
 
 // watchBody calls end once, when the watch stream fails or is closed.

@@ -1,4 +1,4 @@
-package lifecycle
+package lease
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func leaseRecord(holder string, acquired time.Time) rl.LeaderElectionRecord {
 // the same pod) is another holder's: the Lease is free only after a full lease duration of
 // this process's own observation, or once released.
 func TestOwnIdentityWrittenByAnEarlierProcessIsAnotherHolders(t *testing.T) {
-	w := newLeaseWatch("replica-a")
+	w := NewWatch("replica-a")
 	seen := time.Now()
 	earlier := leaseRecord("replica-a", seen.Add(-time.Hour).Truncate(time.Microsecond))
 	w.observe(&earlier, []byte("earlier"), seen)
@@ -54,7 +54,7 @@ func TestOwnIdentityWrittenByAnEarlierProcessIsAnotherHolders(t *testing.T) {
 	}
 
 	ours := leaseRecord("replica-a", seen.Truncate(time.Microsecond))
-	w.lead(ours.AcquireTime.Time)
+	w.Lead(ours.AcquireTime.Time)
 	w.observe(&ours, []byte("ours"), seen.Add(2*time.Second))
 	if got := w.untilFree(seen.Add(2 * time.Second)); got != 0 {
 		t.Errorf("until free %v on this term's own record, want 0", got)
@@ -64,10 +64,10 @@ func TestOwnIdentityWrittenByAnEarlierProcessIsAnotherHolders(t *testing.T) {
 // P6, P10: while leading, any record but this term's own is a lost Lease, also one that
 // names this identity.
 func TestLeaderSeesARecordOfItsOwnIdentityFromAnotherProcessAsLost(t *testing.T) {
-	w := newLeaseWatch("replica-a")
+	w := NewWatch("replica-a")
 	now := time.Now().Truncate(time.Microsecond)
 	ours := leaseRecord("replica-a", now)
-	w.lead(now)
+	w.Lead(now)
 	renewed := ours
 	renewed.RenewTime = metav1.NewTime(now.Add(time.Second))
 	w.observe(&renewed, []byte("renewed"), now.Add(time.Second))
@@ -88,7 +88,7 @@ func TestLeaderSeesARecordOfItsOwnIdentityFromAnotherProcessAsLost(t *testing.T)
 // The term lock writes only this term's record, and nothing once closed.
 func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 	ctx := context.Background()
-	lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, nil)
+	lock := NewTermLock(newFakeLock(t, "replica-a"), Timing{RenewDeadline: time.Hour, Attempt: time.Minute}, nil)
 	acquired := time.Now().Truncate(time.Microsecond)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -106,7 +106,7 @@ func TestTermLockWritesOnlyItsOwnRecordAndNothingAfterClose(t *testing.T) {
 	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); err != nil {
 		t.Errorf("renewing: %v", err)
 	}
-	lock.close()
+	lock.Close()
 	if err := lock.Update(ctx, leaseRecord("replica-a", acquired)); !errors.Is(err, errLockClosed) {
 		t.Errorf("renewing after close: %v, want refused", err)
 	}
@@ -118,7 +118,7 @@ func TestTermLockExpiresRenewDeadlineAfterTheLastRenewalStarted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		const deadline = 10 * time.Second
-		lock := newTermLock(newFakeLock(t, "replica-a"), leaseTiming{renewDeadline: deadline, attempt: time.Minute}, nil)
+		lock := NewTermLock(newFakeLock(t, "replica-a"), Timing{RenewDeadline: deadline, Attempt: time.Minute}, nil)
 		acquired := time.Now().Truncate(time.Microsecond)
 		lock.begin(acquired)
 		if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
@@ -160,12 +160,12 @@ func TestReleaseEmptiesOnlyThisTermsRecord(t *testing.T) {
 	ctx := context.Background()
 	base := newFakeLock(t, "replica-a")
 	acquired := time.Now().Truncate(time.Microsecond)
-	lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, attempt: time.Minute}, nil)
+	lock := NewTermLock(base, Timing{RenewDeadline: time.Hour, Attempt: time.Minute}, nil)
 	lock.begin(acquired)
 	if err := lock.Create(ctx, leaseRecord("replica-a", acquired)); err != nil {
 		t.Fatal(err)
 	}
-	if err := lock.release(ctx); err != nil {
+	if err := lock.Release(ctx); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	rec, _, err := base.Get(ctx)
@@ -183,35 +183,12 @@ func TestReleaseEmptiesOnlyThisTermsRecord(t *testing.T) {
 		if err := base.Update(ctx, other); err != nil {
 			t.Fatal(err)
 		}
-		if err := lock.release(ctx); !errors.Is(err, errNotOursAgain) {
+		if err := lock.Release(ctx); !errors.Is(err, errNotOursAgain) {
 			t.Errorf("releasing %s record: %v, want refused", name, err)
 		}
 		rec, _, _ := base.Get(ctx)
 		if rec.HolderIdentity != other.HolderIdentity {
 			t.Errorf("releasing %s record changed the holder to %q", name, rec.HolderIdentity)
-		}
-	}
-}
-
-// The flags are refused at start when a leader could fence itself no earlier than a standby
-// may take the Lease.
-func TestRenewDeadlineMustEndBeforeTheRecordedLeaseDuration(t *testing.T) {
-	for _, c := range []struct {
-		lease, renew time.Duration
-		ok           bool
-	}{
-		{15 * time.Second, 10 * time.Second, true},
-		{6 * time.Second, 4 * time.Second, true},
-		{15 * time.Second, 15 * time.Second, false},
-		{15500 * time.Millisecond, 15 * time.Second, false}, // the record says 15s
-		{15500 * time.Millisecond, 14900 * time.Millisecond, true},
-	} {
-		o := NewOptions()
-		o.LeaderElection = true
-		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = c.lease, c.renew, time.Second
-		errs := o.validateLeaderElection()
-		if (len(errs) == 0) != c.ok {
-			t.Errorf("lease %v renew %v: errors %v, want ok=%v", c.lease, c.renew, errs, c.ok)
 		}
 	}
 }
@@ -228,7 +205,7 @@ func TestTermLockWritesTheRecordOncePerMinInterval(t *testing.T) {
 			t.Fatal(err)
 		}
 		const interval = 5 * time.Second
-		lock := newTermLock(base, leaseTiming{renewDeadline: time.Hour, retryPeriod: interval, attempt: time.Minute}, nil)
+		lock := NewTermLock(base, Timing{RenewDeadline: time.Hour, RetryPeriod: interval, Attempt: time.Minute}, nil)
 		acquired := time.Now().Truncate(time.Microsecond)
 		lock.begin(acquired)
 		writes := func() int {
@@ -307,7 +284,7 @@ func TestEachRenewalAttemptHasItsOwnShortDeadline(t *testing.T) {
 		// Each failure takes a while: the slow path's read comes later than the write.
 		h := &hungLock{Interface: newFakeLock(t, "replica-a"), hung: true, delay: 300 * time.Millisecond}
 		dropped := 0
-		lock := newTermLock(h, leaseTiming{renewDeadline: time.Hour, attempt: attempt}, func() { dropped++ })
+		lock := NewTermLock(h, Timing{RenewDeadline: time.Hour, Attempt: attempt}, func() { dropped++ })
 		acquired := time.Now().Truncate(time.Microsecond)
 		lock.begin(acquired)
 		rec := leaseRecord("replica-a", acquired)
@@ -362,13 +339,12 @@ func TestRenewalTimingRetriesOftenWithinTheDeadline(t *testing.T) {
 		{6 * time.Second, 4 * time.Second, time.Second, 100 * time.Millisecond, time.Second},
 		{137 * time.Second, 107 * time.Second, 26 * time.Second, 500 * time.Millisecond, 21400 * time.Millisecond},
 	} {
-		o := &Options{LeaseDuration: c.lease, RenewDeadline: c.renew, RetryPeriod: c.retry}
-		got := timingOf(o)
-		if got.tick != c.tick || got.attempt != c.attempt || got.retryPeriod != c.retry {
-			t.Errorf("%v/%v/%v: tick %v attempt %v, want %v and %v", c.lease, c.renew, c.retry, got.tick, got.attempt, c.tick, c.attempt)
+		got := TimingOf(c.renew, c.retry)
+		if got.Tick != c.tick || got.Attempt != c.attempt || got.RetryPeriod != c.retry || got.RenewDeadline != c.renew {
+			t.Errorf("%v/%v/%v: %+v, want tick %v and attempt %v", c.lease, c.renew, c.retry, got, c.tick, c.attempt)
 		}
-		if float64(c.renew) <= leaderelection.JitterFactor*float64(got.tick) {
-			t.Errorf("%v/%v/%v: client-go refuses a tick of %v", c.lease, c.renew, c.retry, got.tick)
+		if float64(c.renew) <= leaderelection.JitterFactor*float64(got.Tick) {
+			t.Errorf("%v/%v/%v: client-go refuses a tick of %v", c.lease, c.renew, c.retry, got.Tick)
 		}
 	}
 }
@@ -385,11 +361,11 @@ func TestStoppedLeaseWatchLeavesNoGoroutine(t *testing.T) {
 				review.Status.Allowed = watch
 				return true, review, nil
 			})
-			w := newLeaseWatch("me")
-			if err := w.start(context.Background(), context.Background(), client, "ns", "lease", time.Second); err != nil {
+			w := NewWatch("me")
+			if err := w.Start(context.Background(), context.Background(), client, "ns", "lease", time.Second); err != nil {
 				t.Fatal(err)
 			}
-			w.stop()
+			w.Stop()
 		})
 	}
 }

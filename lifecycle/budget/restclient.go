@@ -1,4 +1,4 @@
-package lifecycle
+package budget
 
 import (
 	"context"
@@ -11,26 +11,27 @@ import (
 	"k8s.io/component-base/metrics"
 )
 
-// restMetrics are client-go's REST client metrics under the names, labels and buckets
+// RESTMetrics are client-go's REST client metrics under the names, labels and buckets
 // component-base gives them (rest_client_requests_total, rest_client_request_duration_seconds,
 // rest_client_rate_limiter_duration_seconds), with one more label, sidecar, so that each
 // hosted sidecar's clients have a series set of their own.
 //
 // client-go reports these through process-wide hooks that cannot tell one client from
 // another, so the core measures them itself, in each client's transport. A sidecar's
-// budget (budget.go) therefore waits in the transport too, where the request's verb and
+// Budget therefore waits in the transport too, where the request's verb and
 // host are known, instead of in client-go's rate limiter. The order is client-go's: the
 // token first, then the request; no client with a budget has a request timeout that the
 // wait could spend.
-type restMetrics struct {
+type RESTMetrics struct {
 	requests *metrics.CounterVec
 	duration *metrics.HistogramVec
 	limiter  *metrics.HistogramVec
 }
 
-func newRestMetrics(reg metrics.KubeRegistry) *restMetrics {
+// NewRESTMetrics registers the REST client metrics in reg.
+func NewRESTMetrics(reg metrics.KubeRegistry) *RESTMetrics {
 	buckets := []float64{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0}
-	m := &restMetrics{
+	m := &RESTMetrics{
 		requests: metrics.NewCounterVec(&metrics.CounterOpts{
 			Name:           "rest_client_requests_total",
 			Help:           "Number of HTTP requests, partitioned by status code, method, host and sidecar.",
@@ -53,10 +54,10 @@ func newRestMetrics(reg metrics.KubeRegistry) *restMetrics {
 	return m
 }
 
-// client returns a copy of cfg whose requests are counted and timed as sidecar's. With a
+// Client returns a copy of cfg whose requests are counted and timed as sidecar's. With a
 // budget b, every request waits for one of b's tokens first, timed, and client-go's own
 // rate limiter is b's stand-in, which never waits; with none, cfg's limits stay as they are.
-func (m *restMetrics) client(cfg *rest.Config, sidecar string, b *budget) *rest.Config {
+func (m *RESTMetrics) Client(cfg *rest.Config, sidecar string, b *Budget) *rest.Config {
 	out := rest.CopyConfig(cfg)
 	if b != nil {
 		out.RateLimiter = budgetInTransport{b}
@@ -69,9 +70,9 @@ func (m *restMetrics) client(cfg *rest.Config, sidecar string, b *budget) *rest.
 
 type restTransport struct {
 	next    http.RoundTripper
-	metrics *restMetrics
+	metrics *RESTMetrics
 	sidecar string
-	budget  *budget
+	budget  *Budget
 }
 
 func (t *restTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -97,7 +98,7 @@ func (t *restTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // budgetInTransport is client-go's rate limiter of a client whose budget waits in its
 // transport: it lets every request through and reports the budget's QPS to whoever asks
 // the client for its limiter.
-type budgetInTransport struct{ b *budget }
+type budgetInTransport struct{ b *Budget }
 
 var _ flowcontrol.RateLimiter = budgetInTransport{}
 

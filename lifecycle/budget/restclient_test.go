@@ -1,4 +1,4 @@
-package lifecycle
+package budget
 
 import (
 	"context"
@@ -25,14 +25,14 @@ func TestRESTClientMetricsArePerSidecarAndTheBudgetStillPaces(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := namespaceServer(func(r *http.Request) {})
 		reg := k8smetrics.NewKubeRegistry()
-		m := newRestMetrics(reg)
+		m := NewRESTMetrics(reg)
 		b := newBudget(5, 1) // one token, then one every 200 ms
 		defer b.Stop()
-		kube, err := kubernetes.NewForConfig(m.client(&rest.Config{Host: apiHost, Transport: srv}, "attacher", b))
+		kube, err := kubernetes.NewForConfig(m.Client(&rest.Config{Host: apiHost, Transport: srv}, "attacher", b))
 		if err != nil {
 			t.Fatal(err)
 		}
-		other, err := kubernetes.NewForConfig(m.client(&rest.Config{Host: apiHost, Transport: srv}, "resizer", nil))
+		other, err := kubernetes.NewForConfig(m.Client(&rest.Config{Host: apiHost, Transport: srv}, "resizer", nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestAStartingRequestWaitingInTheTransportEndsWithIntake(t *testing.T) {
 		b.mu.Lock()
 		b.started = true
 		b.mu.Unlock()
-		kube, err := kubernetes.NewForConfig(newRestMetrics(k8smetrics.NewKubeRegistry()).client(&rest.Config{Host: apiHost, Transport: srv}, "provisioner", b))
+		kube, err := kubernetes.NewForConfig(NewRESTMetrics(k8smetrics.NewKubeRegistry()).Client(&rest.Config{Host: apiHost, Transport: srv}, "provisioner", b))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,8 +165,8 @@ func TestAStartingRequestWaitingInTheTransportEndsWithIntake(t *testing.T) {
 		default:
 			t.Fatal("the request still waits for a token after intake ended")
 		}
-		if err == nil || !NotStarted(IfNotStarted(ctx, err)) {
-			t.Errorf("the request ended with %v; want an error IfNotStarted recognises as not started", err)
+		if err == nil || !EndedWithIntake(ctx) {
+			t.Errorf("the request ended with %v; want an error of a context that ended with intake", err)
 		}
 		if n := sent.Load(); n != 0 {
 			t.Errorf("the server received %d requests; a request whose intake ended waiting must not be sent", n)

@@ -1,4 +1,4 @@
-package lifecycle
+package budget
 
 import (
 	"context"
@@ -47,13 +47,13 @@ func TestRecorderEventsWaitBehindResultsAndAheadOfNewWork(t *testing.T) {
 	b.mu.Lock()
 	b.started = true
 	b.mu.Unlock()
-	kube, err := kubernetes.NewForConfig(newRestMetrics(k8smetrics.NewKubeRegistry()).client(&rest.Config{Host: srv.URL}, "test", b))
+	kube, err := kubernetes.NewForConfig(NewRESTMetrics(k8smetrics.NewKubeRegistry()).Client(&rest.Config{Host: srv.URL}, "test", b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	events := newEventBroadcaster(ctx, kube, "")
+	events := NewEventBroadcaster(ctx, kube, "")
 	defer events.Shutdown()
 	recorder := events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "test"})
 	obj := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "volume", Namespace: "ns", UID: "uid"}}

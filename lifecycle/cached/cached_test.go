@@ -1,4 +1,4 @@
-package lifecycle
+package cached
 
 import (
 	"fmt"
@@ -24,13 +24,13 @@ func TestTrimForCacheDropsManagedFieldsAndKeepsTheRest(t *testing.T) {
 	}
 	want := pvc.DeepCopy()
 	want.ManagedFields = nil
-	got, err := TrimForCache(pvc.DeepCopy())
+	got, err := Trim(pvc.DeepCopy())
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("trimmed claim %+v (%v), want %+v", got, err, want)
 	}
 	// A tombstone passes through.
 	tomb := cache.DeletedFinalStateUnknown{Key: "ns/c", Obj: pvc}
-	if got, err := TrimForCache(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
+	if got, err := Trim(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
 		t.Errorf("tombstone changed: %+v", got)
 	}
 }
@@ -47,11 +47,11 @@ func TestTrimForCacheKeepsWhatThePodInUseCheckReads(t *testing.T) {
 		},
 		Status: v1.PodStatus{Phase: v1.PodRunning, Conditions: []v1.PodCondition{{Type: v1.PodReady}}},
 	}
-	got, err := TrimForCache(pod)
+	got, err := Trim(pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := got.(*CachedPod)
+	p := got.(*Pod)
 	if p.Name != "p" || p.Namespace != "ns" || p.UID != "u" || p.ResourceVersion != "7" || p.Ended {
 		t.Errorf("identity or phase lost: %+v", p)
 	}
@@ -61,12 +61,12 @@ func TestTrimForCacheKeepsWhatThePodInUseCheckReads(t *testing.T) {
 	if len(p.Labels) != 0 {
 		t.Errorf("labels kept: %+v", p)
 	}
-	if cp := p.DeepCopyObject().(*CachedPod); !reflect.DeepEqual(cp, p) {
+	if cp := p.DeepCopyObject().(*Pod); !reflect.DeepEqual(cp, p) {
 		t.Errorf("copy %+v differs from %+v", cp, p)
 	}
 	for _, phase := range []v1.PodPhase{v1.PodSucceeded, v1.PodFailed} {
 		pod.Status.Phase = phase
-		if got, _ := TrimForCache(pod); !got.(*CachedPod).Ended {
+		if got, _ := Trim(pod); !got.(*Pod).Ended {
 			t.Errorf("a Pod in phase %s is not ended", phase)
 		}
 	}
@@ -75,7 +75,7 @@ func TestTrimForCacheKeepsWhatThePodInUseCheckReads(t *testing.T) {
 // The cache transform changes nothing a reader sees: every field keeps its value. Repeated
 // strings and equal maps of strings are held once; an object's own strings stay its own.
 func TestCacheTransformSharesRepeatedStringsAndMapsAndKeepsEveryValue(t *testing.T) {
-	transform := NewCacheTransform()
+	transform := NewTransform()
 	var got []*v1.PersistentVolume
 	for i := range 3 {
 		pv := samplePV(i)
@@ -152,7 +152,7 @@ func TestSharedMapsTableIsBounded(t *testing.T) {
 // other informers transform objects that share its maps: a shared map is only ever read, so
 // this neither races nor changes any object. (Run under -race by make test-race.)
 func TestCacheTransformRepeatedWhileOthersRun(t *testing.T) {
-	transform := NewCacheTransform()
+	transform := NewTransform()
 	const n = 200
 	objs := make([]*v1.PersistentVolume, n)
 	want := make([]*v1.PersistentVolume, n)

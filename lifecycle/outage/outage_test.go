@@ -1,4 +1,4 @@
-package lifecycle
+package outage
 
 import (
 	"context"
@@ -36,12 +36,12 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 		return srv
 	}
 	srv := serve(l)
-	c := newCaches()
+	c := New()
 	// The retry's period is checked on the fake clock
 	// (TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheReturn); this
 	// test checks the errors of a real socket, on the real clock.
 	c.retry = 20 * time.Millisecond
-	client := &http.Client{Transport: &outageTransport{next: &http.Transport{}, caches: c}}
+	client := &http.Client{Transport: &outageTransport{next: &http.Transport{}, tracker: c}}
 	get := func(ctx context.Context, query string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/api/v1/pods?"+query, nil)
 		return client.Do(req)
@@ -50,7 +50,7 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stale := c.current(context.Background(), time.Minute); len(stale) != 0 {
+	if stale := c.Current(context.Background(), time.Minute); len(stale) != 0 {
 		t.Fatalf("stale %v before any outage", stale)
 	}
 
@@ -75,7 +75,7 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 	if _, err := get(deadline, "watch=true"); err == nil {
 		t.Fatal("a watch succeeded with no server")
 	}
-	for c.current(context.Background(), 0) == nil {
+	for c.Current(context.Background(), 0) == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
 	select {
@@ -94,11 +94,11 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 	if err := <-listed; err != nil {
 		t.Fatalf("the list failed instead of waiting for the server: %v", err)
 	}
-	if stale := c.current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
+	if stale := c.Current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
 		t.Fatalf("stale %v before the watch opened again, want /api/v1/pods", stale)
 	}
 	watched := make(chan []string, 1)
-	go func() { watched <- c.current(context.Background(), time.Minute) }()
+	go func() { watched <- c.Current(context.Background(), time.Minute) }()
 	watch, err = get(context.Background(), "watch=true&resourceVersion=2")
 	if err != nil {
 		t.Fatal(err)
@@ -116,8 +116,8 @@ func TestListsAndWatchesWaitOutAnOutageAndTheCachesKnowWhenTheyAreCurrent(t *tes
 func TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheReturn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &memoryServer{up: true}
-		c := newCaches()
-		client := &http.Client{Transport: &outageTransport{next: srv, caches: c}}
+		c := New()
+		client := &http.Client{Transport: &outageTransport{next: srv, tracker: c}}
 		// Ends a list still held when the test fails, so that the bubble ends.
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -154,7 +154,7 @@ func TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheRetur
 		if got, want := srv.count(list), int(outage/retry)+1; got != want {
 			t.Errorf("the list tried %d times in an outage of %v, want %d (every %v)", got, outage, want, retry)
 		}
-		if stale := c.current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
+		if stale := c.Current(context.Background(), 0); len(stale) != 1 || stale[0] != "/api/v1/pods" {
 			t.Errorf("stale %v during the outage, want /api/v1/pods", stale)
 		}
 		began := time.Now()
@@ -177,7 +177,7 @@ func TestAListRetriesEveryHalfSecondThroughAnOutageAndAnswersWithinOneOnTheRetur
 		if err != nil {
 			t.Fatal(err)
 		}
-		if stale := c.current(context.Background(), 0); len(stale) != 0 {
+		if stale := c.Current(context.Background(), 0); len(stale) != 0 {
 			t.Errorf("stale %v once the watch opened again", stale)
 		}
 		watch.Body.Close()
@@ -232,67 +232,4 @@ func (s *memoryServer) count(query string) int {
 		}
 	}
 	return n
-}
-
-// P7, P11: a term that starts after an outage waits for its caches, but never past a lost
-// Lease: an expiry while it waits fences the term before the sidecar runs; once every
-// watch has opened again, the term leads; a watch that never opens again holds it one
-// lease duration at most.
-func TestANewTermWaitsForItsCachesButNotPastALostLease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const leaseDuration = 15 * time.Second
-		c := newCaches()
-		opened := time.Now()
-		c.watchOpened("/api/v1/pods", opened)
-		c.sawUnreachable(opened.Add(time.Millisecond))
-		p := &process{opts: &Options{LeaseDuration: leaseDuration, RenewDeadline: 10 * time.Second}, caches: c}
-		m := &member{}
-		returned := func(ch <-chan string) (string, bool) {
-			synctest.Wait()
-			select {
-			case why := <-ch:
-				return why, true
-			default:
-				return "", false
-			}
-		}
-
-		expired := make(chan struct{})
-		lost := make(chan string, 1)
-		go func() {
-			lost <- m.waitForCaches(context.Background(), p, term{leading: context.Background(), expired: expired})
-		}()
-		time.Sleep(time.Second)
-		if why, ok := returned(lost); ok {
-			t.Fatalf("the term went on (%q) with a watch not yet open again", why)
-		}
-		close(expired)
-		if why, ok := returned(lost); !ok || why == "" {
-			t.Fatalf("a term whose Lease expired while it waited for its caches: returned %v, why %q; want fenced at once", ok, why)
-		}
-
-		led := make(chan string, 1)
-		go func() { led <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
-		time.Sleep(leaseDuration / 2)
-		if why, ok := returned(led); ok {
-			t.Fatalf("the term went on (%q) with a watch not yet open again", why)
-		}
-		c.watchOpened("/api/v1/pods", time.Now())
-		if why, ok := returned(led); !ok || why != "" {
-			t.Fatalf("once its caches were current the term returned %v, why %q; want it to lead at once", ok, why)
-		}
-
-		// A watch that does not open again: the term leads one lease duration after it began.
-		c.sawUnreachable(time.Now())
-		bounded := make(chan string, 1)
-		go func() { bounded <- m.waitForCaches(context.Background(), p, term{leading: context.Background()}) }()
-		time.Sleep(leaseDuration - time.Nanosecond)
-		if why, ok := returned(bounded); ok {
-			t.Fatalf("the term went on (%q) before a lease duration with a watch not yet open again", why)
-		}
-		time.Sleep(time.Nanosecond)
-		if why, ok := returned(bounded); !ok || why != "" {
-			t.Fatalf("a lease duration after it began the term returned %v, why %q; want it to lead", ok, why)
-		}
-	})
 }

@@ -1,4 +1,10 @@
-package lifecycle
+// Package lease is a leading sidecar's Lease: the watch that tells a standby the moment
+// the Lease is free and a leader the moment it is not its own (Watch), the
+// compare-and-swap write that takes it (Acquire), and the lock of one term through which
+// client-go renews it, timed so that a leader fences itself before a standby may take over,
+// and which alone empties the holder (TermLock). A Server, which never leads, uses none of
+// it.
+package lease
 
 import (
 	"bytes"
@@ -21,6 +27,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
+
+	"github.com/csi-sidecars/csi-sidecars/lifecycle/cached"
 )
 
 var (
@@ -30,18 +38,18 @@ var (
 	errNotOursAgain = errors.New("the Lease holds a record this term did not write")
 )
 
-// termLock is the Lease lock of one term: from the write that takes the Lease to the end of
+// TermLock is the Lease lock of one term: from the write that takes the Lease to the end of
 // leading. client-go's LeaderElector renews through it (with ReleaseOnCancel off, so
 // client-go never empties the holder), and it keeps the rules client-go does not:
 //
 //   - It writes only this term's record: the holder is this identity and the acquire time
 //     the one this term wrote. A record with the same identity written by an earlier
 //     process (a container restarted in the same pod) is not this term's (P10).
-//   - It times renewals: expired() closes renewDeadline after the start of the last write
+//   - It times renewals: Expired() closes renewDeadline after the start of the last write
 //     that succeeded. A standby that saw that write may take the Lease one lease duration
 //     after it saw it, which is later (P11).
 //   - It writes the record once per minInterval (the retry period): client-go calls it
-//     every leaseTiming.tick so that a failed renewal is retried within half a second,
+//     every Timing.Tick so that a failed renewal is retried within half a second,
 //     not a retry period later; the calls in between succeed without a write, as do client-go's
 //     acquire and first renewal right after the write that took the Lease. Expiry still
 //     counts from the last real write.
@@ -50,12 +58,12 @@ var (
 //     hanging on a dead connection costs one attemptTimeout of the renew deadline, and
 //     the next attempt runs on fresh connections (newConns). An API server that returns
 //     inside the renew deadline finds the leader still leading (P11).
-//   - After close() it writes nothing, so a fenced leader never touches the Lease again.
-//   - release() is the one place that empties the holder (P2).
+//   - After Close() it writes nothing, so a fenced leader never touches the Lease again.
+//   - Release() is the one place that empties the holder (P2).
 //
 // Its mutex is never held across a call to the API server, so fencing never waits on a
 // stuck renewal.
-type termLock struct {
+type TermLock struct {
 	rl.Interface
 	renewDeadline  time.Duration
 	minInterval    time.Duration
@@ -77,37 +85,41 @@ type termLock struct {
 	slowPath    bool
 }
 
-// leaseTiming is how a term renews: writes once per retry period while they succeed,
-// retried every tick after a failure, each attempt bounded by attempt.
-type leaseTiming struct {
-	renewDeadline, retryPeriod, tick, attempt time.Duration
+// Timing is how a term renews: writes once per retry period while they succeed, retried
+// every tick after a failure, each attempt bounded by Attempt, and the leader fenced
+// RenewDeadline after the start of its last successful write.
+type Timing struct {
+	RenewDeadline, RetryPeriod, Tick, Attempt time.Duration
 }
 
-// timingOf derives the renewal timing from the leader-election flags. A failed renewal
+// TimingOf derives the renewal timing from the leader-election flags
+// (--leader-election-renew-deadline and --leader-election-retry-period). A failed renewal
 // is retried every tenth of the retry period, at most every 500ms and at least every
 // 50ms, so that an API server that returns inside the renew deadline is seen in time
 // without polling a healthy one more often than upstream (one write per retry period).
 // An attempt may take a fifth of the renew deadline, at least 1s (never more than half
 // the deadline): a slow answer on a loaded server still counts, a hung one leaves time
 // for several more.
-func timingOf(o *Options) leaseTiming {
-	tick := min(max(o.RetryPeriod/10, 50*time.Millisecond), 500*time.Millisecond)
-	attempt := min(max(o.RenewDeadline/5, time.Second), o.RenewDeadline/2)
-	return leaseTiming{renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod, tick: tick, attempt: attempt}
+func TimingOf(renewDeadline, retryPeriod time.Duration) Timing {
+	tick := min(max(retryPeriod/10, 50*time.Millisecond), 500*time.Millisecond)
+	attempt := min(max(renewDeadline/5, time.Second), renewDeadline/2)
+	return Timing{RenewDeadline: renewDeadline, RetryPeriod: retryPeriod, Tick: tick, Attempt: attempt}
 }
 
-func newTermLock(lock rl.Interface, t leaseTiming, newConns func()) *termLock {
+// NewTermLock is the lock of a term on lock, renewed by t. newConns, when not nil, drops
+// the connections of lock's client after an attempt that timed out.
+func NewTermLock(lock rl.Interface, t Timing, newConns func()) *TermLock {
 	if newConns == nil {
 		newConns = func() {}
 	}
-	return &termLock{Interface: lock, renewDeadline: t.renewDeadline, minInterval: t.retryPeriod,
-		attemptTimeout: t.attempt, newConns: newConns, expired: make(chan struct{})}
+	return &TermLock{Interface: lock, renewDeadline: t.RenewDeadline, minInterval: t.RetryPeriod,
+		attemptTimeout: t.Attempt, newConns: newConns, expired: make(chan struct{})}
 }
 
 // attempt bounds one call to the API server. A write starts a new renewal attempt, unless
 // it is the slow path's write after a failed one, which shares that attempt's deadline as
 // the slow path's read does (even when it has passed: the read then fails at once).
-func (l *termLock) attempt(ctx context.Context, read bool) (context.Context, context.CancelFunc, bool) {
+func (l *TermLock) attempt(ctx context.Context, read bool) (context.Context, context.CancelFunc, bool) {
 	now := time.Now()
 	l.mu.Lock()
 	shared := l.slowPath && (read || now.Before(l.attemptEnds))
@@ -126,7 +138,7 @@ func (l *termLock) attempt(ctx context.Context, read bool) (context.Context, con
 
 // attemptFailed records a failed call: a first write that failed opens client-go's slow
 // path; a call that ran out of time drops the connections it may have hung on.
-func (l *termLock) attemptFailed(ctx context.Context, err error, firstWrite bool) {
+func (l *TermLock) attemptFailed(ctx context.Context, err error, firstWrite bool) {
 	l.mu.Lock()
 	l.slowPath = firstWrite
 	l.mu.Unlock()
@@ -136,7 +148,7 @@ func (l *termLock) attemptFailed(ctx context.Context, err error, firstWrite bool
 }
 
 // Get reads the Lease within the current renewal attempt.
-func (l *termLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+func (l *TermLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	actx, cancel, _ := l.attempt(ctx, true)
 	defer cancel()
 	rec, raw, err := l.Interface.Get(actx)
@@ -147,21 +159,21 @@ func (l *termLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, e
 }
 
 // begin fixes the acquire time of the record this term is about to write.
-func (l *termLock) begin(acquired time.Time) {
+func (l *TermLock) begin(acquired time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.acquired = acquired
 }
 
-// acquiredAt is the acquire time of this term's record.
-func (l *termLock) acquiredAt() time.Time {
+// AcquiredAt is the acquire time of this term's record.
+func (l *TermLock) AcquiredAt() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.acquired
 }
 
 // ours tells whether rec is this term's record.
-func (l *termLock) ours(rec *rl.LeaderElectionRecord) bool {
+func (l *TermLock) ours(rec *rl.LeaderElectionRecord) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return isTermRecord(rec, l.Identity(), l.acquired)
@@ -171,15 +183,15 @@ func isTermRecord(rec *rl.LeaderElectionRecord, identity string, acquired time.T
 	return rec != nil && !acquired.IsZero() && rec.HolderIdentity == identity && rec.AcquireTime.Time.Equal(acquired)
 }
 
-func (l *termLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
+func (l *TermLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
 	return l.write(ctx, r, l.Interface.Create)
 }
 
-func (l *termLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
+func (l *TermLock) Update(ctx context.Context, r rl.LeaderElectionRecord) error {
 	return l.write(ctx, r, l.Interface.Update)
 }
 
-func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func(context.Context, rl.LeaderElectionRecord) error) error {
+func (l *TermLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func(context.Context, rl.LeaderElectionRecord) error) error {
 	start := time.Now()
 	l.mu.Lock()
 	closed, ours := l.closed, isTermRecord(&r, l.Identity(), l.acquired)
@@ -205,7 +217,7 @@ func (l *termLock) write(ctx context.Context, r rl.LeaderElectionRecord, do func
 }
 
 // renewedAt records a successful write that started at start and moves the fence deadline.
-func (l *termLock) renewedAt(start time.Time) {
+func (l *TermLock) renewedAt(start time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || !start.After(l.renewed) {
@@ -220,7 +232,7 @@ func (l *termLock) renewedAt(start time.Time) {
 	l.timer.Reset(wait)
 }
 
-func (l *termLock) checkExpiry() {
+func (l *TermLock) checkExpiry() {
 	l.mu.Lock()
 	left := time.Until(l.renewed.Add(l.renewDeadline))
 	if left > 0 && !l.closed {
@@ -234,10 +246,10 @@ func (l *termLock) checkExpiry() {
 
 // Expired is closed once renewDeadline has passed since the start of the last successful
 // write without a newer one: the leader must fence itself now (P11).
-func (l *termLock) Expired() <-chan struct{} { return l.expired }
+func (l *TermLock) Expired() <-chan struct{} { return l.expired }
 
-// close stops every later write; the Lease is left as it is.
-func (l *termLock) close() {
+// Close stops every later write; the Lease is left as it is.
+func (l *TermLock) Close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.closed = true
@@ -246,12 +258,12 @@ func (l *termLock) close() {
 	}
 }
 
-// release empties the holder of this term's record, so a standby takes over at once. It is
+// Release empties the holder of this term's record, so a standby takes over at once. It is
 // the only write of an empty holder in the core, and it runs only when nothing this term
 // started can still run in the driver (P2). It refuses to touch a record this term did not
 // write (client-go's own release would empty another holder's record after a conflict).
-func (l *termLock) release(ctx context.Context) error {
-	l.close()
+func (l *TermLock) Release(ctx context.Context) error {
+	l.Close()
 	for {
 		// Not l.Get: the release has its own deadline, not a renewal attempt's.
 		rec, _, err := l.Interface.Get(ctx)
@@ -275,11 +287,11 @@ func (l *termLock) release(ctx context.Context) error {
 	}
 }
 
-// leaseWatch keeps this replica's view of one Lease from a watch, timed by the local clock
+// Watch keeps this replica's view of one Lease from a watch, timed by the local clock
 // as client-go does (a holder's renewTime is another machine's clock). A standby uses it to
 // try the Lease the moment it is released or expires (P7); a leader uses it to notice at
 // once that the record is no longer its own (P6).
-type leaseWatch struct {
+type Watch struct {
 	identity string
 
 	mu         sync.Mutex
@@ -292,17 +304,18 @@ type leaseWatch struct {
 	takenOver  chan struct{}
 	tookOver   bool
 
-	// What start runs, for stop; set by start, read by stop once start returned.
+	// What Start runs, for Stop; set by Start, read by Stop once Start returned.
 	cancel  context.CancelFunc
 	factory informers.SharedInformerFactory
 	polls   sync.WaitGroup
 }
 
-func newLeaseWatch(identity string) *leaseWatch {
-	return &leaseWatch{identity: identity, changed: make(chan struct{}, 1), takenOver: make(chan struct{})}
+// NewWatch is the watch of a replica whose leader-election identity is identity.
+func NewWatch(identity string) *Watch {
+	return &Watch{identity: identity, changed: make(chan struct{}, 1), takenOver: make(chan struct{})}
 }
 
-// start runs an informer on the one Lease until stop (or the end of run) and returns once
+// Start runs an informer on the one Lease until stop (or the end of run) and returns once
 // it has synced, or when synced ends first. A draining leader keeps watching, so a takeover during the
 // drain still fences it at once. Where RBAC allows no list and watch on Leases (older
 // upstream roles), it polls the Lease every retry period instead, as client-go does, with
@@ -311,7 +324,7 @@ func newLeaseWatch(identity string) *leaseWatch {
 // client has no request timeout (the watch is long); its plain requests, the access review
 // and the polls, are bounded by the retry period here: a poll that has not answered by the
 // next one is no use.
-func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interface, namespace, name string, retryPeriod time.Duration) error {
+func (w *Watch) Start(run, synced context.Context, client kubernetes.Interface, namespace, name string, retryPeriod time.Duration) error {
 	run, w.cancel = context.WithCancel(run)
 	reviewCtx, cancel := context.WithTimeout(synced, retryPeriod)
 	mayWatch := mayListAndWatch(reviewCtx, client, namespace)
@@ -330,7 +343,7 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace(namespace),
-		informers.WithTransform(TrimForCache),
+		informers.WithTransform(cached.Trim),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
 		}))
@@ -351,9 +364,9 @@ func (w *leaseWatch) start(run, synced context.Context, client kubernetes.Interf
 	return nil
 }
 
-// stop ends what start started and waits for it: the run that watches the Lease calls it
+// Stop ends what Start started and waits for it: the run that watches the Lease calls it
 // as it ends, so that a process embedding the core keeps no goroutine of it.
-func (w *leaseWatch) stop() {
+func (w *Watch) Stop() {
 	if w.cancel == nil {
 		return // never started
 	}
@@ -381,7 +394,7 @@ func mayListAndWatch(ctx context.Context, client kubernetes.Interface, namespace
 }
 
 // pollOnce reads the Lease and records what it saw.
-func (w *leaseWatch) pollOnce(ctx context.Context, leases coordinationclient.LeaseInterface, name string) {
+func (w *Watch) pollOnce(ctx context.Context, leases coordinationclient.LeaseInterface, name string) {
 	lease, err := leases.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -393,7 +406,7 @@ func (w *leaseWatch) pollOnce(ctx context.Context, leases coordinationclient.Lea
 	}
 }
 
-func (w *leaseWatch) observeLease(obj any) {
+func (w *Watch) observeLease(obj any) {
 	lease, ok := obj.(*coordinationv1.Lease)
 	if !ok {
 		return
@@ -408,7 +421,7 @@ func (w *leaseWatch) observeLease(obj any) {
 
 // observe records a version of the Lease seen at now (from the watch or a Get). While
 // leading, any record but this term's own means the Lease is lost.
-func (w *leaseWatch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.Time) {
+func (w *Watch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if rec != nil && bytes.Equal(raw, w.raw) {
@@ -429,7 +442,7 @@ func (w *leaseWatch) observe(rec *rl.LeaderElectionRecord, raw []byte, now time.
 // zero when it is absent, released, this term's own or expired. A record naming this
 // identity that this process did not write is another holder's: the process that wrote it
 // may still be running calls in the driver (P10).
-func (w *leaseWatch) untilFree(now time.Time) time.Duration {
+func (w *Watch) untilFree(now time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.record == nil || w.record.HolderIdentity == "" || isTermRecord(w.record, w.identity, w.acquired) {
@@ -439,19 +452,23 @@ func (w *leaseWatch) untilFree(now time.Time) time.Duration {
 	return max(expiry.Sub(now), 0)
 }
 
-// lead marks the start (acquired set) or the end (zero) of leading on this term's record.
-func (w *leaseWatch) lead(acquired time.Time) {
+// Lead marks the start (acquired set) or the end (zero) of leading on this term's record.
+func (w *Watch) Lead(acquired time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.acquired = acquired
 	w.leading = !acquired.IsZero()
 }
 
-// acquire waits until the Lease is free by the watch's account and takes it with a
+// TakenOver is closed once, while leading, the watch saw a record other than this term's:
+// the Lease is lost (P6).
+func (w *Watch) TakenOver() <-chan struct{} { return w.takenOver }
+
+// Acquire waits until the Lease is free by the watch's account and takes it with a
 // compare-and-swap write through lock. It returns false when ctx ends first. Once it
 // returns true this term holds the Lease and client-go's LeaderElector, started next, renews
 // it at once.
-func acquire(ctx context.Context, lock *termLock, w *leaseWatch, leaseDuration, retryPeriod time.Duration) bool {
+func Acquire(ctx context.Context, lock *TermLock, w *Watch, leaseDuration, retryPeriod time.Duration) bool {
 	logger := klog.FromContext(ctx)
 	for {
 		wait := w.untilFree(time.Now())
@@ -480,7 +497,7 @@ func acquire(ctx context.Context, lock *termLock, w *leaseWatch, leaseDuration, 
 // into it. The write carries the read's resourceVersion, so of two standbys racing only one
 // wins. Every term starts a new record (new acquire time), even over a record of the same
 // identity: that one belongs to another process.
-func tryAcquire(ctx context.Context, lock *termLock, w *leaseWatch, leaseDuration time.Duration) error {
+func tryAcquire(ctx context.Context, lock *TermLock, w *Watch, leaseDuration time.Duration) error {
 	now := time.Now()
 	// The API keeps microseconds; the term's record must compare equal once read back.
 	stamp := metav1.NewTime(now.Truncate(time.Microsecond))

@@ -1,4 +1,4 @@
-package lifecycle
+package budget
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// newEventBroadcaster records events into namespace ("" for the objects' own) through a
+// NewEventBroadcaster records events into namespace ("" for the objects' own) through a
 // sink that tolerates RBAC without events. Its writes wait for the budget as events (P14):
 // behind every write that records a result, ahead of new work.
-func newEventBroadcaster(ctx context.Context, kube kubernetes.Interface, namespace string) record.EventBroadcaster {
+func NewEventBroadcaster(ctx context.Context, kube kubernetes.Interface, namespace string) record.EventBroadcaster {
 	b := record.NewBroadcaster(record.WithContext(ctx))
 	b.StartRecordingToSink(&tolerantSink{events: kube.CoreV1().Events(namespace), ctx: eventWrites(ctx), logger: klog.FromContext(ctx)})
 	return b

@@ -1,4 +1,4 @@
-package lifecycle
+package cached
 
 import (
 	"fmt"
@@ -107,8 +107,8 @@ func cachedBytes(t testing.TB, n int, sample func(int) protoObject, empty func()
 }
 
 // BenchmarkCachedObjectBytes prints what one cached PV, claim and VolumeAttachment cost:
-// as decoded, as TrimForCache keeps them (managedFields dropped, repeated strings shared),
-// and as a process's caches keep them (NewCacheTransform: equal maps shared too).
+// as decoded, as Trim keeps them (managedFields dropped, repeated strings shared),
+// and as a process's caches keep them (NewTransform: equal maps shared too).
 func BenchmarkCachedObjectBytes(b *testing.B) {
 	const n = 2500
 	asIs := func(obj any) (any, error) { return obj, nil }
@@ -124,8 +124,8 @@ func BenchmarkCachedObjectBytes(b *testing.B) {
 	for range b.N {
 		for _, k := range kinds {
 			decoded := cachedBytes(b, n, k.sample, k.empty, asIs)
-			trimmed := cachedBytes(b, n, k.sample, k.empty, TrimForCache)
-			shared := cachedBytes(b, n, k.sample, k.empty, NewCacheTransform())
+			trimmed := cachedBytes(b, n, k.sample, k.empty, Trim)
+			shared := cachedBytes(b, n, k.sample, k.empty, NewTransform())
 			b.ReportMetric(decoded, k.name+"-decoded-B")
 			b.ReportMetric(trimmed, k.name+"-trimmed-B")
 			b.ReportMetric(shared, k.name+"-cached-B")
