@@ -6,6 +6,7 @@ package sidecars
 import (
 	"github.com/csi-sidecars/csi-sidecars/attacher"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/livenessprobe"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
 	"github.com/csi-sidecars/csi-sidecars/resizer"
 	"github.com/csi-sidecars/csi-sidecars/snapshotter"
@@ -18,6 +19,7 @@ func All() []lifecycle.Hosted {
 		resizer.New(),
 		provisioner.New(),
 		snapshotter.New(),
+		livenessprobe.New(),
 	}
 }
 
