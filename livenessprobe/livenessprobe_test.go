@@ -429,7 +429,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"--controllers=livenessprobe,idle", "--livenessprobe-health-port=9898", "--http-endpoint=:8080"}, ""},
 	} {
 		root := lifecycle.NewRootCommand("csi-sidecars", "test", New(), idle{})
-		err := lifecycle.ValidateArgs(root, c.args[:])
+		err := lifecycle.ValidateArgs(root, c.args)
 		if (c.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.wantErr)) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.wantErr)
 		}
