@@ -1,5 +1,5 @@
-// Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner, snapshotter) on
-// the shared lifecycle core: csi-sidecars <sidecar> [flags].
+// Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner, snapshotter,
+// livenessprobe) on the shared lifecycle core: csi-sidecars <sidecar> [flags].
 package main
 
 import (

@@ -85,6 +85,21 @@ var upstreamManifests = []struct {
 	{"ceph-csi/deploy/nfs/kubernetes/csi-nfsplugin-provisioner.yaml csi-snapshotter", "snapshotter",
 		map[string]string{"ADDRESS": "unix:///csi/csi-provisioner.sock", "POD_IP": "10.0.0.7"},
 		[]string{"--csi-address=$(ADDRESS)", "--v=1", "--timeout=150s", "--leader-election=true", "--http-endpoint=$(POD_IP):8092"}},
+
+	// kubernetes-csi/csi-driver-host-path v1.18.0 deploy/kubernetes-1.34/hostpath/csi-hostpath-plugin.yaml
+	// (livenessprobe v2.19.0; kubernetes-distributed has the same args).
+	{"csi-driver-host-path/deploy/kubernetes-1.34/hostpath liveness-probe", "livenessprobe", nil,
+		[]string{"--csi-address=/csi/csi.sock", "--health-port=9898"}},
+	// kubernetes-sigs/aws-ebs-csi-driver v1.64.0 deploy/kubernetes/base/node.yaml and
+	// controller.yaml (livenessprobe v2.19.0).
+	{"aws-ebs-csi-driver/deploy/kubernetes/base/node.yaml liveness-probe", "livenessprobe", nil,
+		[]string{"--csi-address=/csi/csi.sock"}},
+	{"aws-ebs-csi-driver/deploy/kubernetes/base/controller.yaml liveness-probe", "livenessprobe", nil,
+		[]string{"--csi-address=/csi/csi.sock", "--probe-timeout=60s"}},
+	// Its Helm chart's controller.yaml (v1.64.0) with controller.enableMetrics: metrics on a
+	// listener of their own, the probe on its default port.
+	{"aws-ebs-csi-driver/charts/aws-ebs-csi-driver controller.yaml liveness-probe (enableMetrics)", "livenessprobe", nil,
+		[]string{"--csi-address=/csi/csi.sock", "--probe-timeout=60s", "--metrics-address=0.0.0.0:3305"}},
 }
 
 func TestUpstreamManifestArgsPassFlagValidation(t *testing.T) {
@@ -120,6 +135,13 @@ func TestValuesAndFlagsUpstreamAcceptsAreAccepted(t *testing.T) {
 		{"resizer", "--feature-gates=RecoverVolumeExpansionFailure=true"},
 		{"resizer", "--feature-gates=RecoverVolumeExpansionFailure=false,AnnotateFsResize=false"},
 		{"--controllers=resizer", "--resizer-timeout=5s", "--resizer-resize-timeout=1m", "--resizer-modify-timeout=2m"},
+		// livenessprobe v2.19 compares --health-port with the string "9808": given
+		// explicitly it goes with --http-endpoint. It checks no value of its own flags.
+		{"livenessprobe", "--health-port=9808", "--http-endpoint=:8080"},
+		{"livenessprobe", "--probe-timeout=0", "--health-port=not-a-port"},
+		{"livenessprobe", "-csi-address", "/csi/csi.sock", "-health-port", "9898", "-probe-timeout", "3s"},
+		// In combined mode the probe's port and the diagnostics are two servers.
+		{"--controllers=livenessprobe,attacher", "--livenessprobe-health-port=9898", "--http-endpoint=:8080"},
 	} {
 		if err := lifecycle.ValidateArgs(newRoot(), args); err != nil {
 			t.Errorf("%v: %v", args, err)
@@ -273,6 +295,9 @@ func TestCombinedModeFlags(t *testing.T) {
 		{[]string{"--controllers=snapshotter", "--snapshotter-groupsnapshot-name-prefix=", "--feature-gates=CSIVolumeGroupSnapshot=false"}, ""},
 		{[]string{"--controllers=attacher", "--attacher-worker-threads=0"}, "--worker-threads"},
 		{[]string{"--controllers=attacher", "--worker-threads=5"}, "unknown flag"},
+		// As livenessprobe v2.19 (which exits 1 on them; a usage error, exit 2, here).
+		{[]string{"livenessprobe", "--health-port=9898", "--http-endpoint=:8080"}, "--health-port"},
+		{[]string{"livenessprobe", "--metrics-address=:9809", "--http-endpoint=:8080"}, "--metrics-address"},
 	} {
 		err := lifecycle.ValidateArgs(newRoot(), c.args)
 		if (c.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.wantErr)) {

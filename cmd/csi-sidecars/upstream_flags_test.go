@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/upstream"
+	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
 // flagDefiners are the flag package's functions that define a flag, with the index of the
@@ -116,5 +117,75 @@ func TestEveryFlagOfUpstreamsNewestReleasesIsOursAndInTheREADME(t *testing.T) {
 				t.Errorf("the README does not name %s", r)
 			}
 		})
+	}
+}
+
+// livenessprobeV219 is what kubernetes-csi/livenessprobe v2.19.0 registers on its flag
+// set, written down because it is no Go module the proxy serves: its own flags
+// (cmd/livenessprobe/main.go), each with a value other than its default, then csi-lib-utils'
+// --automaxprocs and component-base's logging flags (logsapi.AddGoFlags, JSON registered).
+var livenessprobeV219 = struct {
+	own, library []string
+}{
+	own: []string{
+		"--probe-timeout=10s",
+		"--csi-address=/csi/csi.sock",
+		"--health-port=9898",
+		"--metrics-address=:9809",
+		"--http-endpoint=:8080",
+		"--metrics-path=/lp-metrics",
+	},
+	library: []string{
+		"--automaxprocs",
+		"--logging-format=json",
+		"--log-flush-frequency=10s",
+		"--v=5",
+		"--vmodule=main=6",
+		"--log-text-split-stream=false",
+		"--log-text-info-buffer-size=0",
+		"--log-json-split-stream=false",
+		"--log-json-info-buffer-size=0",
+	},
+}
+
+// Every flag livenessprobe v2.19 has is a flag of `csi-sidecars livenessprobe` (its own or
+// a shared one), takes the values upstream takes, and its own are named in the README.
+func TestEveryLivenessprobeV219FlagIsOursAndInTheREADME(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := newRoot()
+	sub, _, err := root.Find([]string{"livenessprobe"})
+	if err != nil || sub == root {
+		t.Fatalf("no subcommand livenessprobe: %v", err)
+	}
+	f := livenessprobeV219
+	for _, arg := range slices.Concat(f.own, f.library) {
+		name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		if sub.Flags().Lookup(name) == nil && root.PersistentFlags().Lookup(name) == nil {
+			t.Errorf("livenessprobe v2.19.0 has --%s; csi-sidecars livenessprobe does not", name)
+		}
+		if slices.Contains(f.own, arg) && !strings.Contains(string(readme), "`--"+name+"`") {
+			t.Errorf("livenessprobe v2.19.0 has --%s; the README's flag tables do not name it", name)
+		}
+	}
+	if !strings.Contains(string(readme), "livenessprobe v2.19") {
+		t.Error("the README does not name livenessprobe v2.19")
+	}
+	// Upstream refuses --http-endpoint with --health-port or --metrics-address (and
+	// --vmodule with the json format), so the values are checked in groups that upstream
+	// accepts.
+	for _, args := range [][]string{
+		{"--probe-timeout=10s", "--csi-address=/csi/csi.sock", "--health-port=9898", "--metrics-address=:9809", "--metrics-path=/lp-metrics"},
+		{"--probe-timeout=10s", "--http-endpoint=:8080", "--metrics-path=/lp-metrics"},
+		{"--health-port=9808", "--http-endpoint=:8080"},
+		{"--automaxprocs", "--log-flush-frequency=10s", "--v=5", "--vmodule=main=6", "--log-text-split-stream=false", "--log-text-info-buffer-size=0",
+			"--log-json-split-stream=false", "--log-json-info-buffer-size=0"},
+		{"--logging-format=json"},
+	} {
+		if err := lifecycle.ValidateArgs(newRoot(), append([]string{"livenessprobe"}, args...)); err != nil {
+			t.Errorf("livenessprobe %v: %v", args, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/attacher"
 	"github.com/csi-sidecars/csi-sidecars/healthmonitor"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/livenessprobe"
 	"github.com/csi-sidecars/csi-sidecars/provisioner"
 	"github.com/csi-sidecars/csi-sidecars/registrar"
 	"github.com/csi-sidecars/csi-sidecars/resizer"
@@ -20,17 +21,19 @@ func All() []lifecycle.Hosted {
 		resizer.New(),
 		provisioner.New(),
 		snapshotter.New(),
-		registrar.New(),
 		healthmonitor.New(),
+		registrar.New(),
+		livenessprobe.New(),
 	}
 }
 
-// Dir is the folder of the sidecar's package tree, from the module's root.
+// Dir is the folder of the sidecar's package tree, from the module's root: its name, but
+// for subcommands whose names are not a Go package's.
 func Dir(name string) string {
-	if name == registrar.Name {
+	switch name {
+	case registrar.Name:
 		return "registrar"
-	}
-	if name == healthmonitor.Name {
+	case healthmonitor.Name:
 		return "healthmonitor"
 	}
 	return name

@@ -40,6 +40,8 @@ type Backend struct {
 	changed chan struct{}
 	// nodeExpansion overrides Config.NodeExpansionRequired per volume id.
 	nodeExpansion map[string]bool
+	// notReady makes Probe answer ready=false (SetProbeReady).
+	notReady bool
 	// snapshots by id, and the last id handed out.
 	snapshots      map[string]*Snapshot
 	lastSnapshotID int
@@ -212,6 +214,16 @@ func (b *Backend) SetNodeExpansionRequired(volumeID string, required bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.nodeExpansion[volumeID] = required
+}
+
+// SetProbeReady decides what Probe answers in its ready field: true (the
+// default), or false, as a driver that is up but cannot serve yet. The call
+// itself still succeeds; a failing Probe is a Fault. It affects operations that
+// end afterwards.
+func (b *Backend) SetProbeReady(ready bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.notReady = !ready
 }
 
 // nodeExpansionRequiredLocked is what ControllerExpandVolume answers for a

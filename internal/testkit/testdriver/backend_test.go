@@ -380,3 +380,32 @@ func TestStopMakesSocketUnreachable(t *testing.T) {
 		t.Errorf("Probe after restart: %v", err)
 	}
 }
+
+// SetProbeReady makes Probe answer ready=false, as a driver whose backend is not reachable,
+// and true again; a call still answers OK either way.
+func TestSetProbeReady(t *testing.T) {
+	ctx := testCtx(t)
+	d := startDriver(t, testdriver.Config{}, 1)
+	ready := func() bool {
+		t.Helper()
+		rsp, err := d.ident(0).Probe(ctx, &csi.ProbeRequest{})
+		if err != nil {
+			t.Fatalf("Probe: %v", err)
+		}
+		if rsp.GetReady() == nil {
+			t.Fatal("Probe answered without ready")
+		}
+		return rsp.GetReady().GetValue()
+	}
+	if !ready() {
+		t.Error("a new driver is not ready")
+	}
+	d.b.SetProbeReady(false)
+	if ready() {
+		t.Error("ready after SetProbeReady(false)")
+	}
+	d.b.SetProbeReady(true)
+	if !ready() {
+		t.Error("not ready after SetProbeReady(true)")
+	}
+}

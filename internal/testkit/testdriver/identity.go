@@ -54,9 +54,10 @@ func (s *identityServer) GetPluginCapabilities(ctx context.Context, _ *csi.GetPl
 }
 
 func (s *identityServer) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	// Readiness problems are simulated with a Fault on Probe.
+	// A failing Probe is a Fault; a driver that answers but is not ready is
+	// SetProbeReady(false).
 	return runOp(ctx, s.b, s.spec(MethodProbe, nil), func(*Call) (*csi.ProbeResponse, error) {
-		return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+		return &csi.ProbeResponse{Ready: wrapperspb.Bool(!s.b.notReady)}, nil
 	})
 }
 
