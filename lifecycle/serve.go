@@ -165,12 +165,13 @@ func (p *process) startServers(ctx context.Context, hosted []Server, alone bool,
 	for i, srv := range hosted {
 		inflight := p.metrics.inflight.WithLabelValues(srv.Name())
 		env := &ServerEnv{
-			CSI:        &serverCalls{conn: conn, ops: ops, onChange: func(d int64) { inflight.Add(float64(d)) }},
-			CSIAddress: p.opts.CSIAddress,
-			Alone:      alone,
-			ops:        ops,
-			driverName: names.get,
-			diag:       diag,
+			CSI:          &serverCalls{conn: conn, ops: ops, onChange: func(d int64) { inflight.Add(float64(d)) }},
+			CSIAddress:   p.opts.CSIAddress,
+			Alone:        alone,
+			HTTPEndpoint: p.opts.HTTPEndpoint,
+			ops:          ops,
+			driverName:   names.get,
+			diag:         diag,
 		}
 		wg.Go(func() {
 			s.codes[i] = p.serve(ctx, srv, env)

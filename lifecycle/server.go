@@ -56,6 +56,9 @@ type ServerEnv struct {
 	// Alone is true when the process hosts this Server only (its subcommand): shared flags
 	// then mean what its upstream sidecar's flags of the same name mean.
 	Alone bool
+	// HTTPEndpoint is --http-endpoint ("" when unset; the diagnostics server may then still
+	// run on the deprecated --metrics-address).
+	HTTPEndpoint string
 
 	ops        context.Context
 	driverName func(ctx context.Context) (string, error)

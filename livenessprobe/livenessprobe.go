@@ -75,8 +75,6 @@ type Sidecar struct {
 	// to the subcommand; combined mode's --livenessprobe-health-port is another flag on the
 	// same value.
 	healthPortFlag *pflag.Flag
-	// httpEndpoint is the shared --http-endpoint, read when the flags are checked.
-	httpEndpoint string
 }
 
 // New returns the livenessprobe sidecar.
@@ -112,7 +110,6 @@ func (s *Sidecar) ValidateFlags() error {
 // --health-port other than its default together with --http-endpoint, which then decides
 // where the probe answers. It keeps --http-endpoint for Serve.
 func (s *Sidecar) ValidateSharedFlags(shared *lifecycle.Options) error {
-	s.httpEndpoint = shared.HTTPEndpoint
 	if s.healthPortFlag != nil && s.healthPortFlag.Changed && s.healthPort != defaultHealthPort && shared.HTTPEndpoint != "" {
 		return errors.New("only one of --health-port and --http-endpoint can be explicitly set")
 	}
@@ -138,14 +135,14 @@ func (s *Sidecar) Serve(intake context.Context, env *lifecycle.ServerEnv) error 
 	}()
 
 	probe := &probe{identity: csi.NewIdentityClient(env.CSI), timeout: s.probeTimeout, logger: logger}
-	if env.Alone && s.httpEndpoint != "" {
+	if env.Alone && env.HTTPEndpoint != "" {
 		if s.healthPort != defaultHealthPort {
 			// Only --controllers=livenessprobe gets here: the subcommand refuses it.
 			lifecycle.WarnFlag("livenessprobe-health-port", s.healthPort, "ignored: the probe answers on --http-endpoint, as when the livenessprobe runs alone")
 		}
 		gate := &gate{}
 		if env.HandleDiagnostics("/healthz", gate.wrap(probe)) {
-			logger.Info("Serving the liveness probe on the diagnostics server", "address", s.httpEndpoint, "path", "/healthz")
+			logger.Info("Serving the liveness probe on the diagnostics server", "address", env.HTTPEndpoint, "path", "/healthz")
 			<-intake.Done()
 			return gate.close(env.Ops())
 		}
