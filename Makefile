@@ -55,7 +55,7 @@ test-integration: ## the tests that need a control plane or built binaries (and 
 # under test/ skip in -short (their processes are not built with -race), and building each
 # with -race only to skip took minutes. Those that host sidecars in the test process run.
 test-race: ## the race detector over the unit tests and the tests that host sidecars in the test process
-	$(GO) test -race -count=1 -short -p 2 ./cmd/... ./lifecycle/... ./attacher/... ./resizer/... ./provisioner/... ./snapshotter/... ./internal/... ./hack/...
+	$(GO) test -race -count=1 -short -p 2 $$($(GO) list ./... | grep -v '/test/')
 	$(GO) test -race -count=1 -run 'OneProcess|OneFenced' ./test/e2e/
 
 # Its own module's (hack/image); it needs no control plane and starts once a stage above ends.
