@@ -6,16 +6,15 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
-	"maps"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/layout"
 )
 
-const module = "github.com/csi-sidecars/csi-sidecars/"
+const module = layout.Module
 
 // allowed states the core's parts and what each imports of this module. The parts sit
 // below package lifecycle and beside each other; none imports lifecycle (the compiler
@@ -37,57 +36,12 @@ var leadingOnly = []string{"budget", "cached", "lease", "outage"}
 var serverPath = []string{"server.go", "serve.go", "http.go"}
 
 func TestThePartsImportOnlyWhatTheyMay(t *testing.T) {
-	entries, err := os.ReadDir(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var parts []string
-	for _, e := range entries {
-		if e.IsDir() && e.Name() != "testdata" {
-			parts = append(parts, e.Name())
-		}
-	}
-	if want := slices.Sorted(maps.Keys(allowed)); !slices.Equal(parts, want) {
-		t.Errorf("packages under lifecycle/: %v, want %v (a new part states what it may import here)", parts, want)
-	}
+	layout.CheckParts(t, "lifecycle", allowed)
 	for _, part := range leadingOnly {
 		if _, ok := allowed[part]; !ok {
 			t.Errorf("leading-only part %s is not a part", part)
 		}
 	}
-	for _, part := range parts {
-		files, err := filepath.Glob(filepath.Join(part, "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, path := range files {
-			if strings.HasSuffix(path, "_test.go") {
-				continue
-			}
-			for _, own := range ownImports(t, path) {
-				if !slices.Contains(allowed[part], own) {
-					t.Errorf("%s imports %s: a part of the core imports %v of this module only", path, own, allowed[part])
-				}
-			}
-		}
-	}
-}
-
-// ownImports are the imports of this module of the Go file at path, without the module.
-func ownImports(t *testing.T, path string) []string {
-	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, imp := range f.Imports {
-		p, _ := strconv.Unquote(imp.Path.Value)
-		if own, ok := strings.CutPrefix(p, module); ok {
-			out = append(out, own)
-		}
-	}
-	return out
 }
 
 // The Server path uses nothing of the Lease, the budget or the caches: its files import no
@@ -96,7 +50,7 @@ func ownImports(t *testing.T, path string) []string {
 // one's type. A Server then runs with none of them, whatever else package lifecycle hosts.
 func TestTheServerPathUsesNoLeadingOnlyPart(t *testing.T) {
 	for _, path := range serverPath {
-		for _, own := range ownImports(t, path) {
+		for _, own := range layout.OwnImports(t, path) {
 			if part, ok := strings.CutPrefix(own, "lifecycle/"); ok && slices.Contains(leadingOnly, part) {
 				t.Errorf("%s imports %s, which only leading sidecars need", path, own)
 			}
