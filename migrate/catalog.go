@@ -34,13 +34,13 @@ var upstreamNames = map[string]string{
 
 // catalog knows every flag of every subcommand, from the root command itself.
 type catalog struct {
-	names  []string // the sidecars, in the order of the subcommands
-	leads  map[string]bool
-	gates  map[string][]string // the feature gates each sidecar reads
+	names []string // the sidecars, in the order of the subcommands
+	leads map[string]bool
+	gates map[string][]string // the feature gates each sidecar reads
 	// gateDefaults are those gates' defaults, by sidecar.
 	gateDefaults map[string]map[string]bool
-	shared *pflag.FlagSet
-	own    map[string]*pflag.FlagSet
+	shared       *pflag.FlagSet
+	own          map[string]*pflag.FlagSet
 }
 
 // newRoot is the csi-sidecars command with every sidecar, for parsing args.
