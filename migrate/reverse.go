@@ -18,6 +18,7 @@ import (
 type migrated struct {
 	own    map[string]map[string][]token
 	shared map[string][]token
+	env    []corev1.EnvVar
 }
 
 // parseMigrated reads a csi-sidecars container's args: a subcommand's, or combined mode's.
@@ -128,6 +129,7 @@ func (r *run) reverse() error {
 			if err != nil {
 				return InputError{fmt.Errorf("%s container %s: %w", d, rec.Into, err)}
 			}
+			m.env = c.Env
 			parsed[rec.Into] = m
 		}
 		// The other containers in their order, then each restored at its recorded place.
@@ -200,6 +202,8 @@ func (r *run) restore(d *document, rec record, m *migrated) (corev1.Container, e
 	for _, t := range toks {
 		switch {
 		case t.shared && slices.Contains(special, t.name), !t.shared && t.name == "health-port":
+			// Merged by rules of their own (the diagnostics endpoint, the probe's port): as
+			// they were.
 		case !t.shared:
 			vals := own[t.name]
 			if len(vals) == 0 {
@@ -208,19 +212,21 @@ func (r *run) restore(d *document, rec record, m *migrated) (corev1.Container, e
 				continue
 			}
 			own[t.name] = vals[1:]
-			if vals[0].value != t.value || vals[0].hasValue != t.hasValue {
+			if meaning(nil, vals[0]) != meaning(nil, t) {
 				changed = true
+				t = vals[0]
 			}
-			t = vals[0]
 		case len(m.shared[t.name]) > 0:
+			// The value in meaning: $(VAR) of each container's env expanded.
 			n := m.shared[t.name][0]
-			if n.value != t.value || n.hasValue != t.hasValue {
+			if meaning(m.env, n) != meaning(rec.Container.Env, t) {
 				changed = true
+				t = n
 			}
-			t = n
 		}
 		out = append(out, t.spelled(""))
 	}
+	delete(own, "health-port") // written by migrate from the endpoint flags, restored above
 	for _, name := range sortedKeys(own) {
 		for _, t := range own[name] {
 			changed = true
@@ -232,6 +238,15 @@ func (r *run) restore(d *document, rec record, m *migrated) (corev1.Container, e
 		c.Args = out
 	}
 	return c, nil
+}
+
+// meaning is a flag's value as the binary sees it: a bare boolean flag is true, $(VAR) of
+// the container's env expanded.
+func meaning(env []corev1.EnvVar, t token) string {
+	if !t.hasValue {
+		return "true"
+	}
+	return expand(env, t.value)
 }
 
 // undo restores a field that migrate changed in another document, if it is as migrate
