@@ -1,5 +1,6 @@
 // Command csi-sidecars runs one Kubernetes CSI sidecar (attacher, resizer, provisioner, snapshotter,
-// livenessprobe) on the shared lifecycle core: csi-sidecars <sidecar> [flags].
+// livenessprobe) on the shared lifecycle core: csi-sidecars <sidecar> [flags]; csi-sidecars migrate
+// converts manifests that run upstream's images.
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/sidecars"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
+	"github.com/csi-sidecars/csi-sidecars/migrate"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -22,7 +24,9 @@ func main() {
 }
 
 // newRoot is the command with every sidecar (internal/sidecars: adding one is one line
-// there).
+// there), and migrate, which converts upstream's manifests.
 func newRoot() *cobra.Command {
-	return lifecycle.NewRootCommand("csi-sidecars", version, sidecars.All()...)
+	root := lifecycle.NewRootCommand("csi-sidecars", version, sidecars.All()...)
+	root.AddCommand(migrate.NewCommand(version))
+	return root
 }
