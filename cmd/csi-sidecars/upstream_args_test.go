@@ -8,8 +8,9 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
 
-// The args of every csi-attacher, csi-provisioner, csi-resizer and csi-snapshotter container
-// in upstream's example manifests and well-known drivers' deployments, with the env the
+// The args of every csi-attacher, csi-provisioner, csi-resizer, csi-snapshotter,
+// livenessprobe, node-driver-registrar and external-health-monitor-controller container in
+// upstream's example manifests and well-known drivers' deployments, with the env the
 // container defines: as the kubelet passes them ($(ADDRESS) expanded from that env), or, for
 // the snapshotter's, exactly as the manifest writes them ($(ADDRESS) left as the value).
 // Swapping the image must be enough: each args list must pass flag validation here.
@@ -100,6 +101,47 @@ var upstreamManifests = []struct {
 	// listener of their own, the probe on its default port.
 	{"aws-ebs-csi-driver/charts/aws-ebs-csi-driver controller.yaml liveness-probe (enableMetrics)", "livenessprobe", nil,
 		[]string{"--csi-address=/csi/csi.sock", "--probe-timeout=60s", "--metrics-address=0.0.0.0:3305"}},
+	// Its Helm chart's node DaemonSet (templates/_node.tpl, v1.64.0) rendered with the
+	// chart's defaults has the base's args; sidecars.livenessProbe.additionalArgs is empty.
+
+	// kubernetes-csi/csi-driver-host-path v1.18.0 deploy/kubernetes-1.34/hostpath/csi-hostpath-plugin.yaml
+	// (node-driver-registrar v2.17.0; kubernetes-1.34-test and kubernetes-distributed have
+	// the same args). KUBE_NODE_NAME is in its env, unused by the args.
+	{"csi-driver-host-path/deploy/kubernetes-1.34/hostpath node-driver-registrar", "node-driver-registrar",
+		map[string]string{"KUBE_NODE_NAME": "node-1"},
+		[]string{"--v=5", "--csi-address=/csi/csi.sock", "--kubelet-registration-path=/var/lib/kubelet/plugins/csi-hostpath/csi.sock", "--http-endpoint=:9809"}},
+	// kubernetes-sigs/aws-ebs-csi-driver v1.64.0 deploy/kubernetes/base/node.yaml
+	// (node-driver-registrar v2.17.0): $(ADDRESS) and $(DRIVER_REG_SOCK_PATH) expanded from
+	// the container's env.
+	{"aws-ebs-csi-driver/deploy/kubernetes/base/node.yaml node-driver-registrar", "node-driver-registrar",
+		map[string]string{"ADDRESS": "/csi/csi.sock", "DRIVER_REG_SOCK_PATH": "/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock"},
+		[]string{"--csi-address=/csi/csi.sock", "--kubelet-registration-path=/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock",
+			"--http-endpoint=0.0.0.0:9809", "--v=2"}},
+	// Its Helm chart's node DaemonSet (charts/aws-ebs-csi-driver/templates/_node.tpl,
+	// v1.64.0) rendered with the chart's defaults (node.kubeletPath /var/lib/kubelet,
+	// sidecars.nodeDriverRegistrar.healthPort 9809 and logLevel 2, no additionalArgs): the
+	// base's args, which are generated from it; with debugLogs, --v=7 instead.
+	{"aws-ebs-csi-driver/charts/aws-ebs-csi-driver _node.tpl node-driver-registrar (defaults)", "node-driver-registrar",
+		map[string]string{"ADDRESS": "/csi/csi.sock", "DRIVER_REG_SOCK_PATH": "/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock"},
+		[]string{"--csi-address=/csi/csi.sock", "--kubelet-registration-path=/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock",
+			"--http-endpoint=0.0.0.0:9809", "--v=2"}},
+	{"aws-ebs-csi-driver/charts/aws-ebs-csi-driver _node.tpl node-driver-registrar (debugLogs)", "node-driver-registrar",
+		map[string]string{"ADDRESS": "/csi/csi.sock", "DRIVER_REG_SOCK_PATH": "/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock"},
+		[]string{"--csi-address=/csi/csi.sock", "--kubelet-registration-path=/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock",
+			"--http-endpoint=0.0.0.0:9809", "--v=7"}},
+	// kubernetes-sigs/gcp-compute-persistent-disk-csi-driver v1.26.4
+	// deploy/kubernetes/base/node_linux/node.yaml (no health endpoint; KUBE_NODE_NAME in its
+	// env, unused by the args).
+	{"gcp-compute-persistent-disk-csi-driver/deploy/kubernetes/base/node_linux/node.yaml csi-driver-registrar", "node-driver-registrar",
+		map[string]string{"KUBE_NODE_NAME": "node-1"},
+		[]string{"--v=5", "--csi-address=/csi/csi.sock", "--kubelet-registration-path=/var/lib/kubelet/plugins/pd.csi.storage.gke.io/csi.sock"}},
+
+	// kubernetes-csi/csi-driver-host-path v1.18.0 deploy/kubernetes-1.34/hostpath/csi-hostpath-plugin.yaml
+	// (external-health-monitor-controller v0.18.0; kubernetes-1.34-test has the same args):
+	// $(ADDRESS) expanded from the container's env.
+	{"csi-driver-host-path/deploy/kubernetes-1.34/hostpath csi-external-health-monitor-controller", "health-monitor",
+		map[string]string{"ADDRESS": "/csi/csi.sock"},
+		[]string{"--v=5", "--csi-address=/csi/csi.sock", "--leader-election"}},
 }
 
 func TestUpstreamManifestArgsPassFlagValidation(t *testing.T) {

@@ -24,7 +24,7 @@ import (
 // still completes, and the objects waiting for a Secret complete once it appears.
 func TestBadInputGetsAWarningAndTheNextObjectStillCompletes(t *testing.T) {
 	cp := kube.Get(t)
-	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	s := e2e.NewScenario(t, cp, binDir, controllerDriver())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	store := s.SetUpStorage(nil)

@@ -3,7 +3,9 @@ package deploy
 import (
 	"context"
 	"net"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,26 +26,98 @@ import (
 
 const allFour = "--controllers=attacher,provisioner,resizer,snapshotter"
 
+// allSix is what deploy/combined's container runs: the five leading sidecars and the
+// livenessprobe.
+const allSix = "--controllers=attacher,provisioner,resizer,snapshotter,health-monitor,livenessprobe"
+
+// podSpec renders deploy/<dir> and returns the pod template of its kind object (Deployment
+// or DaemonSet; each has one).
+func podSpec(t *testing.T, dir, kind string) corev1.PodSpec {
+	t.Helper()
+	for _, obj := range build(t, dir) {
+		var tmpl corev1.PodTemplateSpec
+		var err error
+		switch k := obj.GetKind(); {
+		case k != kind:
+			continue
+		case k == "Deployment":
+			var d appsv1.Deployment
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &d)
+			tmpl = d.Spec.Template
+		case k == "DaemonSet":
+			var d appsv1.DaemonSet
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &d)
+			tmpl = d.Spec.Template
+		}
+		if err != nil {
+			t.Fatalf("deploy/%s %s %s: %v", dir, kind, obj.GetName(), err)
+		}
+		return tmpl.Spec
+	}
+	t.Fatalf("deploy/%s has no %s", dir, kind)
+	return corev1.PodSpec{}
+}
+
 // sidecarContainers renders deploy/<dir> and returns the containers of its Deployment that
 // run the csi-sidecars image (the driver's container is not one of them).
 func sidecarContainers(t *testing.T, dir string) []corev1.Container {
 	t.Helper()
 	var out []corev1.Container
-	for _, obj := range build(t, dir) {
-		if obj.GetKind() != "Deployment" {
-			continue
-		}
-		var d appsv1.Deployment
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &d); err != nil {
-			t.Fatalf("deploy/%s Deployment %s: %v", dir, obj.GetName(), err)
-		}
-		for _, c := range d.Spec.Template.Spec.Containers {
-			if strings.HasPrefix(c.Image, "csi-sidecars:") {
-				out = append(out, c)
-			}
+	for _, c := range podSpec(t, dir, "Deployment").Containers {
+		if strings.HasPrefix(c.Image, "csi-sidecars:") {
+			out = append(out, c)
 		}
 	}
 	return out
+}
+
+// driverContainer is the pod's container of the vendor's driver.
+func driverContainer(t *testing.T, pod corev1.PodSpec) corev1.Container {
+	t.Helper()
+	for _, c := range pod.Containers {
+		if c.Name == "csi-driver" {
+			return c
+		}
+	}
+	t.Fatal("no csi-driver container")
+	return corev1.Container{}
+}
+
+// flagValue is the value args (a csi-sidecars container's) give flag, default included,
+// as the command parses them.
+func flagValue(t *testing.T, args []string, flag string) string {
+	t.Helper()
+	cmd, rest, err := newRoot().Find(lifecycle.NormalizeArgs(args))
+	if err == nil {
+		err = cmd.ParseFlags(rest)
+	}
+	if err != nil {
+		t.Fatalf("args %q: %v", args, err)
+	}
+	f := cmd.Flags().Lookup(flag)
+	if f == nil {
+		t.Fatalf("args %q: no flag --%s", args, flag)
+	}
+	return f.Value.String()
+}
+
+// checkDriverProbe checks that the driver container's liveness probe asks /healthz on
+// port, where the livenessprobe listens.
+func checkDriverProbe(t *testing.T, dir string, driver corev1.Container, port string) {
+	t.Helper()
+	p := driver.LivenessProbe
+	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+		t.Fatalf("deploy/%s: the driver container has no liveness probe of /healthz: %+v", dir, p)
+	}
+	probed := p.HTTPGet.Port.String()
+	for _, cp := range driver.Ports {
+		if cp.Name != "" && cp.Name == probed {
+			probed = strconv.Itoa(int(cp.ContainerPort))
+		}
+	}
+	if probed != port {
+		t.Errorf("deploy/%s: the driver's liveness probe asks port %s (%s); the livenessprobe listens on %s", dir, probed, p.HTTPGet.Port.String(), port)
+	}
 }
 
 // newRoot is the csi-sidecars command as cmd/csi-sidecars builds it, to check args with.
@@ -70,17 +144,18 @@ func apiBudget(t *testing.T, args []string) (qps float64, burst int) {
 	return qps, burst
 }
 
-// deploy/combined runs the four sidecars in one container that carries every flag of the
-// four containers it replaces: shared flags once, each sidecar's own flags with its name
-// as prefix, and the probes on its one HTTP server.
-func TestCombinedOverlayRunsTheFourSidecarsInOneContainer(t *testing.T) {
+// deploy/combined runs the six sidecars in one container that carries every flag of the
+// six containers it replaces: shared flags once, each sidecar's own flags with its name
+// as prefix, the probes on its one HTTP server, and the livenessprobe on a port of its own
+// that the driver's liveness probe asks, as in the example.
+func TestCombinedOverlayRunsTheSixSidecarsInOneContainer(t *testing.T) {
 	combined := sidecarContainers(t, "combined")
 	if len(combined) != 1 {
 		t.Fatalf("deploy/combined: %d csi-sidecars containers; want exactly 1", len(combined))
 	}
 	c := combined[0]
-	if !slices.Contains(c.Args, allFour) {
-		t.Fatalf("deploy/combined container %s: args %q lack %s", c.Name, c.Args, allFour)
+	if !slices.Contains(c.Args, allSix) {
+		t.Fatalf("deploy/combined container %s: args %q lack %s", c.Name, c.Args, allSix)
 	}
 	if err := lifecycle.ValidateArgs(newRoot(), c.Args); err != nil {
 		t.Errorf("deploy/combined args %q do not pass flag validation: %v", c.Args, err)
@@ -88,8 +163,20 @@ func TestCombinedOverlayRunsTheFourSidecarsInOneContainer(t *testing.T) {
 
 	shared := newRoot().PersistentFlags()
 	example := sidecarContainers(t, "example")
-	if len(example) != len(sidecars) {
-		t.Fatalf("deploy/example: %d csi-sidecars containers; want %d", len(example), len(sidecars))
+	if len(example) != len(leading)+1 {
+		t.Fatalf("deploy/example: %d csi-sidecars containers; want %d (the leading sidecars and the livenessprobe)", len(example), len(leading)+1)
+	}
+	ran := map[string]bool{}
+	for _, e := range example {
+		if err := lifecycle.ValidateArgs(newRoot(), e.Args); err != nil {
+			t.Errorf("deploy/example container %s: args %q do not pass flag validation: %v", e.Name, e.Args, err)
+		}
+		ran[e.Args[0]] = true
+	}
+	for _, want := range append(slices.Clone(leading), "livenessprobe") {
+		if !ran[want] {
+			t.Errorf("deploy/example runs no %s container", want)
+		}
 	}
 	for _, e := range example {
 		sidecar := e.Args[0]
@@ -140,6 +227,29 @@ func TestCombinedOverlayRunsTheFourSidecarsInOneContainer(t *testing.T) {
 			t.Errorf("deploy/combined container %s: want a probe of %s on port %s (--http-endpoint), have %+v", c.Name, p.path, port, p.probe)
 		}
 	}
+
+	// The livenessprobe: its own listener, not the diagnostics server, and the driver's
+	// liveness probe on it, in both manifests.
+	probePort := flagValue(t, c.Args, "livenessprobe-health-port")
+	if probePort == port {
+		t.Errorf("deploy/combined: the livenessprobe's port %s is --http-endpoint's", probePort)
+	}
+	checkDriverProbe(t, "combined", driverContainer(t, podSpec(t, "combined", "Deployment")), probePort)
+	for _, e := range example {
+		if e.Args[0] == "livenessprobe" {
+			checkDriverProbe(t, "example", driverContainer(t, podSpec(t, "example", "Deployment")), flagValue(t, e.Args, "health-port"))
+		}
+	}
+}
+
+// httpGet is the status code of a GET of url, 0 if none came.
+func httpGet(url string) int {
+	rsp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	rsp.Body.Close()
+	return rsp.StatusCode
 }
 
 // leaseHolder is the holder of a Lease in the manifests' namespace, "" if none (yet).
@@ -151,20 +261,20 @@ func leaseHolder(s *e2e.Scenario, lease string) string {
 	return e2e.Holder(l)
 }
 
-// A replica of deploy/combined, with the token of the pod's ServiceAccount, leads all four
-// sidecars and does their four jobs; one SIGTERM hands each of its four Leases over to a
-// single-sidecar replica run as deploy/example runs it, which carries on. This is a rollout
-// between the two manifests: both kinds of replica compete for the same upstream-named
-// Leases and never both lead one.
-func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *testing.T) {
+// A replica of deploy/combined, with the token of the pod's ServiceAccount, leads all five
+// leading sidecars and does their five jobs, and its livenessprobe answers for the driver;
+// one SIGTERM hands each of its five Leases over to a single-sidecar replica run as
+// deploy/example runs it, which carries on. This is a rollout between the two manifests:
+// both kinds of replica compete for the same upstream-named Leases and never both lead one.
+func TestCombinedProcessDoesAllFiveJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *testing.T) {
 	cp := kube.Get(t)
 	apply(t, cp, build(t, "combined"))
-	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	s := e2e.NewScenario(t, cp, binDir, controllerDriver())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	store := s.SetUpStorage(nil)
 	leases := map[string]string{}
-	for _, sidecar := range sidecars {
+	for _, sidecar := range leading {
 		leases[sidecar] = leaseName(sidecar, store.Driver)
 	}
 	methods := map[string]string{
@@ -172,20 +282,39 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 		"attacher":    testdriver.MethodControllerPublishVolume,
 		"resizer":     testdriver.MethodControllerExpandVolume,
 		"snapshotter": testdriver.MethodCreateSnapshot,
+		healthMonitor: testdriver.MethodControllerListVolumeHealth,
 	}
 	// Both manifests' pods run as csi-controller. Each replica runs its container's own args
 	// from the manifest; the harness's flags after them replace only the socket, the HTTP
 	// address and the Lease timings, and put the Leases where the manifests' Roles are.
+	// combined-a's livenessprobe listens on a free port rather than 9808, which this
+	// machine may use, and its health monitor passes every second rather than every 5
+	// minutes.
 	asPod := []string{"--kubeconfig=" + token(t, cp, s.Client, "controller"), "--leader-election-namespace=" + namespace}
-	a := s.Start("combined-a", append([]string{"csi-sidecars"}, sidecarContainers(t, "combined")[0].Args...), asPod...)
+	probePort := e2e.FreePort(t)
+	a := s.Start("combined-a", append([]string{"csi-sidecars"}, sidecarContainers(t, "combined")[0].Args...),
+		append(slices.Clone(asPod), "--livenessprobe-health-port="+probePort, "--health-monitor-list-volumes-interval=1s")...)
 	a.WaitReady(t)
 	for _, lease := range leases {
 		s.WaitUntil("combined-a holds Lease "+lease, func() bool { return leaseHolder(s, lease) == "combined-a" })
 	}
+	// The driver's liveness probe, as the kubelet asks it: a Probe of the driver each.
+	probes := func() int { return len(e2e.CallsOn(s.Driver.Journal(), a, testdriver.MethodProbe)) }
+	before := probes()
+	s.WaitUntil("combined-a's livenessprobe answers the driver's /healthz with 200", func() bool {
+		return httpGet("http://127.0.0.1:"+probePort+"/healthz") == http.StatusOK
+	})
+	if probes() == before {
+		t.Error("combined-a's livenessprobe answered /healthz without a Probe of the driver")
+	}
 	// The standbys start once combined-a leads everything, so it is the one doing the work.
+	// The example's livenessprobe takes no Lease: it has no standby.
 	standbys := map[string]*e2e.Replica{}
 	for _, c := range sidecarContainers(t, "example") {
 		sidecar := c.Args[0]
+		if sidecar == "livenessprobe" {
+			continue
+		}
 		r := s.Start(sidecar+"-b", append([]string{"csi-sidecars"}, c.Args...), asPod...)
 		r.WaitReady(t)
 		standbys[sidecar] = r
@@ -194,9 +323,15 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 	const n = 3
 	runStorageJob(ctx, t, s, store, "claim-a", "claim-b", "claim-c")
 	runSnapshotJob(ctx, t, s, snaps, store)
+	markUnhealthy(ctx, t, s, store, "claim-b")
+	waitHealthRecorded(ctx, s, "claim-b")
 	journal := s.Driver.Journal()
 	for sidecar, method := range methods {
-		if got := len(e2e.CallsOn(journal, a, method)); got < n {
+		want := n
+		if sidecar == healthMonitor {
+			want = 1 // a pass a second, however long the jobs took
+		}
+		if got := len(e2e.CallsOn(journal, a, method)); got < want {
 			t.Errorf("combined-a made %d %s calls for %d volumes; the %s in it did not do its job", got, method, n, sidecar)
 		}
 		for _, r := range standbys {
@@ -209,12 +344,12 @@ func TestCombinedProcessDoesAllFourJobsAndHandsOverEveryLeaseWithOneSIGTERM(t *t
 	// client-go's REST client metrics, one series set per hosted sidecar: the requests of
 	// each sidecar's own clients, and the waits for its --kube-api-qps budget. A standby run
 	// as deploy/example runs it serves its own too.
-	checkRESTClientMetrics(t, a, sidecars...)
+	checkRESTClientMetrics(t, a, leading...)
 	checkRESTClientMetrics(t, standbys["attacher"], "attacher")
 
 	signalled := a.Signal(t, syscall.SIGTERM)
 	if code := a.Wait(t, 60*time.Second); code != 0 {
-		t.Errorf("combined-a exited %d after one SIGTERM; want 0 (a clean drain of all four)", code)
+		t.Errorf("combined-a exited %d after one SIGTERM; want 0 (a clean drain of all six)", code)
 	}
 	for sidecar, lease := range leases {
 		want := standbys[sidecar].Name

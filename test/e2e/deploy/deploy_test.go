@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,13 +46,21 @@ var (
 
 func TestMain(m *testing.M) { os.Exit(e2e.Main(m, "../../..", &kube, &binDir)) }
 
-// sidecars are the four bases in deploy/, each a sidecar's name.
+// sidecars are the four storage sidecars' bases in deploy/, each a sidecar's name.
 var sidecars = []string{"attacher", "resizer", "provisioner", "snapshotter"}
 
-// withSnapshots is a test driver that takes snapshots too, as the snapshotter needs.
-func withSnapshots() testdriver.Config {
+// healthMonitor is the fifth leading sidecar, with its base in deploy/health-monitor.
+const healthMonitor = "health-monitor"
+
+// leading are the bases of all five leading sidecars in deploy/, each a sidecar's name.
+var leading = append(append([]string{}, sidecars...), healthMonitor)
+
+// controllerDriver is a test driver that takes snapshots too, as the snapshotter needs,
+// and reports volume health, without which the health monitor exits 1.
+func controllerDriver() testdriver.Config {
 	return testdriver.Config{ControllerCapabilities: append(testdriver.DefaultControllerCapabilities(),
-		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)}
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH, csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH)}
 }
 
 // leaseName is sidecar's Lease for driver, as the sidecar names it.
@@ -117,34 +126,44 @@ func apply(t *testing.T, cp *controlplane.ControlPlane, objs []*unstructured.Uns
 
 func TestEveryManifestAppliesServerSide(t *testing.T) {
 	cp := kube.Get(t)
-	// The example holds the namespace and the four bases; applying each base again must be
-	// a no-op, and so must a second apply of everything.
+	// The example holds the namespace, the five leading sidecars' bases and deploy/node;
+	// applying each again must be a no-op, and so must a second apply of everything.
 	for range 2 {
-		for _, dir := range append([]string{"example"}, sidecars...) {
+		for _, dir := range append([]string{"example", "node"}, leading...) {
 			apply(t, cp, build(t, dir))
 		}
 	}
 	client := kubernetes.NewForConfigOrDie(cp.Config())
 	containers := func(want int) {
 		t.Helper()
-		d, err := client.AppsV1().Deployments(namespace).Get(context.Background(), "csi-controller", metav1.GetOptions{})
+		ctx := context.Background()
+		d, err := client.AppsV1().Deployments(namespace).Get(ctx, "csi-controller", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := len(d.Spec.Template.Spec.Containers); n != want || *d.Spec.Replicas != 2 {
 			t.Errorf("Deployment: %d containers, %d replicas; want %d and 2", n, *d.Spec.Replicas, want)
 		}
+		// The node DaemonSet comes with either, unchanged: the driver and one container.
+		ds, err := client.AppsV1().DaemonSets(namespace).Get(ctx, "csi-node", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(ds.Spec.Template.Spec.Containers); n != 2 {
+			t.Errorf("DaemonSet csi-node: %d containers; want 2", n)
+		}
 	}
-	containers(5)
+	// The driver, the five leading sidecars and the livenessprobe.
+	containers(7)
 	// deploy/combined keeps the Deployment's name, so applying it over the example switches
-	// the cluster to combined mode in place (the four sidecar containers go, one comes),
+	// the cluster to combined mode in place (the six sidecar containers go, one comes),
 	// and applying the example again switches back: the same field manager owns both.
 	for range 2 {
 		apply(t, cp, build(t, "combined"))
 	}
 	containers(2)
 	apply(t, cp, build(t, "example"))
-	containers(5)
+	containers(7)
 }
 
 // token returns a kubeconfig with a TokenRequest token of csi-<sidecar>.
@@ -164,23 +183,28 @@ func token(t *testing.T, cp *controlplane.ControlPlane, client kubernetes.Interf
 
 func ptrTo[T any](v T) *T { return &v }
 
-// Each sidecar provisions, attaches, expands volumes or snapshots them with a token of its
-// own ServiceAccount: the RBAC in deploy/ suffices for its job, leader election included.
+// Each sidecar provisions, attaches, expands volumes, snapshots them or records their
+// health with a token of its own ServiceAccount: the RBAC in deploy/ suffices for its job,
+// leader election included.
 func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 	cp := kube.Get(t)
 	apply(t, cp, build(t, "example"))
-	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	s := e2e.NewScenario(t, cp, binDir, controllerDriver())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	store := s.SetUpStorage(nil)
 	replicas := map[string]*e2e.Replica{}
-	for _, sidecar := range sidecars {
-		r := s.Start(sidecar, []string{"csi-sidecars", sidecar},
-			"--kubeconfig="+token(t, cp, s.Client, sidecar), "--leader-election-namespace="+namespace)
+	for _, sidecar := range leading {
+		args := []string{"--kubeconfig=" + token(t, cp, s.Client, sidecar), "--leader-election-namespace=" + namespace}
+		if sidecar == healthMonitor {
+			// A pass a second, not every 5 minutes: the test waits for one after a change.
+			args = append(args, "--list-volumes-interval=1s")
+		}
+		r := s.Start(sidecar, []string{"csi-sidecars", sidecar}, args...)
 		r.WaitReady(t)
 		replicas[sidecar] = r
 	}
-	for _, sidecar := range sidecars {
+	for _, sidecar := range leading {
 		lease := leaseName(sidecar, store.Driver)
 		s.WaitUntil(sidecar+" holds its Lease in "+namespace, func() bool {
 			l, err := s.Client.CoordinationV1().Leases(namespace).Get(ctx, lease, metav1.GetOptions{})
@@ -198,6 +222,45 @@ func TestEachSidecarWorksWithItsOwnServiceAccount(t *testing.T) {
 	// budget, so they may come a little after the volumes).
 	s.WaitUntil("a ProvisioningSucceeded event: the provisioner can write events", func() bool {
 		events, err := s.Client.CoreV1().Events(s.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=ProvisioningSucceeded"})
+		return err == nil && len(events.Items) > 0
+	})
+
+	// The health monitor records a volume's trouble on its claim: in status.healthStatus
+	// where the API server keeps it, else as a VolumeConditionAbnormal event.
+	markUnhealthy(ctx, t, s, store, "claim-b")
+	waitHealthRecorded(ctx, s, "claim-b")
+	e2e.NoForbidden(t, replicas[healthMonitor])
+}
+
+// markUnhealthy has the driver report claim's volume as degraded from now on.
+func markUnhealthy(ctx context.Context, t *testing.T, s *e2e.Scenario, store e2e.Storage, claim string) {
+	t.Helper()
+	pvs, err := store.Provisioned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pv := range pvs {
+		if pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Name == claim {
+			if err := s.Driver.SetVolumeHealth(pv.Spec.CSI.VolumeHandle, testdriver.HealthCondition{
+				Status: csi.VolumeHealthErrorType_DEGRADED, Reason: "ReplicaLost", Message: "one replica of three is lost"}); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no volume of claim %s", claim)
+}
+
+// waitHealthRecorded waits until the health monitor recorded claim's degraded volume: in
+// the claim's status.healthStatus, or as a VolumeConditionAbnormal event on it.
+func waitHealthRecorded(ctx context.Context, s *e2e.Scenario, claim string) {
+	s.WaitUntil("claim "+claim+"'s degraded volume recorded on it", func() bool {
+		pvc, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).Get(ctx, claim, metav1.GetOptions{})
+		if err == nil && pvc.Status.HealthStatus != nil && len(pvc.Status.HealthStatus.HealthConditions) > 0 {
+			return true
+		}
+		events, err := s.Client.CoreV1().Events(s.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: "reason=VolumeConditionAbnormal,involvedObject.name=" + claim})
 		return err == nil && len(events.Items) > 0
 	})
 }
@@ -353,7 +416,8 @@ func waitCount(t *testing.T, s *e2e.Scenario, what string, want int, count func(
 }
 
 // What no sidecar may do, and what each must be able to do, asked of the API server's
-// authorizer for the sidecars' ServiceAccounts.
+// authorizer for the sidecars' ServiceAccounts; the node pod's may do nothing at all and
+// gets no token.
 func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 	cp := kube.Get(t)
 	apply(t, cp, build(t, "example"))
@@ -422,6 +486,26 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			{"create", "coordination.k8s.io", "leases", "", namespace},
 			{"update", "coordination.k8s.io", "leases", "", namespace},
 		},
+		// deploy/health-monitor's rules: volumes, claims, nodes and Pods listed and watched;
+		// only the claims' status patched; events created and patched; its Lease.
+		healthMonitor: {
+			{"list", "", "persistentvolumes", "", ""},
+			{"watch", "", "persistentvolumes", "", ""},
+			{"list", "", "persistentvolumeclaims", "", ""},
+			{"watch", "", "persistentvolumeclaims", "", ""},
+			{"patch", "", "persistentvolumeclaims", "status", "default"},
+			{"list", "", "nodes", "", ""},
+			{"watch", "", "nodes", "", ""},
+			{"list", "", "pods", "", ""},
+			{"watch", "", "pods", "", ""},
+			{"create", "", "events", "", "default"},
+			{"patch", "", "events", "", "default"},
+			{"get", "coordination.k8s.io", "leases", "", namespace},
+			{"list", "coordination.k8s.io", "leases", "", namespace},
+			{"watch", "coordination.k8s.io", "leases", "", namespace},
+			{"create", "coordination.k8s.io", "leases", "", namespace},
+			{"update", "coordination.k8s.io", "leases", "", namespace},
+		},
 	}
 	notThis := map[string][]access{
 		"attacher":    {{"create", "", "persistentvolumes", "", ""}, {"update", "", "persistentvolumeclaims", "", "default"}},
@@ -464,7 +548,49 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			{"delete", "", "events", "", "default"},
 			{"delete", "coordination.k8s.io", "leases", "", namespace},
 		},
+		// It reads from its caches and writes only a claim's status and events: no single
+		// gets, no writes of volumes, claims or their specs, no reading of events, no
+		// other sidecar's objects.
+		healthMonitor: {
+			{"get", "", "persistentvolumes", "", ""},
+			{"patch", "", "persistentvolumes", "", ""},
+			{"create", "", "persistentvolumes", "", ""},
+			{"get", "", "persistentvolumeclaims", "", "default"},
+			{"patch", "", "persistentvolumeclaims", "", "default"},
+			{"update", "", "persistentvolumeclaims", "status", "default"},
+			{"get", "", "pods", "", "default"},
+			{"get", "", "nodes", "", ""},
+			{"list", "", "events", "", "default"},
+			{"update", "", "events", "", "default"},
+			{"get", "", "secrets", "", "default"},
+			{"patch", "storage.k8s.io", "volumeattachments", "", ""},
+			{"patch", "snapshot.storage.k8s.io", "volumesnapshotcontents", "", ""},
+			{"delete", "coordination.k8s.io", "leases", "", namespace},
+		},
 	}
+	// The node pod's registrar and probe talk to the kubelet and the driver only: its
+	// ServiceAccount may do nothing of what any sidecar does, nor read what a node agent
+	// might want to.
+	nodeNever := append(append([]access{}, never...),
+		access{"get", "", "pods", "", "default"},
+		access{"list", "", "pods", "", ""},
+		access{"get", "", "nodes", "", ""},
+		access{"list", "", "nodes", "", ""},
+		access{"watch", "", "nodes", "", ""},
+		access{"get", "storage.k8s.io", "csinodes", "", ""},
+		access{"update", "storage.k8s.io", "csinodes", "", ""},
+		access{"get", "storage.k8s.io", "csidrivers", "", ""},
+		access{"list", "", "persistentvolumes", "", ""},
+		access{"get", "", "persistentvolumeclaims", "", "default"},
+		access{"list", "storage.k8s.io", "volumeattachments", "", ""},
+		access{"create", "", "events", "", namespace},
+		access{"create", "", "events", "", "default"},
+		access{"get", "coordination.k8s.io", "leases", "", namespace},
+		access{"create", "coordination.k8s.io", "leases", "", namespace},
+		access{"get", "", "configmaps", "", namespace},
+		access{"get", "", "serviceaccounts", "", namespace},
+		access{"get", "", "secrets", "", namespace},
+	)
 	allowed := func(user string, a access) bool {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:   user,
@@ -479,7 +605,7 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 		}
 		return out.Status.Allowed
 	}
-	for _, sidecar := range sidecars {
+	for _, sidecar := range leading {
 		for _, sa := range []string{"csi-" + sidecar} {
 			user := "system:serviceaccount:" + namespace + ":" + sa
 			for _, a := range append(never, notThis[sidecar]...) {
@@ -496,7 +622,7 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 	}
 	// The example's pod ServiceAccount gets the union, and still nothing of never.
 	controller := "system:serviceaccount:" + namespace + ":csi-controller"
-	for _, sidecar := range sidecars {
+	for _, sidecar := range leading {
 		for _, a := range must[sidecar] {
 			if !allowed(controller, a) {
 				t.Errorf("csi-controller may not %s %s/%s in %q; its %s needs to", a.verb, a.resource, a.subresource, a.namespace, sidecar)
@@ -508,4 +634,36 @@ func TestServiceAccountsHoldLeastPrivilege(t *testing.T) {
 			t.Errorf("csi-controller may %s %s/%s in %q; it must not", a.verb, a.resource, a.subresource, a.namespace)
 		}
 	}
+
+	node := "system:serviceaccount:" + namespace + ":csi-node"
+	for _, a := range nodeNever {
+		if allowed(node, a) {
+			t.Errorf("csi-node may %s %s/%s in %q; it must not", a.verb, a.resource, a.subresource, a.namespace)
+		}
+	}
+	// Nor is its token in the pod: neither the ServiceAccount nor the pod mounts one.
+	ctx := context.Background()
+	sa, err := client.CoreV1().ServiceAccounts(namespace).Get(ctx, "csi-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := sa.AutomountServiceAccountToken; m == nil || *m {
+		t.Errorf("ServiceAccount csi-node: automountServiceAccountToken %s; want false", unsetOr(m))
+	}
+	ds, err := client.AppsV1().DaemonSets(namespace).Get(ctx, "csi-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod := ds.Spec.Template.Spec; pod.ServiceAccountName != "csi-node" || pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("DaemonSet csi-node: pod of ServiceAccount %q, automountServiceAccountToken %s; want csi-node and false",
+			pod.ServiceAccountName, unsetOr(pod.AutomountServiceAccountToken))
+	}
+}
+
+// unsetOr is *b as text, "unset" if nil.
+func unsetOr(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return strconv.FormatBool(*b)
 }

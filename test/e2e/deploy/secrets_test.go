@@ -40,7 +40,7 @@ func TestNoSecretValueReachesAnyLogAtVerbosity10(t *testing.T) {
 
 func checkNoSecretInLogs(t *testing.T, combined bool) {
 	cp := kube.Get(t)
-	s := e2e.NewScenario(t, cp, binDir, withSnapshots())
+	s := e2e.NewScenario(t, cp, binDir, controllerDriver())
 	snaps := installSnapshotCRDs(t, s)
 	ctx := context.Background()
 	values := map[string]string{}
