@@ -291,12 +291,12 @@ type container struct {
 	Command  []string `json:"command"`
 }
 
-// manifestContainers are the containers of deploy/'s Deployments that run the csi-sidecars
-// image; none found fails the test.
+// manifestContainers are the containers of deploy/'s Deployments and DaemonSet that run the
+// csi-sidecars image; none found fails the test.
 func manifestContainers(t *testing.T) []container {
 	t.Helper()
 	var found []container
-	for _, manifest := range []string{"deploy/example/deployment.yaml", "deploy/combined/deployment.yaml"} {
+	for _, manifest := range []string{"deploy/example/deployment.yaml", "deploy/combined/deployment.yaml", "deploy/node/daemonset.yaml"} {
 		raw, err := os.ReadFile(filepath.Join(repo, manifest))
 		if err != nil {
 			t.Fatal(err)
