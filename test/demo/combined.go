@@ -19,8 +19,9 @@ import (
 // created again (attacher), their claims grown (resizer) and snapshotted (snapshotter).
 // With calls of each sidecar in flight, one SIGTERM; the second wave comes while combined-a
 // drains. It returns a handover per sidecar, whose standby is whoever holds the sidecar's
-// Lease at the end, and the peak memory of combined-b once it finished the work.
-func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64, err error) {
+// Lease at the end, the peak memory of combined-b once it finished the work, and what each
+// replica's livenessprobe answered once started.
+func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64, probes map[string]int, err error) {
 	sanitized, names := lifecycle.SanitizeName(d.driver.DriverName()), podNames("app", d.o.pods)
 	rollout := d.rollout("external-attacher-leader-"+sanitized, names)
 	jobs := []phase{
@@ -35,22 +36,33 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	}
 	// Every flag at its default; each sidecar keeps its own API rate limits, as in the
 	// single-sidecar run.
-	if err := d.startPair(ctx, "combined", []string{controllers}, leases); err != nil {
-		return nil, 0, err
+	if err := d.startPair(ctx, "combined", []string{controllers}, leases, true); err != nil {
+		return nil, 0, probes, err
 	}
 	leader, standby := d.pair("combined", d.holder(ctx, sanitized))
 	if leader == nil || standby == nil {
-		return nil, 0, fmt.Errorf("no combined replica holds Lease %s, or it has no standby", sanitized)
+		return nil, 0, probes, fmt.Errorf("no combined replica holds Lease %s, or it has no standby", sanitized)
+	}
+	// The livenessprobe runs on both replicas, the standby too: it leads nothing.
+	probes = map[string]int{}
+	for _, r := range []*replica{leader, standby} {
+		ctx, cancel := context.WithTimeout(ctx, waitTimeout)
+		probes[r.name], err = r.waitProbe(ctx)
+		cancel()
+		if err != nil {
+			return nil, 0, probes, err
+		}
+		d.say("%s's livenessprobe answers %d on %s (the driver's Probe)", r.name, probes[r.name], r.probe)
 	}
 
 	for _, name := range names {
 		if err := d.work.CreatePod(ctx, name); err != nil {
-			return nil, 0, err
+			return nil, 0, probes, err
 		}
 	}
 	d.say("created Pods %s, each with a new claim: %s provisions and attaches their volumes first", span(names), leader.name)
 	if err := rollout.prepare(ctx); err != nil {
-		return nil, 0, err
+		return nil, 0, probes, err
 	}
 
 	// Work for all four at once: the first wave of each, then one SIGTERM once calls of
@@ -63,7 +75,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		given[i] = len(j.names) / 2
 		what, err := j.give(ctx, j.names[:given[i]])
 		if err != nil {
-			return nil, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+			return nil, 0, probes, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
 		d.say("%s%s", what, j.how)
 	}
@@ -80,7 +92,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 			}
 			return all || len(ended) > 0
 		}); err != nil {
-			return nil, 0, fmt.Errorf("waiting for calls of each sidecar on %s: %w", leader.name, err)
+			return nil, 0, probes, fmt.Errorf("waiting for calls of each sidecar on %s: %w", leader.name, err)
 		}
 		if len(ended) == 0 {
 			break
@@ -88,11 +100,11 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		for _, i := range ended {
 			j := jobs[i]
 			if given[i] >= len(j.names)-1 {
-				return nil, 0, fmt.Errorf("%s's %s calls kept ending before calls of each sidecar were in flight at once", leader.name, j.method)
+				return nil, 0, probes, fmt.Errorf("%s's %s calls kept ending before calls of each sidecar were in flight at once", leader.name, j.method)
 			}
 			what, err := j.give(ctx, j.names[given[i]:given[i]+1])
 			if err != nil {
-				return nil, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+				return nil, 0, probes, fmt.Errorf("%s: %w", j.sidecar, err)
 			}
 			given[i]++
 			d.say("%s: %s's %s calls ended before the other sidecars' calls came", what, leader.name, j.method)
@@ -100,7 +112,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	}
 	signalled, err := d.terminate(ctx, leader)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, probes, err
 	}
 	journal := d.driver.Journal()
 	var inFlightNow []string
@@ -114,14 +126,14 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 	for i, j := range jobs {
 		what, err := j.give(ctx, j.names[given[i]:])
 		if err != nil {
-			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+			return results, 0, probes, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
 		d.say("%s while %s drains", what, leader.name)
 	}
 	select {
 	case <-leader.done:
 	case <-ctx.Done():
-		return results, 0, ctx.Err()
+		return results, 0, probes, ctx.Err()
 	}
 	drain := leader.exited.Sub(signalled)
 	ok, total := 0, 0
@@ -139,7 +151,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		h := &results[i]
 		h.drain, h.exitCode = drain, leader.code
 		if err := d.waitCalls(ctx, func(c []testdriver.Call) bool { return len(callsSince(c, standby.socket, j.method, since)) > 0 }); err != nil {
-			return results, 0, fmt.Errorf("%s: waiting for %s's first %s: %w", j.sidecar, standby.name, j.method, err)
+			return results, 0, probes, fmt.Errorf("%s: waiting for %s's first %s: %w", j.sidecar, standby.name, j.method, err)
 		}
 		h.firstCallAfterExit = callsSince(d.driver.Journal(), standby.socket, j.method, since)[0].Start.Sub(leader.exited)
 		d.say("%s took over the %s: first %s %v after %s exited", standby.name, j.sidecar, j.method, h.firstCallAfterExit.Round(time.Millisecond), leader.name)
@@ -157,10 +169,10 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 		h.overlaps = d.overlaps(j.method)
 		d.say("%s: %d/%d done, Lease %s held by %s, %d overlapping operations in the driver", j.sidecar, h.done, h.all, j.lease, h.standby, h.overlaps)
 		if err != nil {
-			return results, 0, fmt.Errorf("%s: %w", j.sidecar, err)
+			return results, 0, probes, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
 	}
-	return results, peakRSS(standby.cmd.Process.Pid), nil
+	return results, peakRSS(standby.cmd.Process.Pid), probes, nil
 }
 
 // combinedSummary is the combined run's table, and its memory beside the single-sidecar
@@ -183,7 +195,7 @@ func (d *demo) combinedSummary(rep report) {
 		names = append(names, h.standby)
 		sizes = append(sizes, fmt.Sprintf("%.0f", mib(h.standbyPeakRSS)))
 	}
-	fmt.Fprintf(d.out, "Peak RSS of the standby that finished the work: combined-b (%d sidecars, one process) %.0f MiB;\n", len(rep.combined), mib(rep.combinedPeakRSS))
+	fmt.Fprintf(d.out, "Peak RSS of the standby that finished the work: combined-b (%d sidecars and the livenessprobe, one process) %.0f MiB;\n", len(rep.combined), mib(rep.combinedPeakRSS))
 	fmt.Fprintf(d.out, " %s (one process each) %.0f MiB together (%s)\n", strings.Join(names, " + "), mib(sum), strings.Join(sizes, " + "))
 }
 

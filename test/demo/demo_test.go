@@ -10,12 +10,15 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/kubelet"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/snapshotcontroller"
 )
 
 // `make demo DEMO_FLAGS="-short -combined"`: every handover is clean and the summaries are
 // printed, the single-sidecar one and the combined one, whose one SIGTERM hands each of the
-// four Leases to the combined standby.
+// four Leases to the combined standby; the claim shows its volume's health as the driver
+// changes it; on the kubelet's node the driver is registered, the probes answer, and a
+// maxSurge rollout of the node process never takes the driver out of CSINode.
 func TestDemoShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the demo starts a control plane, the control loop and eight sidecar processes")
@@ -25,6 +28,9 @@ func TestDemoShort(t *testing.T) {
 	}
 	if _, err := snapshotcontroller.Assets(); err != nil {
 		t.Skipf("no snapshot-controller: %v", err)
+	}
+	if _, err := kubelet.Assets(); err != nil {
+		t.Skipf("no kubelet: %v", err)
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {
@@ -37,7 +43,7 @@ func TestDemoShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "snapshotter-a -> snapshotter-b", "Summary, combined"} {
+	for _, want := range []string{"Summary", "provisioner-a -> provisioner-b", "attacher-a -> attacher-b", "resizer-a -> resizer-b", "snapshotter-a -> snapshotter-b", "Summary, combined", "Node rollouts"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -66,6 +72,8 @@ func TestDemoShort(t *testing.T) {
 			t.Errorf("%s: exit %d, %d overlaps, %d/%d done; want exit 0, no overlaps, all done", h.sidecar, h.exitCode, h.overlaps, h.done, h.all)
 		}
 	}
+	checkHealth(t, rep.health)
+	checkNode(t, rep.node)
 	for sidecar, seen := range sidecars {
 		if !seen {
 			t.Errorf("the combined run reports no handover of the %s", sidecar)
@@ -74,8 +82,54 @@ func TestDemoShort(t *testing.T) {
 	if n := len(rep.combined); n != len(sidecars) {
 		t.Errorf("the combined run reports %d handovers; want %d", n, len(sidecars))
 	}
-	if !strings.Contains(out.String(), "combined-b (4 sidecars, one process)") {
+	for _, name := range []string{"combined-a", "combined-b"} {
+		if code := rep.combinedProbes[name]; code != 200 {
+			t.Errorf("%s's livenessprobe answered %d; want 200", name, code)
+		}
+	}
+	if !strings.Contains(out.String(), "combined-b (4 sidecars and the livenessprobe, one process)") {
 		t.Errorf("output lacks the combined standby's peak RSS beside the single-sidecar standbys'")
+	}
+}
+
+// checkHealth: the claim showed the driver's condition in status.healthStatus (the demo's
+// API server keeps it), then no condition once the driver had none.
+func checkHealth(t *testing.T, h volumeHealth) {
+	t.Helper()
+	want := "DataLoss/" + unhealthy.Reason
+	if h.condition != want || h.where != "status.healthStatus" {
+		t.Errorf("claim %s showed %q in %s; want %q in status.healthStatus", h.claim, h.condition, h.where, want)
+	}
+	if h.shownUnhealthy <= 0 || h.shownHealthy <= 0 {
+		t.Errorf("claim %s: unhealthy shown after %v, healthy after %v; want both seen", h.claim, h.shownUnhealthy, h.shownHealthy)
+	}
+}
+
+// checkNode: CSINode listed the driver with the node's ID, the node process's probe
+// answered 200, the maxSurge rollout kept the driver in CSINode with no new registration,
+// the maxUnavailable one brought it back, and every old process exited 0.
+func checkNode(t *testing.T, n nodeReport) {
+	t.Helper()
+	if n.nodeID != kubeletNode || n.registered <= 0 {
+		t.Errorf("CSINode %s: driver with node ID %q after %v; want node ID %s", n.node, n.nodeID, n.registered, kubeletNode)
+	}
+	if n.probeCode != 200 {
+		t.Errorf("the node process's livenessprobe answered %d; want 200", n.probeCode)
+	}
+	if len(n.rollouts) != 2 {
+		t.Fatalf("%d node rollouts; want maxSurge and maxUnavailable", len(n.rollouts))
+	}
+	for _, ro := range n.rollouts {
+		if ro.exitCode != 0 || !ro.present {
+			t.Errorf("%s: %s exited %d, driver in CSINode at the end: %v; want exit 0 and the driver there", ro.strategy, ro.old, ro.exitCode, ro.present)
+		}
+	}
+	if s := n.rollouts[0]; s.strategy != "maxSurge" || len(s.absences) != 0 || s.registrations != 0 {
+		t.Errorf("%s: driver absent %d time(s), %v, registered %d time(s) again; want maxSurge with no absence and no registration",
+			s.strategy, len(s.absences), s.absent, s.registrations)
+	}
+	if u := n.rollouts[1]; u.strategy != "maxUnavailable" || u.registrations == 0 {
+		t.Errorf("%s: the kubelet registered the driver %d time(s); want maxUnavailable with a new registration", u.strategy, u.registrations)
 	}
 }
 
@@ -87,6 +141,9 @@ func BenchmarkFailover(b *testing.B) {
 	}
 	if _, err := snapshotcontroller.Assets(); err != nil {
 		b.Skipf("no snapshot-controller: %v", err)
+	}
+	if _, err := kubelet.Assets(); err != nil {
+		b.Skipf("no kubelet: %v", err)
 	}
 	bin, err := e2e.Binaries("../..")
 	if err != nil {

@@ -7,9 +7,15 @@
 // the Pods replaced, the claims grown (kube-controller-manager hands them to the resizer) and
 // snapshotted (the snapshot-controller creates a VolumeSnapshotContent for each
 // VolumeSnapshot, the snapshotter takes it). It SIGTERMs each sidecar's leader while its calls
-// are in flight and prints a live timeline and a summary of each handover. With -combined it
-// then does the same work with two replicas of one process running all four sidecars
-// (csi-sidecars --controllers=...), which one SIGTERM hands over, and compares their memory.
+// are in flight and prints a live timeline and a summary of each handover. A pair of
+// health-monitor replicas watches the volumes' health: one volume turns unhealthy in the
+// driver and healthy again, and the claim shows both. Then the node side: a real kubelet,
+// the driver's node service in its plugin folder and csi-sidecars
+// --controllers=node-driver-registrar,livenessprobe, rolled out as a DaemonSet would with
+// maxSurge and with maxUnavailable while a watch on CSINode times the driver's absence. With
+// -combined it then does the same work with two replicas of one process running all four
+// sidecars and the livenessprobe (csi-sidecars --controllers=...), which one SIGTERM hands
+// over, and compares their memory.
 // Everything it starts stops with it (also on Ctrl-C); the logs stay in the folder it names.
 package main
 
@@ -36,6 +42,7 @@ import (
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/kubelet"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/snapshotcontroller"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -48,7 +55,7 @@ const (
 	// runs never mix.
 	combinedDriverName = "combined.demo.csi.sidecars.io"
 	combinedNamespace  = "demo-combined"
-	controllers        = "--controllers=attacher,provisioner,resizer,snapshotter"
+	controllers        = "--controllers=attacher,provisioner,resizer,snapshotter,livenessprobe"
 
 	nodes      = 2
 	nodePrefix = "demo-node"
@@ -69,7 +76,7 @@ type options struct {
 func main() {
 	var o options
 	flag.BoolVar(&o.short, "short", false, "fewer Pods and shorter calls (for CI)")
-	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all four sidecars ("+controllers+"), one SIGTERM for the four Leases")
+	flag.BoolVar(&o.combined, "combined", false, "then do the same work with two processes that each run all four sidecars and the livenessprobe ("+controllers+"), one SIGTERM for the four Leases")
 	flag.StringVar(&o.bin, "bin", "_output/bin/csi-sidecars", "the csi-sidecars binary")
 	flag.StringVar(&o.logDir, "logs", "", "folder for the logs (default _output/demo/<time>)")
 	flag.Parse()
@@ -127,6 +134,10 @@ type report struct {
 	// peak memory of the combined standby that finished the work.
 	combined        []handover
 	combinedPeakRSS int64
+	// combinedProbes are the status codes of the combined replicas' livenessprobes.
+	combinedProbes map[string]int
+	health         volumeHealth
+	node           nodeReport
 }
 
 // handover is what the summary table shows for one sidecar.
@@ -155,6 +166,9 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 	if _, err := snapshotcontroller.Assets(); err != nil {
 		return rep, fmt.Errorf("the demo runs the real snapshot-controller: %w", err)
 	}
+	if _, err := kubelet.Assets(); err != nil {
+		return rep, fmt.Errorf("the demo runs a real kubelet: %w", err)
+	}
 	// Sockets live in the log folder; gRPC needs their paths absolute.
 	if o.logDir, err = filepath.Abs(o.logDir); err != nil {
 		return rep, fmt.Errorf("log folder: %w", err)
@@ -169,12 +183,14 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		if o.combined {
 			journals += ", driver-journal-combined.jsonl"
 		}
-		fmt.Fprintf(out, "\nLogs: %s (one file per replica, apiserver.log, etcd.log, %s.log, %s.log, %s.log, %s)\n",
-			o.logDir, cluster.ControllerManagerBinary, cluster.SchedulerBinary, snapshotcontroller.Binary, journals)
+		fmt.Fprintf(out, "\nLogs: %s (one file per replica and node process, apiserver.log, etcd.log, %s.log, %s.log, %s.log, kubelet-%s.log, %s)\n",
+			o.logDir, cluster.ControllerManagerBinary, cluster.SchedulerBinary, snapshotcontroller.Binary, kubeletNode, journals)
 	}()
 
-	d.say("starting kube-apiserver + etcd on loopback")
-	if d.cp, err = controlplane.Start(ctx, controlplane.Options{LogDir: o.logDir}); err != nil {
+	// The claims' status.healthStatus is kept by kube-apiserver's alpha CSIVolumeHealth gate.
+	d.say("starting kube-apiserver (feature gate CSIVolumeHealth on) + etcd on loopback")
+	if d.cp, err = controlplane.Start(ctx, controlplane.Options{LogDir: o.logDir,
+		APIServerArgs: []string{"--feature-gates=CSIVolumeHealth=true"}}); err != nil {
 		return rep, fmt.Errorf("control plane: %w", err)
 	}
 	d.kube = kubernetes.NewForConfigOrDie(d.cp.Config())
@@ -222,9 +238,13 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 	}
 	var pairsErr error
 	for _, p := range phases {
-		if pairsErr = d.startPair(ctx, p.sidecar, []string{p.sidecar}, []string{p.lease}); pairsErr != nil {
+		if pairsErr = d.startPair(ctx, p.sidecar, []string{p.sidecar}, []string{p.lease}, false); pairsErr != nil {
 			break
 		}
+	}
+	if pairsErr == nil {
+		pairsErr = d.startPair(ctx, "health-monitor", []string{"health-monitor", listInterval, monitorInterval},
+			[]string{"external-health-monitor-leader-" + sanitized}, false)
 	}
 	l := <-loop
 	d.loop = l.loop
@@ -240,6 +260,11 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 			d.summary(rep.single)
 			return rep, fmt.Errorf("%s: %w", p.sidecar, err)
 		}
+		if p.sidecar == "provisioner" {
+			if rep.health, err = d.volumeHealth(ctx, p.names[0]); err != nil {
+				return rep, fmt.Errorf("volume health: %w", err)
+			}
+		}
 	}
 	d.summary(rep.single)
 	for _, h := range rep.single {
@@ -247,15 +272,25 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 			return rep, errors.New("a handover was not clean (see the table)")
 		}
 	}
+	// The single-sidecar replicas are done; stopped, they leave the machine's cores to the
+	// node part and the combined run.
+	for _, r := range d.procs.all() {
+		r.kill()
+	}
+	rep.node, err = d.nodePart(ctx)
+	if len(rep.node.rollouts) > 0 {
+		d.nodeSummary(rep.node)
+	}
+	if err != nil {
+		return rep, fmt.Errorf("node: %w", err)
+	}
+	if !rep.node.clean() {
+		return rep, errors.New("a node rollout was not clean (see the table)")
+	}
 	if !o.combined {
 		return rep, nil
 	}
 
-	// The single-sidecar replicas are done; stopped, they leave the machine's cores to the
-	// combined run.
-	for _, r := range d.procs.all() {
-		r.kill()
-	}
 	fmt.Fprintf(d.out, "\n== combined: csi-sidecars %s, two replicas, %d Pods\n", controllers, o.pods)
 	c := *d
 	closeCombined, err := c.setUp(ctx, combinedDriverName, combinedNamespace, "driver-journal-combined.jsonl")
@@ -263,7 +298,7 @@ func run(ctx context.Context, o options, out io.Writer) (rep report, err error) 
 		return rep, err
 	}
 	defer closeCombined()
-	rep.combined, rep.combinedPeakRSS, err = c.runCombined(ctx)
+	rep.combined, rep.combinedPeakRSS, rep.combinedProbes, err = c.runCombined(ctx)
 	if len(rep.combined) > 0 {
 		c.combinedSummary(rep)
 	}
@@ -286,7 +321,7 @@ func (d *demo) setUp(ctx context.Context, driver, namespace, journalFile string)
 		return nil, fmt.Errorf("driver journal: %w", err)
 	}
 	d.driver, err = testdriver.New(testdriver.Config{DriverName: driver, Topology: true, Latency: d.o.latency, JournalWriter: journal,
-		ControllerCapabilities: snapshotCapabilities()})
+		ControllerCapabilities: append(snapshotCapabilities(), healthCapabilities()...)})
 	if err != nil {
 		journal.Close()
 		return nil, fmt.Errorf("test CSI driver: %w", err)
@@ -319,15 +354,16 @@ func (d *demo) say(format string, args ...any) {
 
 // startPair starts replica a of sidecar (a sidecar's name, or "combined") with args (the
 // subcommand or --controllers; every other flag at its default), waits until it holds every
-// one of leases, then starts standby b.
-func (d *demo) startPair(ctx context.Context, sidecar string, args, leases []string) error {
+// one of leases, then starts standby b. With probe, each hosts the livenessprobe on a port
+// of its own.
+func (d *demo) startPair(ctx context.Context, sidecar string, args, leases []string, probe bool) error {
 	for _, id := range []string{"a", "b"} {
 		name := sidecar + "-" + id
 		srv, err := d.driver.Serve(filepath.Join(d.o.logDir, name+".sock"))
 		if err != nil {
 			return fmt.Errorf("driver socket of %s: %w", name, err)
 		}
-		r, err := startReplica(d.o.bin, args, name, srv.Endpoint(), d.cp.KubeconfigPath(), d.namespace, d.o.logDir)
+		r, err := startReplica(d.o.bin, args, name, srv.Endpoint(), d.cp.KubeconfigPath(), d.namespace, d.o.logDir, probe)
 		if err != nil {
 			return err
 		}

@@ -20,29 +20,46 @@ type replica struct {
 	name    string
 	socket  string
 	readyz  string // URL of its /readyz
+	probe   string // URL of the /healthz of the livenessprobe it hosts, if any
 	cmd     *exec.Cmd
+	started time.Time
 	done    chan struct{}
 	code    int
 	exited  time.Time
 }
 
 // startReplica runs `csi-sidecars <args>` (a subcommand or --controllers, and the sidecars'
-// own flags) as identity name on the driver endpoint, with its diagnostics server on a free
-// loopback port, logging to logDir/<name>.log.
-func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespace, logDir string) (*replica, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	args = append(slices.Clone(args),
+// own flags) as identity name on the driver endpoint, with leader election in namespace;
+// see startProcess for probe.
+func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespace, logDir string, probe bool) (*replica, error) {
+	return startProcess(bin, append(slices.Clone(args),
 		"--csi-address="+endpoint,
 		"--kubeconfig="+kubeconfig,
 		"--leader-election",
 		"--leader-election-namespace="+namespace,
 		"--leader-election-identity="+name,
-		"--http-endpoint=127.0.0.1:"+port,
-		"-v=2",
-	)
+	), name, logDir, probe)
+}
+
+// startProcess runs `csi-sidecars <args>` as name with its diagnostics server on a free
+// loopback port, logging to logDir/<name>.log. With probe, the process hosts the
+// livenessprobe in combined mode, which gets a free port of its own
+// (--livenessprobe-health-port).
+func startProcess(bin string, args []string, name, logDir string, probe bool) (*replica, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args = append(slices.Clone(args), "--http-endpoint=127.0.0.1:"+port, "-v=2")
+	probeURL := ""
+	if probe {
+		probePort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--livenessprobe-health-port="+probePort)
+		probeURL = "http://127.0.0.1:" + probePort + "/healthz"
+	}
 	log, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("log of %s: %w", name, err)
@@ -55,7 +72,7 @@ func startReplica(bin string, args []string, name, endpoint, kubeconfig, namespa
 		log.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	r := &replica{name: name, readyz: "http://127.0.0.1:" + port + "/readyz", cmd: cmd, done: make(chan struct{})}
+	r := &replica{name: name, readyz: "http://127.0.0.1:" + port + "/readyz", probe: probeURL, cmd: cmd, started: time.Now(), done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		r.exited = time.Now()
@@ -118,4 +135,30 @@ func freePort() (string, error) {
 	}
 	defer l.Close()
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), nil
+}
+
+// waitProbe waits until the replica's livenessprobe answers 200 (the driver answered its
+// Probe), or the replica exits, or ctx ends; it returns the last status code. The kubelet
+// polls the probe too.
+func (r *replica) waitProbe(ctx context.Context) (int, error) {
+	client := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	code := 0
+	for {
+		resp, err := client.Get(r.probe)
+		if err == nil {
+			resp.Body.Close()
+			if code = resp.StatusCode; code == http.StatusOK {
+				return code, nil
+			}
+		}
+		select {
+		case <-r.done:
+			return code, fmt.Errorf("%s exited with %d before its livenessprobe answered 200", r.name, r.code)
+		case <-ctx.Done():
+			return code, fmt.Errorf("waiting until %s's livenessprobe (%s) answers 200: %w (last: %d, %v)", r.name, r.probe, ctx.Err(), code, err)
+		case <-tick.C:
+		}
+	}
 }

@@ -6,12 +6,13 @@
 // drivers whose registration sockets appear there, as on a real node. That is what
 // end-to-end tests of node-driver-registrar need.
 //
-// Start runs one kubelet as a child process (see controlplane.StartChild) with its own root
-// directory, short enough for UNIX socket paths below it, and a Node name of its own, so
+// Start runs one kubelet as a child process (see controlplane.StartChild) for a test, Run
+// for a program that is not one (the demo), with its own root directory, short enough for UNIX socket paths below it, and a Node name of its own, so
 // that several test packages can each run kubelets at once. The kubelet only needs
 // kube-apiserver: the node Lease goes to kube-node-lease, which the apiserver creates, and
 // CSINode is a built-in API. Start and Restart return once the new process has reported
-// the Node Ready.
+// the Node Ready. WatchDriver follows one driver in a node's CSINode: when it is listed, and
+// each interval it was missing.
 package kubelet
 
 import (
@@ -60,6 +61,9 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the Node to be Ready, at Start and Restart.
 	// Default: 90s.
 	ReadyTimeout time.Duration
+	// LogDir receives kubelet-<node>.log. Default: the test's temporary directory (Start);
+	// Run needs it.
+	LogDir string
 }
 
 // Assets returns the folder holding hollow-kubelet: the control plane's assets folder. The
@@ -101,18 +105,42 @@ type Kubelet struct {
 
 // Start runs a kubelet for opts.NodeName against cp and returns once its Node is Ready. Its
 // root directory is a fresh folder under os.TempDir (short, for UNIX sockets), its log a
-// file in t's temporary directory, quoted when t fails. At cleanup the kubelet is killed,
-// its root directory removed and its Node and CSINode deleted. Any failure fails t.
+// file in opts.LogDir or else t's temporary directory, quoted when t fails. At cleanup the
+// kubelet is killed, its root directory removed and its Node and CSINode deleted. Any
+// failure fails t.
 func Start(ctx context.Context, t testing.TB, cp *controlplane.ControlPlane, opts Options) *Kubelet {
 	t.Helper()
-	k, err := start(ctx, t, cp, opts)
+	if opts.LogDir == "" {
+		opts.LogDir = t.TempDir()
+	}
+	k, err := Run(ctx, cp, opts)
+	if k != nil {
+		t.Cleanup(func() {
+			if child := k.Process(); child != nil && t.Failed() {
+				t.Logf("kubelet %s (pid %d) last log lines:\n%s", k.node, child.Pid(), child.LogTail(logTailLines))
+			}
+			stopErr, deleteErr := k.close()
+			if stopErr != nil {
+				t.Error(stopErr)
+			}
+			if deleteErr != nil {
+				t.Log(deleteErr)
+			}
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	return k
 }
 
-func start(ctx context.Context, t testing.TB, cp *controlplane.ControlPlane, opts Options) (*Kubelet, error) {
+// Run is Start for a program that is not a test: it needs opts.LogDir, returns its
+// failures, and leaves the cleanup to Close. When the kubelet started but its Node did not
+// become Ready, Run returns the Kubelet with the error, to be closed too.
+func Run(ctx context.Context, cp *controlplane.ControlPlane, opts Options) (*Kubelet, error) {
+	if opts.LogDir == "" {
+		return nil, errors.New("kubelet: Run needs Options.LogDir")
+	}
 	assets := opts.AssetsDir
 	if assets == "" {
 		var err error
@@ -140,7 +168,7 @@ func start(ctx context.Context, t testing.TB, cp *controlplane.ControlPlane, opt
 		node:    opts.NodeName,
 		root:    root,
 		path:    filepath.Join(assets, Binary),
-		logPath: filepath.Join(t.TempDir(), "kubelet-"+opts.NodeName+".log"),
+		logPath: filepath.Join(opts.LogDir, "kubelet-"+opts.NodeName+".log"),
 		args: append([]string{
 			"--kubeconfig=" + cp.KubeconfigPath(),
 			"--node-name=" + opts.NodeName,
@@ -154,11 +182,7 @@ func start(ctx context.Context, t testing.TB, cp *controlplane.ControlPlane, opt
 		readyTimeout: opts.ReadyTimeout,
 		kube:         kube,
 	}
-	t.Cleanup(func() { k.cleanup(t) })
-	if err := k.run(ctx); err != nil {
-		return nil, err
-	}
-	return k, nil
+	return k, k.run(ctx)
 }
 
 func randomHex(n int) string {
@@ -308,30 +332,36 @@ func (k *Kubelet) Restart(ctx context.Context) error {
 	return k.run(ctx)
 }
 
-func (k *Kubelet) cleanup(t testing.TB) {
-	child := k.Process()
-	if child != nil {
-		if t.Failed() {
-			t.Logf("kubelet %s (pid %d) last log lines:\n%s", k.node, child.Pid(), child.LogTail(logTailLines))
-		}
+// Close kills the kubelet, removes its root directory and deletes its Node, CSINode and
+// node Lease, which nothing else collects on a test control plane. It returns what failed.
+func (k *Kubelet) Close() error {
+	stopErr, deleteErr := k.close()
+	return errors.Join(stopErr, deleteErr)
+}
+
+// close is Close's work; stopErr says what failed of the process and its root directory,
+// deleteErr what failed of the API objects (the control plane may be gone already).
+func (k *Kubelet) close() (stopErr, deleteErr error) {
+	var stopErrs, deleteErrs []error
+	if child := k.Process(); child != nil {
 		if err := child.Stop(); err != nil {
-			t.Errorf("kubelet %s: %v", k.node, err)
+			stopErrs = append(stopErrs, fmt.Errorf("kubelet %s: %w", k.node, err))
 		}
 	}
 	if err := os.RemoveAll(k.root); err != nil {
-		t.Errorf("kubelet %s: remove root dir: %v", k.node, err)
+		stopErrs = append(stopErrs, fmt.Errorf("kubelet %s: remove root dir: %w", k.node, err))
 	}
-	// Nothing collects them on a test control plane (no garbage collector runs): delete
-	// what the kubelet created, so a shared control plane is left as found.
+	// Delete what the kubelet created, so a shared control plane is left as found.
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if err := k.kube.StorageV1().CSINodes().Delete(ctx, k.node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Logf("kubelet %s: delete CSINode: %v", k.node, err)
+		deleteErrs = append(deleteErrs, fmt.Errorf("kubelet %s: delete CSINode: %w", k.node, err))
 	}
 	if err := k.kube.CoreV1().Nodes().Delete(ctx, k.node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Logf("kubelet %s: delete Node: %v", k.node, err)
+		deleteErrs = append(deleteErrs, fmt.Errorf("kubelet %s: delete Node: %w", k.node, err))
 	}
 	if err := k.kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, k.node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Logf("kubelet %s: delete node Lease: %v", k.node, err)
+		deleteErrs = append(deleteErrs, fmt.Errorf("kubelet %s: delete node Lease: %w", k.node, err))
 	}
+	return errors.Join(stopErrs...), errors.Join(deleteErrs...)
 }

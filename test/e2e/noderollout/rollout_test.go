@@ -12,15 +12,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/kubelet"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/regsocket"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -114,7 +113,7 @@ type world struct {
 	regPath    string
 	// nextPath is where csi-sidecars' registrar offers the handover of its socket.
 	nextPath   string
-	watch      *presence
+	watch      *kubelet.Presence
 	first      *registrar
 	registrars []*registrar
 	logDir     string
@@ -137,7 +136,7 @@ func (r *registrar) running() bool {
 
 // result is what one run of a scenario measured.
 type result struct {
-	absences []span
+	absences []kubelet.Absence
 	absent   time.Duration
 	// cameBack: the driver is in CSINode at the end of the watch.
 	cameBack bool
@@ -148,7 +147,7 @@ type result struct {
 func (r result) String() string {
 	var spans []string
 	for _, s := range r.absences {
-		spans = append(spans, s.to.Sub(s.from).Round(time.Millisecond).String())
+		spans = append(spans, s.To.Sub(s.From).Round(time.Millisecond).String())
 	}
 	return fmt.Sprintf("absent %d time(s) [%s], %.3f s in all; came back: %s; a registrar left serving an unlinked socket: %s",
 		len(r.absences), strings.Join(spans, " "), r.absent.Seconds(), yesNo(r.cameBack), yesNo(r.unlinked))
@@ -186,8 +185,10 @@ func runScenario(tb testing.TB, n *node, sc scenario, im implementation, suffix 
 		tb: tb, ctx: ctx, n: n, im: im, driver: backend, driverSock: srv.Socket(),
 		regPath:  filepath.Join(n.k.RegistrationDir(), name+"-reg.sock"),
 		nextPath: filepath.Join(n.k.RegistrationDir(), "."+name+"-reg.next"),
-		watch:    watchDriver(ctx, tb, n.client, n.k.NodeName(), name),
 		logDir:   tb.TempDir(),
+	}
+	if w.watch, err = kubelet.WatchDriver(ctx, n.client, n.k.NodeName(), name); err != nil {
+		tb.Fatal(err)
 	}
 	// Last, so first at cleanup: no registrar left, then no socket (a registrar still
 	// running would place it again).
@@ -198,19 +199,17 @@ func runScenario(tb testing.TB, n *node, sc scenario, im implementation, suffix 
 	sc.act(w)
 	w.leaseRenewals(windowRenewals)
 	end := time.Now()
-	r := result{absences: w.watch.spans(end), cameBack: w.watch.isPresent()}
-	for _, s := range r.absences {
-		r.absent += s.to.Sub(s.from)
-	}
+	r := result{absences: w.watch.Absences(end), cameBack: w.watch.IsPresent()}
+	r.absent = kubelet.Absent(r.absences)
 	for _, p := range w.registrars {
 		if !p.running() {
 			continue
 		}
-		v, err := viewOf(p.child.Pid(), w.regPath, w.nextPath)
+		v, err := regsocket.Of(p.child.Pid(), w.regPath, w.nextPath)
 		if err != nil {
 			tb.Fatalf("registrar %s: %v", p.name, err)
 		}
-		r.unlinked = r.unlinked || v.unlinked
+		r.unlinked = r.unlinked || v.Unlinked
 	}
 	return r
 }
@@ -242,8 +241,8 @@ func (w *world) started(p *registrar) {
 		if !p.running() {
 			return false, fmt.Errorf("registrar %s exited: %v; log:\n%s", p.name, p.child.Err(), p.child.LogTail(20))
 		}
-		v, err := viewOf(p.child.Pid(), w.regPath, w.nextPath)
-		return v.serves || v.waitsBeside, err
+		v, err := regsocket.Of(p.child.Pid(), w.regPath, w.nextPath)
+		return v.Serves || v.WaitsBeside, err
 	})
 }
 
@@ -264,7 +263,7 @@ func (w *world) term(p *registrar) {
 // waitPresent waits until the driver is in CSINode.
 func (w *world) waitPresent() {
 	w.tb.Helper()
-	w.waitUntil("the driver is in CSINode", func() (bool, error) { return w.watch.isPresent(), nil })
+	w.waitUntil("the driver is in CSINode", func() (bool, error) { return w.watch.IsPresent(), nil })
 }
 
 // leaseRenewals waits for the kubelet to renew its node's Lease n times.
@@ -309,87 +308,6 @@ func (w *world) cleanup() {
 			w.tb.Error(err)
 		}
 	}
-}
-
-// span is an interval during which the driver was missing from CSINode; to is zero while
-// it still is.
-type span struct{ from, to time.Time }
-
-// presence follows one driver in a node's CSINode through a watch.
-type presence struct {
-	mu       sync.Mutex
-	present  bool
-	seen     bool // present at least once
-	absences []span
-}
-
-// watchDriver watches node's CSINode until ctx ends.
-func watchDriver(ctx context.Context, tb testing.TB, client kubernetes.Interface, node, driver string) *presence {
-	tb.Helper()
-	p := &presence{}
-	lw := cache.NewFilteredListWatchFromClient(client.StorageV1().RESTClient(), "csinodes", metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.FieldSelector = "metadata.name=" + node
-	})
-	inf := cache.NewSharedIndexInformer(lw, &storagev1.CSINode{}, 0, cache.Indexers{})
-	observe := func(obj any) {
-		n, ok := obj.(*storagev1.CSINode)
-		p.observe(ok && hasDriver(n, driver), time.Now())
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    observe,
-		UpdateFunc: func(_, obj any) { observe(obj) },
-		DeleteFunc: func(any) { p.observe(false, time.Now()) },
-	}); err != nil {
-		tb.Fatal(err)
-	}
-	go inf.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		tb.Fatal("the CSINode watch did not sync")
-	}
-	return p
-}
-
-func hasDriver(n *storagev1.CSINode, driver string) bool {
-	for _, d := range n.Spec.Drivers {
-		if d.Name == driver {
-			return true
-		}
-	}
-	return false
-}
-
-func (p *presence) observe(present bool, at time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if present == p.present {
-		return
-	}
-	p.present = present
-	switch {
-	case present && p.seen:
-		p.absences[len(p.absences)-1].to = at
-	case present:
-		p.seen = true
-	default:
-		p.absences = append(p.absences, span{from: at})
-	}
-}
-
-func (p *presence) isPresent() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.present
-}
-
-// spans are the absences so far, one still running ending at end.
-func (p *presence) spans(end time.Time) []span {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := append([]span(nil), p.absences...)
-	if n := len(out); n > 0 && out[n-1].to.IsZero() {
-		out[n-1].to = end
-	}
-	return out
 }
 
 // TestDriverRegistrationThroughRollouts runs the scenarios whose outcome is a property of

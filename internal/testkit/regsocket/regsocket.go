@@ -1,4 +1,9 @@
-package noderollout
+// Package regsocket tells what a process does with a registration socket of the kubelet's
+// plugin folder and the hidden socket beside it through which csi-sidecars' registrar hands
+// its socket over: whether it serves the socket, waits beside the one that does, or serves
+// a socket whose file is gone. It reads the kernel's UNIX socket table (Linux only), for
+// tests and the demo, which need to know a registrar's state without asking it.
+package regsocket
 
 import (
 	"encoding/binary"
@@ -149,26 +154,27 @@ func fileIno(path string) uint64 {
 	return st.Ino
 }
 
-// socketView is what one process does with the registration socket's files.
-type socketView struct {
-	// serves: it listens on the socket that is the file at the registration path.
-	serves bool
-	// waitsBeside: it is connected to the socket that is the file at the hidden next path,
+// View is what one process does with the registration socket's files.
+type View struct {
+	// Serves: it listens on the socket that is the file at the registration path.
+	Serves bool
+	// WaitsBeside: it is connected to the socket that is the file at the hidden next path,
 	// beside the registrar that serves (csi-sidecars' handover).
-	waitsBeside bool
-	// unlinked: it listens on a socket bound as a file that is no longer at either path.
-	unlinked bool
+	WaitsBeside bool
+	// Unlinked: it listens on a socket bound as a file that is no longer at either path.
+	Unlinked bool
 }
 
-// viewOf tells what process pid does with the socket files at path and next.
-func viewOf(pid int, path, next string) (socketView, error) {
+// Of tells what process pid does with the socket files at path (the registration socket)
+// and next (the hidden one beside it).
+func Of(pid int, path, next string) (View, error) {
 	table, err := unixSockets()
 	if err != nil {
-		return socketView{}, err
+		return View{}, err
 	}
 	mine, err := socketsOf(pid)
 	if err != nil {
-		return socketView{}, err
+		return View{}, err
 	}
 	pathIno, nextIno := fileIno(path), fileIno(next)
 	// The names the listener at next was bound with (a connection to it carries its name).
@@ -178,7 +184,7 @@ func viewOf(pid int, path, next string) (socketView, error) {
 			nextNames[s.name] = true
 		}
 	}
-	var v socketView
+	var v View
 	for _, ino := range mine {
 		s, ok := table[ino]
 		if !ok {
@@ -186,11 +192,11 @@ func viewOf(pid int, path, next string) (socketView, error) {
 		}
 		switch {
 		case s.listening && s.vfsIno != 0 && s.vfsIno == pathIno:
-			v.serves = true
+			v.Serves = true
 		case s.listening && s.vfsIno != 0 && s.vfsIno != nextIno:
-			v.unlinked = true
+			v.Unlinked = true
 		case !s.listening && s.peer != 0 && nextNames[table[s.peer].name]:
-			v.waitsBeside = true
+			v.WaitsBeside = true
 		}
 	}
 	return v, nil
