@@ -2,11 +2,17 @@
 // kube-apiserver + etcd and the project's test CSI driver, and checks what a user observes:
 // the claims' status.healthStatus (the API server's CSIVolumeHealth gate on) or their events
 // (a second API server with the gate off), resourceVersions for writes, exit codes and the
-// Lease. The tests bind PV/PVC pairs themselves; no controller manager runs.
+// Lease. The tests bind PV/PVC pairs themselves; no controller manager runs, and the node
+// watcher's Nodes and Pods are objects the test writes, as a kubelet and a scheduler would.
+//
+// BenchmarkHealthMonitor (make bench) measures the monitor on 1,000 bound volumes: its API
+// writes per interval while all are healthy (from the API server's audit log, kept only
+// when benchmarks run) and the time from a driver's report to the claim showing it.
 package healthmonitor
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,7 +24,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/audit"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
@@ -29,11 +37,40 @@ var (
 	binDir string
 )
 
+// auditLog is the API server's audit log (auditPolicy), kept only when benchmarks run.
+var auditLog string
+
+// auditPolicy logs every write (events' with their body) and the marker audit.UpTo sends.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+` + audit.MarkerRule + audit.WriteRules + `- level: None
+`
+
 // The shared API server keeps status.healthStatus: its alpha CSIVolumeHealth gate is on.
-func TestMain(m *testing.M) {
-	os.Exit(e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{
-		APIServerArgs: []string{"--feature-gates=CSIVolumeHealth=true"},
-	}))
+// When benchmarks run it also writes an audit log of every write.
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	flag.Parse()
+	args := []string{"--feature-gates=CSIVolumeHealth=true"}
+	if e2e.Benchmarks() && !testing.Short() && os.Getenv(controlplane.SkipEnv) != "1" {
+		dir, err := os.MkdirTemp("", "csi-sidecars-healthmonitor-audit-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		auditArgs, log, err := audit.Setup(dir, auditPolicy)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		auditLog = log
+		args = append(args, auditArgs...)
+	}
+	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
 }
 
 // interval is the list pass interval of the tests' replicas.
@@ -52,7 +89,7 @@ func healthDriver() testdriver.Config {
 		csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH, csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH)}
 }
 
-func newScenario(t *testing.T, cp *controlplane.ControlPlane, cfg testdriver.Config) *scenario {
+func newScenario(t testing.TB, cp *controlplane.ControlPlane, cfg testdriver.Config) *scenario {
 	t.Helper()
 	s := &scenario{Scenario: e2e.NewScenario(t, cp, binDir, cfg)}
 	s.leaseName = e2e.LeaseName("health-monitor", s.Driver.DriverName())
@@ -82,45 +119,57 @@ type pair struct{ claim, pv, volumeID string }
 // provisioner and the PV controller would.
 func (s *scenario) createPair(name string) pair {
 	s.T.Helper()
-	ctx := context.Background()
-	rsp, err := s.csi.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: s.Namespace + "-" + name,
-		VolumeCapabilities: []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
-	if err != nil {
-		s.T.Fatal(err)
-	}
-	p := pair{claim: name, pv: s.Namespace + "-" + name, volumeID: rsp.GetVolume().GetVolumeId()}
-	size := v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}
-	empty := ""
-	pvc, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).Create(ctx, &v1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: &empty,
-			VolumeName: p.pv, Resources: v1.VolumeResourceRequirements{Requests: size}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		s.T.Fatal(err)
-	}
-	pv, err := s.Client.CoreV1().PersistentVolumes().Create(ctx, &v1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: p.pv},
-		Spec: v1.PersistentVolumeSpec{AccessModes: pvc.Spec.AccessModes, Capacity: size,
-			ClaimRef:               &v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: s.Namespace, Name: name, UID: pvc.UID},
-			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: s.Driver.DriverName(), VolumeHandle: p.volumeID}}},
-	}, metav1.CreateOptions{})
+	p, err := s.makePair(context.Background(), s.Client, name)
 	if err != nil {
 		s.T.Fatal(err)
 	}
 	s.T.Cleanup(func() {
 		_ = s.Client.CoreV1().PersistentVolumes().Delete(context.Background(), p.pv, metav1.DeleteOptions{})
 	})
+	return p
+}
+
+// pairLabel marks the PVs of a scenario, for a benchmark's clean-up of many at once.
+const pairLabel = "healthmonitor.csi-sidecars.io/scenario"
+
+// makePair is createPair through client, safe to call from several goroutines; the PV it
+// leaves is the caller's to delete (it carries pairLabel).
+func (s *scenario) makePair(ctx context.Context, client kubernetes.Interface, name string) (pair, error) {
+	rsp, err := s.csi.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: s.Namespace + "-" + name,
+		VolumeCapabilities: []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
+	if err != nil {
+		return pair{}, fmt.Errorf("CreateVolume %s: %w", name, err)
+	}
+	p := pair{claim: name, pv: s.Namespace + "-" + name, volumeID: rsp.GetVolume().GetVolumeId()}
+	size := v1.ResourceList{v1.ResourceStorage: resource.MustParse("1Gi")}
+	empty := ""
+	pvc, err := client.CoreV1().PersistentVolumeClaims(s.Namespace).Create(ctx, &v1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1.PersistentVolumeClaimSpec{AccessModes: []v1.PersistentVolumeAccessMode{v1.ReadWriteOnce}, StorageClassName: &empty,
+			VolumeName: p.pv, Resources: v1.VolumeResourceRequirements{Requests: size}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return p, fmt.Errorf("creating claim %s: %w", name, err)
+	}
+	pv, err := client.CoreV1().PersistentVolumes().Create(ctx, &v1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: p.pv, Labels: map[string]string{pairLabel: s.Namespace}},
+		Spec: v1.PersistentVolumeSpec{AccessModes: pvc.Spec.AccessModes, Capacity: size,
+			ClaimRef:               &v1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: s.Namespace, Name: name, UID: pvc.UID},
+			PersistentVolumeSource: v1.PersistentVolumeSource{CSI: &v1.CSIPersistentVolumeSource{Driver: s.Driver.DriverName(), VolumeHandle: p.volumeID}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return p, fmt.Errorf("creating PV %s: %w", p.pv, err)
+	}
 	pv.Status.Phase = v1.VolumeBound
-	if _, err := s.Client.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
-		s.T.Fatal(err)
+	if _, err := client.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
+		return p, fmt.Errorf("binding PV %s: %w", p.pv, err)
 	}
 	pvc.Status = v1.PersistentVolumeClaimStatus{Phase: v1.ClaimBound, AccessModes: pvc.Spec.AccessModes, Capacity: size}
-	if _, err := s.Client.CoreV1().PersistentVolumeClaims(s.Namespace).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-		s.T.Fatal(err)
+	if _, err := client.CoreV1().PersistentVolumeClaims(s.Namespace).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		return p, fmt.Errorf("binding claim %s: %w", name, err)
 	}
-	return p
+	return p, nil
 }
 
 func (s *scenario) claim(name string) *v1.PersistentVolumeClaim {
