@@ -32,10 +32,14 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
     mv "$dir/$cmd.tmp" "$dir/$cmd"
   fi
 done
-if [ ! -x "$dir/hollow-kubelet" ]; then
+# hollow-kubelet is our own program: rebuilt when its source or the module changes, which
+# the stamp beside it records.
+hollow_sum=$(cat hollow-kubelet/*.go go.mod go.sum | sha256sum | cut -d' ' -f1)
+if [ ! -x "$dir/hollow-kubelet" ] || [ "$(cat "$dir/hollow-kubelet.sum" 2>/dev/null)" != "$hollow_sum" ]; then
   echo "building hollow-kubelet into $dir (1-2 min after kube-controller-manager: it adds about 120 packages)" >&2
   go build -o "$dir/hollow-kubelet.tmp" -ldflags "$ldflags" ./hollow-kubelet
   mv "$dir/hollow-kubelet.tmp" "$dir/hollow-kubelet"
+  echo "$hollow_sum" > "$dir/hollow-kubelet.sum"
 fi
 if [ ! -x "$dir/kustomize" ]; then
   echo "building kustomize into $dir (about 1 min)" >&2

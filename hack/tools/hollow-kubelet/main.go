@@ -4,7 +4,8 @@
 // the caller choose the kubelet's root directory (and so its plugin
 // registration directory <root>/plugins_registry and plugins directory
 // <root>/plugins), and its ports, so that several can run side by side on one
-// machine. It exits 0 on SIGTERM or SIGINT.
+// machine. With --probes the kubelet runs its own prober, where kubemark's
+// hollow node runs none. It exits 0 on SIGTERM or SIGINT.
 package main
 
 import (
@@ -35,6 +36,7 @@ type config struct {
 	port         int
 	readOnlyPort int
 	maxPods      int
+	probes       bool
 }
 
 func main() {
@@ -49,6 +51,7 @@ func main() {
 	fs.IntVar(&c.port, "port", 0, "port of the kubelet's API server (0: any free port)")
 	fs.IntVar(&c.readOnlyPort, "read-only-port", 0, "port of the kubelet's read-only server (0: none)")
 	fs.IntVar(&c.maxPods, "max-pods", 110, "pods the node can hold")
+	fs.BoolVar(&c.probes, "probes", false, "run the kubelet's own prober (liveness, readiness and startup probes of the pods' containers) in place of kubemark's, which runs none and reports every container ready; its events are dropped, as all of the hollow kubelet's are")
 	klog.InitFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	if c.kubeconfig == "" || c.nodeName == "" || c.rootDir == "" {
@@ -134,6 +137,10 @@ func run(ctx context.Context, c config) error {
 	hk := kubemark.NewHollowKubelet(flags, kc, client, heartbeatClient,
 		&cadvisortest.Fake{NodeName: c.nodeName},
 		runtime.ImageService, runtimeService, cm.NewStubContainerManager())
+	if c.probes {
+		// Without a ProbeManager of the caller's the kubelet makes its own, the real one.
+		hk.KubeletDeps.ProbeManager = nil
+	}
 	go hk.Run(ctx)
 	<-ctx.Done()
 	klog.InfoS("hollow-kubelet stopping", "node", c.nodeName)

@@ -56,7 +56,9 @@ type Options struct {
 	NodeName string
 	// AssetsDir holds hollow-kubelet. Default: Assets().
 	AssetsDir string
-	// Args are appended to hollow-kubelet's command line, e.g. "-v=4".
+	// Args are appended to hollow-kubelet's command line, e.g. "-v=4", or "--probes" for
+	// the kubelet's own prober (kubemark's runs no probe and reports every container
+	// ready).
 	Args []string
 	// ReadyTimeout bounds the wait for the Node to be Ready, at Start and Restart.
 	// Default: 90s.
