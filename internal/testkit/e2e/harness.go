@@ -223,26 +223,81 @@ func (s *Scenario) start(name, binary string, lead, extra []string) *Replica {
 // startIn is start with namespaces of its own for the process (syscall.CLONE_NEW* flags).
 func (s *Scenario) startIn(name, binary string, lead, extra []string, namespaces uintptr) *Replica {
 	s.T.Helper()
+	return s.launch(name, func(ep Endpoints) (Command, uintptr) {
+		shared := []string{
+			"--csi-address=" + ep.CSI,
+			"--kubeconfig=" + ep.Kubeconfig,
+			"--leader-election",
+			"--leader-election-namespace=" + s.Namespace,
+			"--leader-election-lease-duration=30s",
+			"--leader-election-renew-deadline=20s",
+			"--leader-election-retry-period=10s",
+			"--http-endpoint=" + ep.HTTP,
+			"-v=2",
+		}
+		return Command{Binary: binary, Args: append(append(append([]string{}, lead...), shared...), extra...)}, namespaces
+	})
+}
+
+// Endpoints are what the harness has for a replica before it starts: its own socket on
+// the scenario's driver, a free diagnostics address and the control plane's kubeconfig.
+type Endpoints struct {
+	// CSI is the replica's driver socket as --csi-address takes it (unix://...); Socket
+	// is its path.
+	CSI, Socket string
+	// HTTP is 127.0.0.1:<a free port>, where Replica.Get and WaitReady look.
+	HTTP string
+	// Kubeconfig is the control plane's admin kubeconfig.
+	Kubeconfig string
+}
+
+// Command is a replica's process as StartCommand runs it.
+type Command struct {
+	// Binary is a file of BinDir ("csi-sidecars") or a path.
+	Binary string
+	Args   []string
+	// Env is added to the test's environment ("NAME=value").
+	Env []string
+	// Host, when set, gives the process a UTS namespace of its own with this host name,
+	// as in a pod of that name (see StartUpstreamAs, HostNames).
+	Host string
+}
+
+// StartCommand runs the replica command returns, given the replica's endpoints, with none
+// of Start's shared flags: for the args of a manifest's container, of which a test
+// substitutes only what must differ outside a cluster (the socket, the kubeconfig, ports).
+func (s *Scenario) StartCommand(name string, command func(Endpoints) Command) *Replica {
+	s.T.Helper()
+	return s.launch(name, func(ep Endpoints) (Command, uintptr) {
+		c := command(ep)
+		if !filepath.IsAbs(c.Binary) {
+			c.Binary = filepath.Join(s.BinDir, c.Binary)
+		}
+		if c.Host == "" {
+			return c, 0
+		}
+		c.Args = append([]string{"-c", setHostname, c.Host, c.Binary}, c.Args...)
+		c.Binary = "/bin/sh"
+		return c, syscall.CLONE_NEWUTS
+	})
+}
+
+// launch serves the replica's socket and runs the process command returns for its
+// endpoints, in the namespaces it returns (syscall.CLONE_NEW* flags).
+func (s *Scenario) launch(name string, command func(Endpoints) (Command, uintptr)) *Replica {
+	s.T.Helper()
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, name+".sock"))
 	if err != nil {
 		s.T.Fatal(err)
 	}
 	s.T.Cleanup(srv.Stop)
 	port := FreePort(s.T)
-	shared := []string{
-		"--csi-address=" + srv.Endpoint(),
-		"--kubeconfig=" + s.CP.KubeconfigPath(),
-		"--leader-election",
-		"--leader-election-namespace=" + s.Namespace,
-		"--leader-election-lease-duration=30s",
-		"--leader-election-renew-deadline=20s",
-		"--leader-election-retry-period=10s",
-		"--http-endpoint=127.0.0.1:" + port,
-		"-v=2",
-	}
-	args := append(append(append([]string{}, lead...), shared...), extra...)
+	c, namespaces := command(Endpoints{CSI: srv.Endpoint(), Socket: srv.Socket(), HTTP: "127.0.0.1:" + port, Kubeconfig: s.CP.KubeconfigPath()})
 	r := &Replica{Name: name, Socket: srv.Socket(), Driver: srv, health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, Done: make(chan struct{})}
-	r.cmd = exec.Command(binary, args...)
+	r.cmd = exec.Command(c.Binary, c.Args...)
+	if len(c.Env) > 0 {
+		r.cmd.Env = append(os.Environ(), c.Env...)
+	}
 	logFile, err := os.Create(filepath.Join(s.Dir, name+".log"))
 	if err != nil {
 		s.T.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,11 +110,11 @@ func run(m *testing.M) int {
 	return e2e.MainWith(m, "../../..", &kube, &binDir, controlplane.Options{APIServerArgs: args})
 }
 
-// upstreamTest is the test that runs upstream's binaries; the benchmarks do too.
-const upstreamTest = "TestRollingUpgradeFromUpstreamImages"
+// upstreamTests are the tests that run upstream's binaries; the benchmarks do too.
+var upstreamTests = []string{"TestRollingUpgradeFromUpstreamImages", "TestLiveMigrationWithMigrateAndRollbackWithReverse"}
 
 // runsUpstream tells whether this run may need upstream's binaries: benchmarks run, or
-// -test.run may select upstreamTest. A run of other tests does not build them.
+// -test.run may select one of upstreamTests. A run of other tests does not build them.
 func runsUpstream() bool {
 	if e2e.Benchmarks() {
 		return true
@@ -124,5 +125,5 @@ func runsUpstream() bool {
 	}
 	top, _, _ := strings.Cut(run.Value.String(), "/")
 	re, err := regexp.Compile(top)
-	return err != nil || re.MatchString(upstreamTest)
+	return err != nil || slices.ContainsFunc(upstreamTests, re.MatchString)
 }

@@ -57,7 +57,16 @@ type rollout struct {
 	// combined runs ours as one process per replica (`csi-sidecars --controllers=...`);
 	// otherwise a replica is one process per sidecar, as a pod of three containers.
 	combined bool
+	// migration, when set, runs every replica from the containers of manifests instead
+	// (migrate_test.go): the starting ones upstream's, the new ones of the first half of
+	// the steps `migrate`'s, and those of the second half upstream's again, from `migrate
+	// --reverse`: a migration and its rollback.
+	migration *migration
 }
+
+// rollsBack tells whether step i (from 0) starts upstream's replicas again: the second
+// half of a migration's steps.
+func (ro rollout) rollsBack(i int) bool { return ro.migration != nil && i >= rollingSteps/2 }
 
 // load is the stream of Pods offered during a rolling upgrade.
 type load struct {
@@ -95,7 +104,7 @@ func TestRollingUpgradeOfCombinedReplicas(t *testing.T) {
 // names are ours, so each Lease passes from upstream to ours; upstream does not release its
 // Lease on SIGTERM, so a handover from an upstream leader waits for the Lease to expire
 // (15 s). Ours still never run two leaders, and the claims' lives complete. (TestMain
-// builds upstream's binaries when -test.run selects this test: its name is upstreamTest.)
+// builds upstream's binaries when -test.run selects this test: its name is one of upstreamTests.)
 func TestRollingUpgradeFromUpstreamImages(t *testing.T) {
 	from := upstreamFrom(t)
 	r := rollingUpgrade(t, rollout{name: "image swap", from: from}, testLoad())
@@ -133,13 +142,17 @@ func BenchmarkRollingUpgrade(b *testing.B) {
 	if err != nil || len(rates) == 0 {
 		b.Fatalf("-realloop.rolling-every=%q: want comma-separated positive durations", *flagRollingEvery)
 	}
-	variants := []rollout{{name: "single-sidecar", from: ours}, {name: "combined", from: ours, combined: true}, {name: "image-swap"}}
+	variants := []rollout{{name: "single-sidecar", from: ours}, {name: "combined", from: ours, combined: true}, {name: "image-swap"}, {name: "migrate-rollback"}}
 	for _, ro := range variants {
 		for _, every := range rates {
 			l := load{every: every, inUse: *flagRollingInUse, margin: *flagRollingMargin}
 			b.Run(fmt.Sprintf("%s/every=%v", ro.name, every), func(b *testing.B) {
-				if ro.name == "image-swap" {
+				switch ro.name {
+				case "image-swap":
 					ro.from = upstreamFrom(b)
+				case "migrate-rollback":
+					ro.from = upstreamFrom(b)
+					ro.migration = newMigration(b, ro.from)
 				}
 				for range b.N {
 					r := rollingUpgrade(b, ro, l)
@@ -151,6 +164,11 @@ func BenchmarkRollingUpgrade(b *testing.B) {
 						after = max(after, st.afterSignal())
 					}
 					b.ReportMetric(after.Seconds(), "stall-after-sigterm-max-s")
+					if ro.migration != nil {
+						migrated, rolledBack := r.halves()
+						b.ReportMetric(migrated.Seconds(), "stall-migrate-max-s")
+						b.ReportMetric(rolledBack.Seconds(), "stall-rollback-max-s")
+					}
 				}
 			})
 		}
@@ -168,10 +186,15 @@ type podReplica struct {
 	bySidecar map[string]*e2e.Replica
 }
 
-// startReplica starts replica id: ours (combined or single-sidecar) or upstream's.
-func startReplica(w *world, ro rollout, id string, ours bool) *podReplica {
+// startReplica starts replica id: ours (combined or single-sidecar) or upstream's; in a
+// migration, from the manifest of the phase (rollback: migrate --reverse's).
+func startReplica(w *world, ro rollout, id string, ours, rollback bool) *podReplica {
 	w.T.Helper()
 	p := &podReplica{id: id, ours: ours, bySidecar: map[string]*e2e.Replica{}}
+	if ro.migration != nil {
+		ro.migration.start(w, p, rollback)
+		return p
+	}
 	flags := upstreamLeaseTimings()
 	if ours {
 		flags = append(flags, requestLogFlags...)
@@ -318,7 +341,7 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	w := newLoop(t, benchNodes, ro.from, func(w *world) {
 		leases = w.WatchLeases()
 		for i := range rollingReplicas {
-			replicas = append(replicas, startReplica(w, ro, fmt.Sprintf("%s-%d", prefix[oursFirst], i), oursFirst))
+			replicas = append(replicas, startReplica(w, ro, fmt.Sprintf("%s-%d", prefix[oursFirst], i), oursFirst, false))
 		}
 	})
 	driver := w.Driver.DriverName()
@@ -342,8 +365,22 @@ func rollingUpgrade(t testing.TB, ro rollout, l load) *rolling {
 	// Offered load before the first step: the workload's shape, not a wait for anything.
 	time.Sleep(l.margin)
 	for i := range rollingSteps {
+		if ro.rollsBack(i) && !ro.rollsBack(i-1) {
+			// The migration is over once every Lease passed from upstream's replicas to
+			// ours (upstream's, which do not release theirs, leave them to expire): the
+			// rollback starts from there.
+			var running []*podReplica
+			for _, p := range replicas {
+				if p.ours {
+					running = append(running, p)
+				}
+			}
+			waitLeasesHeld(w, leaseNames, running)
+			progress(t, "%s: every Lease held by a replica of ours; rolling back", ro.name)
+		}
 		st := step{old: replicas[i], started: time.Now()}
-		st.new = startReplica(w, ro, fmt.Sprintf("ours-%d", rollingReplicas+i), true)
+		newOurs := !ro.rollsBack(i)
+		st.new = startReplica(w, ro, fmt.Sprintf("%s-%d", prefix[newOurs], rollingReplicas+i), newOurs, ro.rollsBack(i))
 		replicas = append(replicas, st.new)
 		st.new.waitReady(t)
 		st.ready = time.Now()
