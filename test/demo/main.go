@@ -29,7 +29,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +42,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/cluster"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/kubelet"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/procmem"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/snapshotcontroller"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -773,16 +773,4 @@ func running(cs []testdriver.Call) int {
 }
 
 // peakRSS is a process's peak resident memory (VmHWM), 0 if unknown.
-func peakRSS(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+func peakRSS(pid int) int64 { return procmem.Peak(pid) }

@@ -1,11 +1,6 @@
 package e2e
 
-import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-)
+import "github.com/csi-sidecars/csi-sidecars/internal/testkit/procmem"
 
 // Pid is the replica's process id.
 func (r *Replica) Pid() int { return r.cmd.Process.Pid }
@@ -21,19 +16,4 @@ func (r *Replica) PeakRSS() int64 {
 }
 
 // PeakRSS is a process's peak resident memory (VmHWM) in bytes, 0 if unknown.
-func PeakRSS(pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
-}
+func PeakRSS(pid int) int64 { return procmem.Peak(pid) }

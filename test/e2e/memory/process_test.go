@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/procmem"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -230,29 +230,11 @@ func (p *process) held(ctx context.Context, s *e2e.Scenario) int {
 type memory struct{ peak, now, anon, file int64 }
 
 func (p *process) memory() memory {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	m, err := procmem.Read(p.cmd.Process.Pid)
 	if err != nil {
 		return memory{}
 	}
-	var m memory
-	for line := range strings.SplitSeq(string(data), "\n") {
-		key, value, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(value), "kB")), 10, 64)
-		switch key {
-		case "VmHWM":
-			m.peak = kb << 10
-		case "VmRSS":
-			m.now = kb << 10
-		case "RssAnon":
-			m.anon = kb << 10
-		case "RssFile":
-			m.file = kb << 10
-		}
-	}
-	return m
+	return memory{peak: m.Peak, now: m.Now, anon: m.Anon, file: m.File}
 }
 
 // workCalls counts the calls on the process's socket that change a volume or a snapshot: on

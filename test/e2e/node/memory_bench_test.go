@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/controlplane"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/e2e"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/kubelet"
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/procmem"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 )
 
@@ -153,27 +152,8 @@ func probeOK(ctx context.Context, url string) bool {
 type memory struct{ peak, now, anon int64 }
 
 func readMemory(pid int) (memory, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return memory{}, fmt.Errorf("reading the memory of pid %d: %w", pid, err)
-	}
-	var m memory
-	for line := range strings.SplitSeq(string(data), "\n") {
-		key, value, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(value), "kB")), 10, 64)
-		switch key {
-		case "VmHWM":
-			m.peak = kb << 10
-		case "VmRSS":
-			m.now = kb << 10
-		case "RssAnon":
-			m.anon = kb << 10
-		}
-	}
-	return m, nil
+	m, err := procmem.Read(pid)
+	return memory{peak: m.Peak, now: m.Now, anon: m.Anon}, err
 }
 
 func mib(bytes int64) float64 { return float64(bytes) / (1 << 20) }
