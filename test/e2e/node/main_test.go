@@ -57,6 +57,37 @@ func driverConfig(name, nodeID string) testdriver.Config {
 	return testdriver.Config{DriverName: name, NodeID: nodeID, Topology: true, Nodes: []string{}}
 }
 
+// testNode is a real kubelet with the test driver of a node served where a node plugin
+// serves its socket, and a watch of the node's CSINode.
+type testNode struct {
+	ctx            context.Context // ends with the test, or after its timeout
+	client         kubernetes.Interface
+	kubelet        *kubelet.Kubelet
+	driver, nodeID string
+	backend        *testdriver.Backend
+	plugin         *testdriver.Server
+	csiNodes       *csiNodeWatch
+}
+
+// startNode starts a kubelet and serves driver's test driver for it, reporting node ID
+// "id-<node>"; the test gets timeout.
+func startNode(t *testing.T, driver string, timeout time.Duration) *testNode {
+	t.Helper()
+	e2e.RequireBinaries(t, binDir)
+	cp := kube.Get(t)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	n := &testNode{ctx: ctx, client: kubernetes.NewForConfigOrDie(cp.Config()), kubelet: kubelet.Start(ctx, t, cp, kubelet.Options{}), driver: driver}
+	n.nodeID = "id-" + n.kubelet.NodeName()
+	b, err := testdriver.New(driverConfig(driver, n.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.backend, n.plugin = b, serveDriver(t, n.kubelet, b)
+	n.csiNodes = watchCSINode(ctx, t, n.client, n.kubelet.NodeName())
+	return n
+}
+
 // serveDriver serves b where a node plugin serves its socket, <PluginsDir>/<driver>/csi.sock.
 func serveDriver(t *testing.T, k *kubelet.Kubelet, b *testdriver.Backend) *testdriver.Server {
 	t.Helper()

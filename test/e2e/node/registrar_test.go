@@ -182,20 +182,9 @@ func hasKey[V any](m map[string]V, k string) bool {
 // would fail the kubelet's report, and the kubelet would take the driver out again.
 func TestSIGTERMDuringRegistrationLetsItFinishAndExitsZero(t *testing.T) {
 	t.Parallel()
-	e2e.RequireBinaries(t, binDir)
-	cp := kube.Get(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	client := kubernetes.NewForConfigOrDie(cp.Config())
-	k := kubelet.Start(ctx, t, cp, kubelet.Options{})
-	const driver = "sigterm.node.csi.test"
-	nodeID := "id-" + k.NodeName()
-	b, err := testdriver.New(driverConfig(driver, nodeID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plugin := serveDriver(t, k, b)
-	csiNodes := watchCSINode(ctx, t, client, k.NodeName())
+	node := startNode(t, "sigterm.node.csi.test", 3*time.Minute)
+	ctx, k, b, plugin, csiNodes := node.ctx, node.kubelet, node.backend, node.plugin, node.csiNodes
+	driver, nodeID := node.driver, node.nodeID
 
 	release := b.Hold(testdriver.MethodNodeGetInfo)
 	defer release()
@@ -240,20 +229,9 @@ func TestSIGTERMDuringRegistrationLetsItFinishAndExitsZero(t *testing.T) {
 // one replaces the socket the dead one left, and the kubelet registers the driver anew.
 func TestDriverIsRegisteredAgainAfterKubeletRestartAndRegistrarKill(t *testing.T) {
 	t.Parallel()
-	e2e.RequireBinaries(t, binDir)
-	cp := kube.Get(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	client := kubernetes.NewForConfigOrDie(cp.Config())
-	k := kubelet.Start(ctx, t, cp, kubelet.Options{})
-	const driver = "restart.node.csi.test"
-	nodeID := "id-" + k.NodeName()
-	b, err := testdriver.New(driverConfig(driver, nodeID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plugin := serveDriver(t, k, b)
-	csiNodes := watchCSINode(ctx, t, client, k.NodeName())
+	node := startNode(t, "restart.node.csi.test", 4*time.Minute)
+	ctx, client, k, b, plugin, csiNodes := node.ctx, node.client, node.kubelet, node.backend, node.plugin, node.csiNodes
+	driver, nodeID := node.driver, node.nodeID
 	reg := startRegistrar(t, k, driver, plugin.Socket())
 	csiNodes.until(ctx, "lists "+driver, listsDriver(driver, nodeID))
 	t.Logf("driver in CSINode %s after the registrar started", time.Since(reg.started).Round(time.Millisecond))
