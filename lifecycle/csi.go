@@ -140,10 +140,9 @@ func IsFinalError(err error) bool {
 // waits only for the calls already in the driver and the writes that record them (P14);
 // work that had not reached the driver is left, with what it recorded, to the next leader.
 type fencedConn struct {
-	conn     grpc.ClientConnInterface
-	ops      context.Context
-	inflight atomic.Int64
-	onChange func(delta int64)
+	conn  grpc.ClientConnInterface
+	ops   context.Context
+	calls callCount
 	// draining is set when intake ends.
 	draining atomic.Bool
 	// broken is set when a call ended with Unavailable: the connection may have broken under
@@ -156,12 +155,7 @@ var _ grpc.ClientConnInterface = &fencedConn{}
 func (c *fencedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	// Counted before the check: once draining is set, a count of zero means no call can
 	// still reach the driver (idleAfterDrain).
-	c.inflight.Add(1)
-	c.onChange(1)
-	defer func() {
-		c.inflight.Add(-1)
-		c.onChange(-1)
-	}()
+	defer c.calls.begin()()
 	if c.ops.Err() != nil {
 		return notStarted(method, "this replica stopped leading or ran out of drain time")
 	}
@@ -215,7 +209,7 @@ func NotStarted(err error) bool {
 }
 
 // InFlight is the number of CSI calls running now.
-func (c *fencedConn) InFlight() int64 { return c.inflight.Load() }
+func (c *fencedConn) InFlight() int64 { return c.calls.n.Load() }
 
 // drain refuses every call from now on.
 func (c *fencedConn) drain() { c.draining.Store(true) }
@@ -224,7 +218,7 @@ func (c *fencedConn) drain() { c.draining.Store(true) }
 // running in the driver: no call in flight, none can start, and none was cut off by a
 // broken connection.
 func (c *fencedConn) idleAfterDrain() bool {
-	return c.draining.Load() && c.inflight.Load() == 0 && !c.broken.Load()
+	return c.draining.Load() && c.calls.n.Load() == 0 && !c.broken.Load()
 }
 
 // MarkMigrated labels the metrics of the CSI calls made on the returned context as those of

@@ -156,7 +156,7 @@ func (p *process) newMember(ctx context.Context, s Sidecar, shared Env, conn *gr
 	m.ops, m.cancelOps = context.WithCancel(context.WithoutCancel(ctx))
 	p.metrics.leader.WithLabelValues(s.Name()).Set(0)
 	inflight := p.metrics.inflight.WithLabelValues(s.Name())
-	m.csi = &fencedConn{conn: conn, ops: m.ops, onChange: func(d int64) { inflight.Add(float64(d)) }}
+	m.csi = &fencedConn{conn: conn, ops: m.ops, calls: callCount{onChange: func(d int64) { inflight.Add(float64(d)) }}}
 	shared.CSI = m.csi
 	// Its queues hold what its handlers add until it leads: a standby's queue metrics
 	// stay at zero, and a leader's waits count from its takeover.

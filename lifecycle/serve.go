@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -64,21 +63,15 @@ func (c *serverConn) close() {
 
 // serverCalls is one Server's view of the serverConn.
 type serverCalls struct {
-	conn     *serverConn
-	ops      context.Context
-	inflight atomic.Int64
-	onChange func(delta int64)
+	conn  *serverConn
+	ops   context.Context
+	calls callCount
 }
 
 var _ grpc.ClientConnInterface = &serverCalls{}
 
 func (c *serverCalls) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	c.inflight.Add(1)
-	c.onChange(1)
-	defer func() {
-		c.inflight.Add(-1)
-		c.onChange(-1)
-	}()
+	defer c.calls.begin()()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(c.ops, cancel)()
@@ -160,12 +153,12 @@ func (p *process) startServers(ctx context.Context, hosted []Server, alone bool,
 	dialing, stopDialing := context.WithCancel(context.WithoutCancel(ctx))
 	conn := dialServerConn(dialing, p.opts.CSIAddress, record)
 	ops, cancelOps := context.WithCancel(context.WithoutCancel(ctx))
-	names := &driverNamer{conn: &serverCalls{conn: conn, ops: ops, onChange: func(int64) {}}, onName: onName}
+	names := &driverNamer{conn: &serverCalls{conn: conn, ops: ops}, onName: onName}
 	var wg sync.WaitGroup
 	for i, srv := range hosted {
 		inflight := p.metrics.inflight.WithLabelValues(srv.Name())
 		env := &ServerEnv{
-			CSI:          &serverCalls{conn: conn, ops: ops, onChange: func(d int64) { inflight.Add(float64(d)) }},
+			CSI:          &serverCalls{conn: conn, ops: ops, calls: callCount{onChange: func(d int64) { inflight.Add(float64(d)) }}},
 			CSIAddress:   p.opts.CSIAddress,
 			Alone:        alone,
 			HTTPEndpoint: p.opts.HTTPEndpoint,

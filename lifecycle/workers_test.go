@@ -62,7 +62,7 @@ func TestFencingCancelsCallsWhateverTheirContext(t *testing.T) {
 	inner := &blockingConn{}
 	var gauge int64
 	var mu sync.Mutex
-	conn := &fencedConn{conn: inner, ops: ops, onChange: func(d int64) { mu.Lock(); gauge += d; mu.Unlock() }}
+	conn := &fencedConn{conn: inner, ops: ops, calls: callCount{onChange: func(d int64) { mu.Lock(); gauge += d; mu.Unlock() }}}
 
 	errc := make(chan error)
 	go func() {
@@ -87,7 +87,7 @@ func TestDrainingRefusesNewCallsAndLetsRunningOnesEnd(t *testing.T) {
 	ops, cancelOps := context.WithCancel(context.Background())
 	defer cancelOps()
 	inner := &blockingConn{}
-	conn := &fencedConn{conn: inner, ops: ops, onChange: func(int64) {}}
+	conn := &fencedConn{conn: inner, ops: ops}
 	callCtx, endCall := context.WithCancel(context.Background())
 	errc := make(chan error)
 	go func() {
