@@ -93,6 +93,8 @@ func newHeldWorld(t *testing.T, dcfg testdriver.Config, change func(*config), ob
 	w := &world{t: t, kube: fake.NewClientset(objects...), driver: b, recorder: eventrecord.NewFakeRecorder(1000),
 		seenEvents: map[string]bool{}, registry: metrics.NewKubeRegistry(), done: make(chan struct{})}
 	stampResourceVersions(&w.kube.Fake)
+	// The record events' informer trims them in place, as the core's caches do.
+	cachetest.CopyingWatches(w.kube)
 	m, err := newControllerMetrics(w.registry)
 	if err != nil {
 		t.Fatal(err)

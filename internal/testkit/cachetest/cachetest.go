@@ -9,6 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
@@ -25,6 +28,30 @@ func Transform() cache.TransformFunc {
 		}
 		return transform(obj)
 	}
+}
+
+// CopyingWatches has cs's watches hand out copies of the objects its tracker keeps. A
+// watch opened with list options (as informers open theirs) first delivers the tracker's
+// stored objects as they are; an informer of a sidecar's own, whose transform edits objects
+// in place as the core's caches do (lifecycle.TrimForCache), would then race the tracker's
+// reads of them, a race an API server's freshly decoded objects never have.
+func CopyingWatches(cs *fake.Clientset) {
+	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts []metav1.ListOptions
+		if w, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = append(opts, w.ListOptions)
+		}
+		w, err := cs.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts...)
+		if err != nil {
+			return true, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if e.Object != nil {
+				e.Object = e.Object.DeepCopyObject()
+			}
+			return e, true
+		}), nil
+	})
 }
 
 // Managed gives obj the server-side apply bookkeeping (managedFields) an API server keeps
