@@ -58,10 +58,10 @@ type lostRecord struct {
 	reported bool
 }
 
-// watch keeps the decoded events and the lost records current as the informer adds and
+// handler keeps the decoded events and the lost records current as the informer adds and
 // deletes events: one handler, so that it sees them in order.
-func (l *lostRecords) watch(informer cache.SharedIndexInformer) error {
-	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+func (l *lostRecords) handler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			// Any event about the claim opens its record again, or closes it.
 			for _, uid := range l.decoded.claimKeys(obj) {
@@ -69,8 +69,7 @@ func (l *lostRecords) watch(informer cache.SharedIndexInformer) error {
 			}
 		},
 		DeleteFunc: l.deleted,
-	})
-	return err
+	}
 }
 
 // deleted notices the records that the deleted event kept open and no other event does.

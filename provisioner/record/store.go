@@ -120,7 +120,11 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 	if err := s.informer.SetTransform(lifecycle.TrimForCache); err != nil {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
-	own, err := lifecycle.NewOwnCreations[*v1.Event](klog.Background(), s.informer)
+	// The lost records learn of deletions through OwnWrites, once it has taken each event
+	// into account: on the informer itself they could see a record's event added and
+	// deleted before OwnWrites saw it added, and still find it among the creations.
+	s.lost = &lostRecords{decoded: s.decoded, notKept: cfg.NotKept, onLost: cfg.Lost}
+	own, err := lifecycle.NewOwnCreations[*v1.Event](klog.Background(), s.informer, s.lost.handler())
 	if err != nil {
 		return nil, fmt.Errorf("record events: %w", err)
 	}
@@ -129,10 +133,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 	if rl := kube.CoreV1().RESTClient().GetRateLimiter(); rl != nil && rl.QPS() > 0 {
 		s.writer.linger = time.Duration(float64(time.Second) / float64(rl.QPS()))
 	}
-	s.lost = &lostRecords{own: own, decoded: s.decoded, writer: s.writer, notKept: cfg.NotKept, onLost: cfg.Lost}
-	if err := s.lost.watch(s.informer); err != nil {
-		return nil, fmt.Errorf("record events: %w", err)
-	}
+	s.lost.own, s.lost.writer = own, s.writer
 	return s, nil
 }
 
