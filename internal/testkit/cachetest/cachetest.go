@@ -35,6 +35,8 @@ func Transform() cache.TransformFunc {
 // stored objects as they are; an informer of a sidecar's own, whose transform edits objects
 // in place as the core's caches do (lifecycle.TrimForCache), would then race the tracker's
 // reads of them, a race an API server's freshly decoded objects never have.
+// (Transform copies for a factory's informers; this is for informers a sidecar builds on
+// the clientset itself, such as the provisioner's record events.)
 func CopyingWatches(cs *fake.Clientset) {
 	cs.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
 		var opts []metav1.ListOptions

@@ -172,7 +172,7 @@ type Replica struct {
 // period (10 s) to take over, which takeover assertions catch. extra may override any.
 func (s *Scenario) Start(name string, command []string, extra ...string) *Replica {
 	s.T.Helper()
-	return s.start(name, filepath.Join(s.BinDir, command[0]), command[1:], append([]string{"--leader-election-identity=" + name}, extra...))
+	return s.start(name, filepath.Join(s.BinDir, command[0]), "", command[1:], append([]string{"--leader-election-identity=" + name}, extra...))
 }
 
 // StartUpstream runs an upstream sidecar's binary (a path, such as one internal/testkit/upstream
@@ -180,7 +180,7 @@ func (s *Scenario) Start(name string, command []string, extra ...string) *Replic
 // sidecars do not have (theirs is the host name): upstream's flags keep these names.
 func (s *Scenario) StartUpstream(name, binary string, extra ...string) *Replica {
 	s.T.Helper()
-	return s.start(name, binary, nil, extra)
+	return s.start(name, binary, "", nil, extra)
 }
 
 // setHostname is a shell script that names its UTS namespace $0 and then runs its
@@ -194,7 +194,7 @@ const setHostname = `echo "$0" > /proc/sys/kernel/hostname && exec "$@"`
 // It needs what HostNames checks.
 func (s *Scenario) StartUpstreamAs(name, host, binary string, extra ...string) *Replica {
 	s.T.Helper()
-	return s.startIn(name, "/bin/sh", []string{"-c", setHostname, host, binary}, extra, syscall.CLONE_NEWUTS)
+	return s.start(name, binary, host, nil, extra)
 }
 
 // HostNames tells whether StartUpstreamAs can run here: nil when a child process may have a
@@ -214,16 +214,11 @@ func HostNames() error {
 	return nil
 }
 
-// start runs binary with lead, the shared flags and then extra as its arguments.
-func (s *Scenario) start(name, binary string, lead, extra []string) *Replica {
+// start runs binary with lead, the shared flags and then extra as its arguments, under
+// host name host when it is set (Command.Host).
+func (s *Scenario) start(name, binary, host string, lead, extra []string) *Replica {
 	s.T.Helper()
-	return s.startIn(name, binary, lead, extra, 0)
-}
-
-// startIn is start with namespaces of its own for the process (syscall.CLONE_NEW* flags).
-func (s *Scenario) startIn(name, binary string, lead, extra []string, namespaces uintptr) *Replica {
-	s.T.Helper()
-	return s.launch(name, func(ep Endpoints) (Command, uintptr) {
+	return s.launch(name, func(ep Endpoints) Command {
 		shared := []string{
 			"--csi-address=" + ep.CSI,
 			"--kubeconfig=" + ep.Kubeconfig,
@@ -235,7 +230,7 @@ func (s *Scenario) startIn(name, binary string, lead, extra []string, namespaces
 			"--http-endpoint=" + ep.HTTP,
 			"-v=2",
 		}
-		return Command{Binary: binary, Args: append(append(append([]string{}, lead...), shared...), extra...)}, namespaces
+		return Command{Binary: binary, Args: append(append(append([]string{}, lead...), shared...), extra...), Host: host}
 	})
 }
 
@@ -268,23 +263,19 @@ type Command struct {
 // substitutes only what must differ outside a cluster (the socket, the kubeconfig, ports).
 func (s *Scenario) StartCommand(name string, command func(Endpoints) Command) *Replica {
 	s.T.Helper()
-	return s.launch(name, func(ep Endpoints) (Command, uintptr) {
+	return s.launch(name, func(ep Endpoints) Command {
 		c := command(ep)
 		if !filepath.IsAbs(c.Binary) {
 			c.Binary = filepath.Join(s.BinDir, c.Binary)
 		}
-		if c.Host == "" {
-			return c, 0
-		}
-		c.Args = append([]string{"-c", setHostname, c.Host, c.Binary}, c.Args...)
-		c.Binary = "/bin/sh"
-		return c, syscall.CLONE_NEWUTS
+		return c
 	})
 }
 
 // launch serves the replica's socket and runs the process command returns for its
-// endpoints, in the namespaces it returns (syscall.CLONE_NEW* flags).
-func (s *Scenario) launch(name string, command func(Endpoints) (Command, uintptr)) *Replica {
+// endpoints; with a Host, in a UTS namespace of its own that the shell names and then
+// execs the binary in (so signals reach the binary itself).
+func (s *Scenario) launch(name string, command func(Endpoints) Command) *Replica {
 	s.T.Helper()
 	srv, err := s.Driver.Serve(filepath.Join(s.Dir, name+".sock"))
 	if err != nil {
@@ -292,7 +283,12 @@ func (s *Scenario) launch(name string, command func(Endpoints) (Command, uintptr
 	}
 	s.T.Cleanup(srv.Stop)
 	port := FreePort(s.T)
-	c, namespaces := command(Endpoints{CSI: srv.Endpoint(), Socket: srv.Socket(), HTTP: "127.0.0.1:" + port, Kubeconfig: s.CP.KubeconfigPath()})
+	c := command(Endpoints{CSI: srv.Endpoint(), Socket: srv.Socket(), HTTP: "127.0.0.1:" + port, Kubeconfig: s.CP.KubeconfigPath()})
+	var namespaces uintptr
+	if c.Host != "" {
+		c.Binary, c.Args = "/bin/sh", append([]string{"-c", setHostname, c.Host, c.Binary}, c.Args...)
+		namespaces = syscall.CLONE_NEWUTS
+	}
 	r := &Replica{Name: name, Socket: srv.Socket(), Driver: srv, health: "http://127.0.0.1:" + port, stderr: &lockedBuffer{}, Done: make(chan struct{})}
 	r.cmd = exec.Command(c.Binary, c.Args...)
 	if len(c.Env) > 0 {
