@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/csi-sidecars/csi-sidecars/internal/testkit/procmem"
 	"github.com/csi-sidecars/csi-sidecars/internal/testkit/testdriver"
 	"github.com/csi-sidecars/csi-sidecars/lifecycle"
 )
@@ -172,7 +173,7 @@ func (d *demo) runCombined(ctx context.Context) (results []handover, peak int64,
 			return results, 0, probes, fmt.Errorf("%s: %w", j.sidecar, err)
 		}
 	}
-	return results, peakRSS(standby.cmd.Process.Pid), probes, nil
+	return results, procmem.Peak(standby.cmd.Process.Pid), probes, nil
 }
 
 // combinedSummary is the combined run's table, and its memory beside the single-sidecar

@@ -578,7 +578,7 @@ func (d *demo) handover(ctx context.Context, p phase) (handover, error) {
 	}
 	h.done = d.doneCount(p, p.names)
 	h.overlaps = d.overlaps(p.method)
-	h.standbyPeakRSS = peakRSS(standby.cmd.Process.Pid)
+	h.standbyPeakRSS = procmem.Peak(standby.cmd.Process.Pid)
 	d.say("%s: %d/%d done, %d overlapping operations in the driver", p.sidecar, h.done, h.all, h.overlaps)
 	return h, err
 }
@@ -771,6 +771,3 @@ func running(cs []testdriver.Call) int {
 	}
 	return n
 }
-
-// peakRSS is a process's peak resident memory (VmHWM), 0 if unknown.
-func peakRSS(pid int) int64 { return procmem.Peak(pid) }

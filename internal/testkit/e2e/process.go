@@ -12,8 +12,5 @@ func (r *Replica) PeakRSS() int64 {
 	if !r.Running() {
 		return 0
 	}
-	return PeakRSS(r.Pid())
+	return procmem.Peak(r.Pid())
 }
-
-// PeakRSS is a process's peak resident memory (VmHWM) in bytes, 0 if unknown.
-func PeakRSS(pid int) int64 { return procmem.Peak(pid) }
