@@ -15,6 +15,9 @@ func (c *callCount) begin() (end func()) {
 	return func() { c.add(-1) }
 }
 
+// inFlight is the number of calls counted in and not yet out.
+func (c *callCount) inFlight() int64 { return c.n.Load() }
+
 func (c *callCount) add(delta int64) {
 	c.n.Add(delta)
 	if c.onChange != nil {

@@ -209,7 +209,7 @@ func NotStarted(err error) bool {
 }
 
 // InFlight is the number of CSI calls running now.
-func (c *fencedConn) InFlight() int64 { return c.calls.n.Load() }
+func (c *fencedConn) InFlight() int64 { return c.calls.inFlight() }
 
 // drain refuses every call from now on.
 func (c *fencedConn) drain() { c.draining.Store(true) }
@@ -218,7 +218,7 @@ func (c *fencedConn) drain() { c.draining.Store(true) }
 // running in the driver: no call in flight, none can start, and none was cut off by a
 // broken connection.
 func (c *fencedConn) idleAfterDrain() bool {
-	return c.draining.Load() && c.calls.n.Load() == 0 && !c.broken.Load()
+	return c.draining.Load() && c.calls.inFlight() == 0 && !c.broken.Load()
 }
 
 // MarkMigrated labels the metrics of the CSI calls made on the returned context as those of
