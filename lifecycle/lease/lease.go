@@ -465,15 +465,23 @@ func (w *Watch) Lead(acquired time.Time) {
 func (w *Watch) TakenOver() <-chan struct{} { return w.takenOver }
 
 // Acquire waits until the Lease is free by the watch's account and takes it with a
-// compare-and-swap write through lock. It returns false when ctx ends first. Once it
-// returns true this term holds the Lease and client-go's LeaderElector, started next, renews
-// it at once.
+// compare-and-swap write through lock. It returns false when ctx ends first, having given
+// back a Lease that this term's write took meanwhile. Once it returns true this term holds
+// the Lease and client-go's LeaderElector, started next, renews it at once.
+//
+// The write that takes the Lease is not cut off by ctx (a stop), only by its attempt's own
+// deadline: cut off after the API server took it, it would leave the Lease held by a
+// replica that stopped, and the next standby would wait for it to expire.
 func Acquire(ctx context.Context, lock *TermLock, w *Watch, leaseDuration, retryPeriod time.Duration) bool {
 	logger := klog.FromContext(ctx)
 	for {
 		wait := w.untilFree(time.Now())
 		if wait == 0 {
-			err := tryAcquire(ctx, lock, w, leaseDuration)
+			err := tryAcquire(context.WithoutCancel(ctx), lock, w, leaseDuration)
+			if ctx.Err() != nil {
+				giveBack(ctx, lock)
+				return false
+			}
 			if err == nil {
 				return true
 			}
@@ -490,6 +498,21 @@ func Acquire(ctx context.Context, lock *TermLock, w *Watch, leaseDuration, retry
 		case <-timer.C:
 		}
 		timer.Stop()
+	}
+}
+
+// giveBack empties the holder of the record this term wrote, if the Lease holds it: a stop
+// came while the write that took it was under way. A term that wrote nothing, or whose
+// record is not the Lease's, writes nothing.
+func giveBack(ctx context.Context, lock *TermLock) {
+	if lock.AcquiredAt().IsZero() {
+		lock.Close()
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lock.attemptTimeout)
+	defer cancel()
+	if err := lock.Release(rctx); err != nil && !errors.Is(err, errNotOursAgain) {
+		klog.FromContext(ctx).Info("Could not give back the Lease taken while stopping; it expires on its own", "lock", lock.Describe(), "err", err)
 	}
 }
 

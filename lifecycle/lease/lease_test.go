@@ -369,3 +369,47 @@ func TestStoppedLeaseWatchLeavesNoGoroutine(t *testing.T) {
 		})
 	}
 }
+
+// slowWriteLock lets the test stop the acquirer while its write is at the API server: the
+// write lands, and its caller hears of its context's end, as a client whose request was
+// cancelled after the server took it.
+type slowWriteLock struct {
+	rl.Interface
+	writing chan struct{} // closed when the write has reached the "server"
+	stopped chan struct{} // closed by the test once the acquirer was stopped
+}
+
+func (l *slowWriteLock) Create(ctx context.Context, r rl.LeaderElectionRecord) error {
+	close(l.writing)
+	<-l.stopped
+	if err := l.Interface.Create(context.Background(), r); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// P4, P7: a standby stopped while its write that takes the Lease is under way exits
+// without leaving the Lease held: the write ends on its own deadline, not the stop's, and
+// the record it wrote is released, so the next standby takes over at once rather than at
+// its expiry.
+func TestStandbyStoppedDuringItsAcquireLeavesTheLeaseFree(t *testing.T) {
+	base := newFakeLock(t, "replica-a")
+	slow := &slowWriteLock{Interface: base, writing: make(chan struct{}), stopped: make(chan struct{})}
+	lock := NewTermLock(slow, Timing{RenewDeadline: time.Hour, RetryPeriod: time.Minute, Attempt: time.Minute}, nil)
+	ctx, stop := context.WithCancel(context.Background())
+	acquired := make(chan bool)
+	go func() { acquired <- Acquire(ctx, lock, NewWatch("replica-a"), 15*time.Second, time.Minute) }()
+	<-slow.writing
+	stop()
+	close(slow.stopped)
+	if <-acquired {
+		t.Fatal("Acquire returned true after its context ended")
+	}
+	rec, _, err := base.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.HolderIdentity != "" {
+		t.Errorf("holder %q after the stopped standby returned, want empty (released)", rec.HolderIdentity)
+	}
+}
